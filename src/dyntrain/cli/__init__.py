@@ -1,0 +1,1 @@
+"""The ``dyntrain`` command line, one module per command group."""

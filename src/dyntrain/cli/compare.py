@@ -1,0 +1,62 @@
+"""``dyntrain compare``: how far apart two runs' final parameters and buffers are."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import torch
+
+from dyntrain.errors import DyntrainError
+
+
+def state_distance(a: dict, b: dict) -> dict:
+    """Max absolute and relative difference over all floating tensors; exact match of the rest."""
+    if a.keys() != b.keys():
+        raise DyntrainError(f"the two state dicts have different keys: {sorted(a.keys() ^ b.keys())}")
+    max_abs, max_norm, exact_other = 0.0, 0.0, True
+    for key in a:
+        x, y = a[key], b[key]
+        if x.shape != y.shape:
+            raise DyntrainError(f"{key}: shapes differ ({tuple(x.shape)} vs {tuple(y.shape)})")
+        if x.is_floating_point():
+            diff = (x.double() - y.double()).abs()
+            max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
+            scale = float(y.double().norm()) or 1.0
+            max_norm = max(max_norm, float((x.double() - y.double()).norm()) / scale)
+        else:
+            exact_other = exact_other and bool(torch.equal(x, y))
+    return {"max_abs_diff": max_abs, "max_rel_norm_diff": max_norm,
+            "non_float_equal": exact_other, "tensors": len(a)}
+
+
+def load_state(path: str) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "final.pt"
+    if not p.is_file():
+        raise DyntrainError(f"no such file: {p}")
+    try:
+        return torch.load(p, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        raise DyntrainError(f"{p}: not a loadable state dict ({type(exc).__name__})") from None
+
+
+@click.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@click.option("--atol", default=1e-5, show_default=True, help="Tolerance for the verdict.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def compare(run_a, run_b, atol, as_json):
+    """Compare two runs' final.pt (a run folder or a file); exit 1 if they differ beyond ATOL."""
+    result = state_distance(load_state(run_a), load_state(run_b))
+    result["allclose"] = result["max_abs_diff"] <= atol and result["non_float_equal"]
+    if as_json:
+        click.echo(json.dumps(result))
+    else:
+        verdict = "match" if result["allclose"] else "DIFFER"
+        click.echo(f"{verdict}: max |a-b| = {result['max_abs_diff']:.3g} over {result['tensors']} "
+                   f"tensors (relative {result['max_rel_norm_diff']:.3g}); integer buffers "
+                   f"{'equal' if result['non_float_equal'] else 'differ'}")
+    raise SystemExit(0 if result["allclose"] else 1)

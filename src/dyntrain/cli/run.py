@@ -1,0 +1,74 @@
+"""``dyntrain run`` and ``dyntrain worker``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from dyntrain.elastic.channel import connect_store
+from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT
+from dyntrain.errors import DyntrainError
+from dyntrain.launch.events import parse_events
+from dyntrain.launch.runner import RunOptions, parse_workers, run_job
+
+
+def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
+    """Validate SCRIPT (a .py path, or ``-m module``) and build the worker's argv."""
+    if script == "-m":
+        if not args:
+            raise DyntrainError("-m needs a module name")
+        return ["-m", *args]
+    if not Path(script).is_file():
+        raise DyntrainError(f"script not found: {script}")
+    return [script, *args]
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--workers", "workers", default="1:1", show_default=True,
+              help="MIN:MAX workers; the job pauses below MIN and never exceeds MAX.")
+@click.option("--nproc", type=int, default=None, help="Workers to start now [default: MIN].")
+@click.option("--events", default=None,
+              help="Injected membership changes, e.g. 'step=5:join=2,step=9:kill=1'.")
+@click.option("--out", "out_dir", default="runs/latest", show_default=True,
+              type=click.Path(file_okay=False), help="Run folder (checkpoints, logs, metrics).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the coordinator listens on.")
+@click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")
+@click.option("--failure-timeout", default=10.0, show_default=True, type=float,
+              help="Seconds without a heartbeat before a remote worker counts as dead.")
+@click.option("--quiet", is_flag=True, help="No progress output.")
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(workers, nproc, events, out_dir, host, port, failure_timeout, quiet, script, args):
+    """Train SCRIPT elastically with local worker processes.
+
+    SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
+    """
+    low, high = parse_workers(workers)
+    command = _script_command(script, args)
+    opts = RunOptions(command=command, min_workers=low, max_workers=high,
+                      nproc=low if nproc is None else nproc, out_dir=Path(out_dir),
+                      events=parse_events(events), host=host, port=port,
+                      failure_timeout=failure_timeout, quiet=quiet)
+    sys.exit(run_job(opts))
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--coordinator", required=True, help="HOST:PORT printed by `dyntrain run`.")
+@click.option("--connect-timeout", default=30.0, show_default=True, type=float)
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def worker(coordinator, connect_timeout, script, args):
+    """Join a running job as one more worker (e.g. from another machine)."""
+    command = _script_command(script, args)
+    store = connect_store(coordinator, connect_timeout)
+    info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
+    env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
+           str(connect_timeout)}
+    if info.get("out_dir") and ENV_OUT not in env:
+        env[ENV_OUT] = info["out_dir"]
+    os.execve(sys.executable, [sys.executable, *command], env)

@@ -1,0 +1,1 @@
+"""The elastic runtime: membership, plans, state transfer, checkpoints and the step loop."""

@@ -1,0 +1,81 @@
+"""Typed, validated configuration of an elastic training run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+from dyntrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What every worker of a job must agree on; validated on construction.
+
+    The global batch (samples per optimizer step) is fixed by the user and never derived from the
+    world size. It is cut into ``global_batch // chunk_size`` chunks; a chunk is the unit of work
+    that any worker computes the same way.
+    """
+
+    global_batch: int
+    chunk_size: int
+    epochs: int = 1
+    max_steps: int | None = None
+    seed: int = 0
+    checkpoint_every_steps: int | None = None
+    checkpoint_every_seconds: float | None = None
+    keep_checkpoints: int = 3
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.global_batch <= 0 or self.chunk_size <= 0:
+            raise ConfigError(
+                f"global_batch ({self.global_batch}) and chunk_size ({self.chunk_size}) "
+                "must be positive"
+            )
+        if self.global_batch % self.chunk_size:
+            raise ConfigError(
+                f"global batch {self.global_batch} is not a multiple of chunk size "
+                f"{self.chunk_size}: choose a chunk size that divides it "
+                f"(e.g. {_largest_divisor_at_most(self.global_batch, self.chunk_size)})"
+            )
+        if self.epochs <= 0:
+            raise ConfigError(f"epochs must be positive, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"max_steps must be positive, got {self.max_steps}")
+        if self.checkpoint_every_steps is not None and self.checkpoint_every_steps <= 0:
+            raise ConfigError("checkpoint_every_steps must be positive")
+        if self.checkpoint_every_seconds is not None and self.checkpoint_every_seconds <= 0:
+            raise ConfigError("checkpoint_every_seconds must be positive")
+        if self.keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints must be at least 1")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
+
+    @property
+    def num_chunks(self) -> int:
+        return self.global_batch // self.chunk_size
+
+    def steps_per_epoch(self, dataset_size: int) -> int:
+        """Full global batches in one pass over the data; the remainder of a shuffle is dropped."""
+        steps = dataset_size // self.global_batch
+        if steps == 0:
+            raise ConfigError(
+                f"the data set has {dataset_size} samples, fewer than one global batch "
+                f"({self.global_batch})"
+            )
+        return steps
+
+    def total_steps(self, dataset_size: int) -> int:
+        steps = self.epochs * self.steps_per_epoch(dataset_size)
+        return min(steps, self.max_steps) if self.max_steps is not None else steps
+
+    def fingerprint(self) -> str:
+        """A short hash that workers compare so that nobody joins a job with other settings."""
+        blob = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)

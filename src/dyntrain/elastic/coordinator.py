@@ -1,0 +1,388 @@
+"""The per-job coordinator: owns membership, forms generations, detects failures.
+
+It runs on a stable host (the launcher now, the job service later) next to the TCPStore server and
+is driven one ``tick()`` at a time, with the clock and the output sink injected, so tests can step
+it. It never touches training state: it only decides who takes part from which step.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch.distributed as dist
+
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.membership import next_generation
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # no generation runs: starting, or fewer than min workers
+    RUNNING = "running"
+    REFORMING = "reforming"  # the current generation ends; waiting for every member to report
+    DONE = "done"
+    FAILED = "failed"
+
+    def is_terminal(self) -> bool:
+        return self in (Phase.DONE, Phase.FAILED)
+
+
+class Sink(Protocol):
+    """Where the coordinator reports what happens (files, terminal, a service's database)."""
+
+    def event(self, record: dict) -> None: ...
+    def metrics(self, record: dict) -> None: ...
+    def log(self, line: str) -> None: ...
+    def result(self, record: dict) -> None: ...
+
+
+@dataclass
+class WorkerInfo:
+    host: str = ""
+    pid: int = 0
+    inbox_read: int = 0
+    heartbeat: int = -1
+    heartbeat_seen: float = 0.0
+    alive: bool = True
+
+
+@dataclass
+class Change:
+    """One membership change, from request to the first step completed in the new world."""
+
+    kind: str  # start, join, leave, crash, resume
+    workers: list[str]
+    requested_at: float
+    detected_at: float
+    world_before: int
+    fields: dict = field(default_factory=dict)
+
+
+@dataclass
+class CoordinatorConfig:
+    min_workers: int
+    max_workers: int
+    expected_initial: int = 1
+    settle_seconds: float = 2.0
+    failure_timeout: float = 10.0
+
+
+class Coordinator:
+    """Membership state machine over a TCPStore; call ``tick()`` in a loop."""
+
+    def __init__(
+        self,
+        store: dist.Store,
+        config: CoordinatorConfig,
+        sink: Sink,
+        find_checkpoint: Callable[[], tuple[int, str] | None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store, self.config, self.sink, self.clock = store, config, sink, clock
+        self.find_checkpoint = find_checkpoint
+        self.phase = Phase.WAITING
+        self.current: p.Generation | None = None
+        self.workers: dict[str, WorkerInfo] = {}
+        self.joiners: list[str] = []
+        self.ready: dict[str, int | None] = {}
+        self.gone: set[str] = set()  # left gracefully or dead; never admitted again
+        self.fingerprint: str | None = None
+        self.job_config: dict = {}
+        self.highest_step = 0
+        self.last_checkpoint: tuple[int, str] | None = None
+        self.failure: str | None = None
+        self._roster_len = 0
+        self._last_hello = 0.0
+        self._requests: dict[str, float] = {}  # worker -> when a leave/kill was requested
+        self._pending: list[Change] = []  # changes folded into the next generation
+        self._awaiting_first_step: list[Change] = []
+        self._reformed_at = 0.0
+        self.started_at = clock()
+        store.set(p.GEN_LATEST, "-1")
+        store.set(p.JOB_STATE, "running")
+
+    # ---- inputs from the launcher -------------------------------------------------------------
+
+    def note_request(self, worker: str, at: float | None = None) -> None:
+        """Remember when a leave or kill of ``worker`` was requested (for latency records)."""
+        self._requests[worker] = self.clock() if at is None else at
+
+    def request_drain(self, worker: str) -> None:
+        """Ask a member to finish its current step and leave (for workers without a signal)."""
+        if self.current and worker in self.current.members and self.phase is Phase.RUNNING:
+            self.note_request(worker)
+            self.store.set(p.ctl_key(self.current.number, worker), p.CTL_DRAIN)
+
+    def mark_dead(self, worker: str, reason: str) -> None:
+        """A worker is gone without saying so (process exit, lost heartbeat)."""
+        info = self.workers.get(worker)
+        if info is None or not info.alive or worker in self.gone:
+            return
+        info.alive = False
+        self.gone.add(worker)
+        now = self.clock()
+        self.sink.log(f"worker {worker} lost: {reason}")
+        if worker in self.joiners:
+            self.joiners.remove(worker)
+        self.ready.pop(worker, None)
+        if self.current and worker in self.current.members and not self.phase.is_terminal():
+            requested = self._requests.get(worker, now)
+            unnamed = [c for c in self._pending if c.kind == "crash" and not c.workers]
+            if unnamed:  # a survivor already saw the failure; now we know who it was
+                change = unnamed[0]
+                change.workers.append(worker)
+                change.requested_at = min(change.requested_at, requested)
+                change.fields["reason"] = reason
+            else:
+                self._pending.append(Change("crash", [worker], requested, now,
+                                            self.current.world_size, {"reason": reason}))
+            self._end_generation(p.CTL_ABORT)
+
+    def fail(self, message: str) -> None:
+        self.phase = Phase.FAILED
+        self.failure = message
+        self.store.set(p.JOB_STATE, f"failed:{message}")
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def tick(self) -> Phase:
+        """Read what workers said, check heartbeats, and form a generation when one is due."""
+        if self.phase.is_terminal():
+            return self.phase
+        self._read_roster()
+        for worker in list(self.workers):
+            self._read_inbox(worker)
+        self._check_heartbeats()
+        if self.phase in (Phase.WAITING, Phase.REFORMING):
+            self._maybe_form()
+        return self.phase
+
+    def drain(self) -> None:
+        """Read what workers sent after the job ended (final results, last metrics)."""
+        self._read_roster()
+        for worker in list(self.workers):
+            info = self.workers[worker]
+            key = p.inbox_count_key(worker)
+            if not self.store.check([key]):
+                continue
+            count = int(self.store.get(key))
+            for seq in range(info.inbox_read, count):
+                msg = p.Message.from_json(self.store.get(p.inbox_key(worker, seq)))
+                if msg.kind in ("result", "metrics"):
+                    self._handle(msg)
+            info.inbox_read = count
+
+    def settled(self) -> bool:
+        """True when a generation runs and every change so far has completed a step in it."""
+        return self.phase is Phase.RUNNING and not self._pending and not self._awaiting_first_step
+
+    def live_workers(self) -> list[str]:
+        return [w for w, info in self.workers.items() if info.alive and w not in self.gone]
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _read_roster(self) -> None:
+        if not self.store.check([p.ROSTER]):
+            return
+        names = self.store.get(p.ROSTER).decode().split()
+        for worker in names[self._roster_len :]:
+            self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=self.clock()))
+        self._roster_len = len(names)
+
+    def _read_inbox(self, worker: str) -> None:
+        info = self.workers[worker]
+        key = p.inbox_count_key(worker)
+        if not self.store.check([key]):
+            return
+        count = int(self.store.get(key))
+        for seq in range(info.inbox_read, count):
+            msg = p.Message.from_json(self.store.get(p.inbox_key(worker, seq)))
+            self.store.delete_key(p.inbox_key(worker, seq))
+            self._handle(msg)
+            if self.phase.is_terminal():
+                info.inbox_read = seq + 1
+                return
+        info.inbox_read = count
+
+    def _handle(self, msg: p.Message) -> None:
+        handler = getattr(self, f"_on_{msg.kind}", None)
+        if handler is None:
+            self.sink.log(f"ignored unknown message {msg.kind!r} from {msg.worker}")
+            return
+        handler(msg.worker, msg.fields)
+
+    def _on_hello(self, worker: str, f: dict) -> None:
+        info = self.workers.setdefault(worker, WorkerInfo())
+        info.host, info.pid, info.heartbeat_seen = f.get("host", ""), f.get("pid", 0), self.clock()
+        if self.fingerprint is None:
+            self.fingerprint, self.job_config = f["fingerprint"], f.get("config", {})
+        elif f["fingerprint"] != self.fingerprint:
+            self.store.set(p.reply_key(worker), "reject:its training settings differ from the "
+                           f"job's ({f.get('config')} vs {self.job_config})")
+            info.alive = False
+            self.gone.add(worker)
+            self.sink.log(f"rejected worker {worker}: settings differ from the job's")
+            return
+        self.joiners.append(worker)
+        self._last_hello = self.clock()
+        self.sink.log(f"worker {worker} ({info.host} pid {info.pid}) wants to join")
+        if self.phase is Phase.RUNNING and self.current.world_size < self.config.max_workers:
+            now = self.clock()
+            self._pending.append(Change("join", [worker], now, now, self.current.world_size))
+            self._end_generation(p.CTL_REFORM)
+        elif self.phase is Phase.REFORMING:
+            now = self.clock()
+            self._pending.append(Change("join", [worker], now, now, self.current.world_size))
+
+    def _on_ready(self, worker: str, f: dict) -> None:
+        if self.current is None or f["gen"] != self.current.number:
+            # a stale report from a generation that is already over: the worker is waiting anyway
+            if worker not in self.joiners and worker not in self.gone and worker not in self.ready:
+                self.ready[worker] = f.get("step")
+            return
+        self.ready[worker] = f.get("step")
+        if self.phase is Phase.RUNNING and f.get("reason") == "boundary":
+            # the members agreed (through the step's all-reduce) to re-form after this step
+            self.phase = Phase.REFORMING
+        elif self.phase is Phase.RUNNING:
+            # a member left the generation on its own: a collective failed under it
+            now = self.clock()
+            self._pending.append(Change("crash", [], now, now, self.current.world_size,
+                                        {"reason": f.get("reason", "")}))
+            self._end_generation(p.CTL_ABORT)
+
+    def _on_left(self, worker: str, f: dict) -> None:
+        self.gone.add(worker)
+        self.ready.pop(worker, None)
+        if worker in self.joiners:
+            self.joiners.remove(worker)
+        now = self.clock()
+        if self.current and worker in self.current.members:
+            change = Change("leave", [worker], self._requests.get(worker, now), now,
+                            self.current.world_size, {"step": f.get("step")})
+            self._pending.append(change)
+            if self.phase is Phase.RUNNING:
+                self.phase = Phase.REFORMING
+        self.sink.log(f"worker {worker} left after step {f.get('step')}")
+
+    def _on_metrics(self, worker: str, f: dict) -> None:
+        f["recomputed"] = f["step"] <= self.highest_step
+        self.highest_step = max(self.highest_step, f["step"])
+        f["time"] = f.get("time", self.clock())
+        self.sink.metrics(f)
+        if self.current is not None and f.get("gen") == self.current.number:
+            for change in self._awaiting_first_step:
+                change.fields["first_step_at"] = f["time"]
+                self._emit(change)
+            self._awaiting_first_step = []
+
+    def _on_checkpoint(self, worker: str, f: dict) -> None:
+        self.last_checkpoint = (f["step"], f["path"])
+
+    def _on_result(self, worker: str, f: dict) -> None:
+        self.sink.result(f)
+
+    def _on_done(self, worker: str, f: dict) -> None:
+        self.phase = Phase.DONE
+        self.store.set(p.JOB_STATE, "done")
+        self.sink.log(f"job finished at step {f.get('step')}")
+
+    def _on_error(self, worker: str, f: dict) -> None:
+        self.sink.log(f"worker {worker} failed: {f.get('message')}")
+        self.fail(f"worker {worker}: {f.get('message')}")
+
+    def _check_heartbeats(self) -> None:
+        now = self.clock()
+        watched = [w for w in self.live_workers()]
+        if not watched:
+            return
+        keys = [p.heartbeat_key(w) for w in watched]
+        present = [w for w, k in zip(watched, keys, strict=True) if self.store.check([k])]
+        values = self.store.multi_get([p.heartbeat_key(w) for w in present]) if present else []
+        for worker, raw in zip(present, values, strict=True):
+            info = self.workers[worker]
+            beat = int(raw)
+            if beat != info.heartbeat:
+                info.heartbeat, info.heartbeat_seen = beat, now
+        for worker in watched:
+            info = self.workers[worker]
+            if now - info.heartbeat_seen > self.config.failure_timeout:
+                self.mark_dead(worker, f"no heartbeat for {self.config.failure_timeout:g} s")
+
+    def _end_generation(self, ctl: str) -> None:
+        """Tell every member of the current generation to stop at the next boundary (or now)."""
+        if self.phase is Phase.REFORMING and ctl != p.CTL_ABORT:
+            return
+        self.phase = Phase.REFORMING
+        for worker in self.current.members:
+            if worker not in self.gone:
+                self.store.set(p.ctl_key(self.current.number, worker), ctl)
+
+    def _accounted(self) -> bool:
+        members = self.current.members if self.current else ()
+        return all(w in self.ready or w in self.gone for w in members)
+
+    def _maybe_form(self) -> None:
+        if not self._accounted():
+            return
+        cfg, now = self.config, self.clock()
+        if self.current is None:
+            enough = len(self.joiners) >= min(cfg.expected_initial, cfg.max_workers)
+            settled = (len(self.joiners) >= cfg.min_workers
+                       and now - self._last_hello >= cfg.settle_seconds)
+            if not (enough or settled):
+                return
+        ready = {w: s for w, s in self.ready.items() if w not in self.gone}
+        holders = [s for s in ready.values() if s is not None]
+        checkpoint = None if holders else self.find_checkpoint()
+        number = self.current.number + 1 if self.current else 0
+        gen = next_generation(number, self.current.members if self.current else (), ready,
+                              self.joiners, cfg.min_workers, cfg.max_workers, checkpoint)
+        if gen is None:
+            if self.phase is Phase.REFORMING:
+                self.phase = Phase.WAITING
+                self.sink.log(f"waiting for workers: {len(ready) + len(self.joiners)} available, "
+                              f"need {cfg.min_workers}")
+            return
+        self._publish(gen, now)
+
+    def _publish(self, gen: p.Generation, now: float) -> None:
+        before = self.current.world_size if self.current else 0
+        for worker in gen.members:
+            self.store.set(p.ctl_key(gen.number, worker), p.CTL_RUN)
+        self.store.set(p.gen_key(gen.number), gen.to_json())
+        self.store.set(p.GEN_LATEST, str(gen.number))
+        self.joiners = [w for w in self.joiners if w not in gen.members]
+        self.ready = {w: s for w, s in self.ready.items() if w not in gen.members}
+        if gen.checkpoint or gen.fresh:
+            kind = "resume" if gen.checkpoint else "start"
+            self._pending.append(Change(kind, list(gen.members), now, now, before))
+        redone = max(0, self.highest_step - gen.start_step) if self.current else 0
+        for change in self._pending:
+            change.fields.update(generation=gen.number, reformed_at=now, world_after=gen.world_size,
+                                 start_step=gen.start_step, steps_redone=redone)
+        self._awaiting_first_step = self._pending
+        self._pending = []
+        self.current, self.phase = gen, Phase.RUNNING
+        origin = (f"checkpoint {gen.checkpoint}" if gen.checkpoint
+                  else "fresh start" if gen.fresh else f"state of {gen.source}")
+        self.sink.log(f"generation {gen.number}: {gen.world_size} worker(s) {list(gen.members)} "
+                      f"from step {gen.start_step} ({origin})")
+
+    def _emit(self, change: Change) -> None:
+        t0 = self.started_at
+        record = {
+            "event": change.kind,
+            "workers": change.workers,
+            "world_before": change.world_before,
+            "requested_at": round(change.requested_at - t0, 4),
+            "detected_at": round(change.detected_at - t0, 4),
+            **{k: v for k, v in change.fields.items() if not k.endswith("_at")},
+            "reformed_at": round(change.fields["reformed_at"] - t0, 4),
+            "first_step_at": round(change.fields["first_step_at"] - t0, 4),
+        }
+        record["latency_s"] = round(change.fields["first_step_at"] - change.requested_at, 4)
+        self.sink.event(record)

@@ -1,0 +1,95 @@
+"""The keys and messages that workers and the coordinator exchange through the TCPStore.
+
+Workers -> coordinator: each worker appends messages to its own inbox (``inbox/<id>/<k>``, then
+bumps ``inbox/<id>/n``), announces itself once on the ``roster`` list and bumps ``hb/<id>`` as a
+heartbeat. Coordinator -> workers: ``gen/latest`` and ``gen/<n>`` (the membership of generation n),
+``ctl/<n>/<id>`` (run, reform, drain or abort), ``reply/<id>`` (a rejection) and ``job/state``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+ROSTER = "roster"
+GEN_LATEST = "gen/latest"
+JOB_STATE = "job/state"
+JOB_INFO = "job/info"
+
+CTL_RUN, CTL_REFORM, CTL_DRAIN, CTL_ABORT = "run", "reform", "drain", "abort"
+
+
+def gen_key(number: int) -> str:
+    return f"gen/{number}"
+
+
+def ctl_key(number: int, worker: str) -> str:
+    return f"ctl/{number}/{worker}"
+
+
+def inbox_key(worker: str, seq: int) -> str:
+    return f"inbox/{worker}/{seq}"
+
+
+def inbox_count_key(worker: str) -> str:
+    return f"inbox/{worker}/n"
+
+
+def heartbeat_key(worker: str) -> str:
+    return f"hb/{worker}"
+
+
+def reply_key(worker: str) -> str:
+    return f"reply/{worker}"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One membership of the job: who takes part, from which step, and where state comes from.
+
+    ``source`` is the member whose state everyone adopts (``receivers`` get it by broadcast);
+    ``checkpoint`` is set instead when no member holds state and the job resumes from disk;
+    ``fresh`` marks a brand-new run whose rank-0 initial state is broadcast to all.
+    """
+
+    number: int
+    members: tuple[str, ...]
+    start_step: int
+    source: str | None = None
+    receivers: tuple[str, ...] = ()
+    checkpoint: str | None = None
+    fresh: bool = False
+
+    def rank_of(self, worker: str) -> int:
+        return self.members.index(worker)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Generation:
+        data = json.loads(text)
+        data["members"] = tuple(data["members"])
+        data["receivers"] = tuple(data["receivers"])
+        return cls(**data)
+
+
+@dataclass
+class Message:
+    """A message from a worker to the coordinator."""
+
+    kind: str
+    worker: str
+    fields: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": self.kind, "worker": self.worker, **self.fields})
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Message:
+        data = json.loads(text)
+        return cls(kind=data.pop("kind"), worker=data.pop("worker"), fields=data)

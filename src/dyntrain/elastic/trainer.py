@@ -1,0 +1,287 @@
+"""The step loop users call: join the job, take part in generations, leave or finish cleanly."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.channel import JobOver, WorkerChannel
+from dyntrain.elastic.checkpoint import (
+    atomic_write_bytes,
+    dumps,
+    loads,
+    read_checkpoint,
+    save_checkpoint,
+)
+from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
+from dyntrain.elastic.stepper import ChunkStepper, LossFn
+from dyntrain.errors import DyntrainError
+
+log = logging.getLogger("dyntrain.trainer")
+
+ENV_COORDINATOR = "DYNTRAIN_COORDINATOR"
+ENV_WORKER_ID = "DYNTRAIN_WORKER_ID"
+ENV_OUT = "DYNTRAIN_OUT"
+ENV_CONNECT_TIMEOUT = "DYNTRAIN_CONNECT_TIMEOUT"
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    LEFT = "left"
+    REFORM = "reform"
+
+
+class ElasticTrainer:
+    """Trains ``model`` on a fixed global batch while workers join, leave and crash.
+
+    Inside a job started by ``dyntrain run`` (or joined with ``dyntrain worker``) the coordinator
+    address comes from the environment. Without one, ``fit`` trains alone as a world of one, with
+    exactly the same math.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: Dataset,
+        loss_fn: LossFn,
+        *,
+        lr_scheduler=None,
+        scaler=None,
+        device: torch.device | str | None = None,
+        out_dir: str | os.PathLike | None = None,
+        coordinator: str | None = None,
+        worker_id: str | None = None,
+        collective_timeout: float = 300.0,
+    ) -> None:
+        self.config = config
+        self.device = torch.device(device) if device is not None else _default_device(config)
+        self.backend = config.backend if config.backend != "auto" else (
+            "nccl" if self.device.type == "cuda" else "gloo")
+        self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
+        self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
+        self.total_steps = config.total_steps(len(dataset))
+        self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
+        self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
+        out = out_dir or os.environ.get(ENV_OUT)
+        self.out_dir = Path(out) if out else None
+        self.collective_timeout = timedelta(seconds=collective_timeout)
+        self.step = 0
+        self.has_state = False
+        self.generation: p.Generation | None = None
+        self.rank = 0
+        self._leave_requested = False
+        self._channel: WorkerChannel | None = None
+        self._last_checkpoint = time.monotonic()
+
+    # ---- public --------------------------------------------------------------------------------
+
+    @property
+    def world_size(self) -> int:
+        return self.generation.world_size if self.generation else 1
+
+    @property
+    def is_leader(self) -> bool:
+        """True on exactly one member of the final generation (rank 0)."""
+        return self.rank == 0
+
+    def fit(self) -> None:
+        """Train to the end. A worker that leaves the job (preemption notice, drain, or not needed
+        at the end) raises ``SystemExit(0)`` once its part is handed over."""
+        if self.coordinator is None:
+            self._fit_alone()
+            return
+        timeout = float(os.environ.get(ENV_CONNECT_TIMEOUT, "30"))
+        self._channel = WorkerChannel(self.coordinator, self.worker_id, connect_timeout=timeout)
+        self.worker_id = self._channel.worker
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        try:
+            self._fit_elastic()
+        except (DyntrainError, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            self._channel.send("error", message=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            self._channel.close()
+
+    def report(self, **values) -> None:
+        """Send final results (e.g. validation accuracy) to the launcher; the leader's count."""
+        if self._channel is not None and self.is_leader:
+            self._channel.send("result", **values)
+        elif self._channel is None:
+            log.info("result: %s", values)
+
+    # ---- alone ---------------------------------------------------------------------------------
+
+    def _fit_alone(self) -> None:
+        group = Group(None, 0, 1, self.device)
+        self.generation = p.Generation(0, ("local",), 0)
+        self.has_state = True
+        while self.step < self.total_steps:
+            flat = self.stepper.compute(self.step, self.stepper.my_chunks(0, 1))
+            self.stepper.set_flags(flat, False, False)
+            group.allreduce_sum(flat, lambda: False)
+            self.stepper.apply(flat)
+            self.step += 1
+            self._maybe_checkpoint(force=self.step == self.total_steps)
+        self._write_final()
+
+    # ---- elastic -------------------------------------------------------------------------------
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # A preemption notice: finish the current step, hand over, leave.
+        self._leave_requested = True
+
+    def _fit_elastic(self) -> None:
+        ch = self._channel
+        ch.hello(self.config.fingerprint(), {
+            "global_batch": self.config.global_batch, "chunk_size": self.config.chunk_size,
+            "total_steps": self.total_steps, "seed": self.config.seed})
+        after = -1
+        while True:
+            try:
+                gen = ch.wait_generation(after, lambda: self._leave_requested)
+            except JobOver as over:
+                if over.state == "done":
+                    raise SystemExit(0) from None
+                raise DyntrainError(f"the job {over.state}") from None
+            if gen is None:  # asked to leave while waiting: nothing to hand over
+                ch.send("left", gen=after, step=self.step if self.has_state else None)
+                raise SystemExit(0)
+            after = gen.number
+            outcome = self._run_generation(gen)
+            if outcome is Outcome.DONE:
+                return
+            if outcome is Outcome.LEFT:
+                raise SystemExit(0)
+
+    def _run_generation(self, gen: p.Generation) -> Outcome:
+        self.generation, self.rank = gen, gen.rank_of(self.worker_id)
+        ch = self._channel
+        aborted = _AbortCheck(ch, gen.number)
+        group = None
+        try:
+            group = create_group(ch.pg_store, gen.number, self.rank, gen.world_size, self.backend,
+                                 self.device, self.collective_timeout, aborted)
+            self._sync_state(gen, group, aborted)
+            return self._train(gen, group, aborted)
+        except (Aborted, CollectiveFailed) as exc:
+            reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
+            ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
+                    reason=reason)
+            return Outcome.REFORM
+        finally:
+            if group is not None:
+                group.close()
+
+    def _sync_state(self, gen: p.Generation, group: Group, aborted) -> None:
+        if gen.checkpoint is not None:
+            self.step = restore_state(self.parts, read_checkpoint(Path(gen.checkpoint)))
+            self.has_state = True
+        elif gen.receivers or gen.fresh:
+            root = gen.rank_of(gen.source)
+            payload = None
+            if self.rank == root:
+                payload = dumps(capture_state(self.parts, self.step, self.stepper.steps_per_epoch))
+            data = group.broadcast_bytes(payload, root, aborted)
+            if self.worker_id in gen.receivers:
+                self.step = restore_state(self.parts, loads(data))
+            self.has_state = True
+        if self.step != gen.start_step:
+            raise RuntimeError(f"worker {self.worker_id} holds step {self.step}, generation "
+                               f"{gen.number} starts at {gen.start_step}")
+
+    def _train(self, gen: p.Generation, group: Group, aborted) -> Outcome:
+        ch, stepper = self._channel, self.stepper
+        chunks = stepper.my_chunks(self.rank, gen.world_size)
+        last = time.perf_counter()
+        while self.step < self.total_steps:
+            flat = stepper.compute(self.step, chunks)
+            ctl = ch.ctl(gen.number)
+            if ctl == p.CTL_ABORT:
+                raise Aborted()
+            leave = self._leave_requested or ctl == p.CTL_DRAIN
+            stepper.set_flags(flat, reform=leave or ctl == p.CTL_REFORM, leave=leave)
+            group.allreduce_sum(flat, aborted)
+            result = stepper.apply(flat)
+            self.step += 1
+            if self.is_leader:
+                now = time.perf_counter()
+                ch.send("metrics", gen=gen.number, step=self.step,
+                        epoch=(self.step - 1) // stepper.steps_per_epoch,
+                        world_size=gen.world_size, total_steps=self.total_steps,
+                        loss=round(result.loss, 6),
+                        samples_per_s=round(self.config.global_batch / (now - last), 1),
+                        time=time.time())
+                last = now
+                everyone_leaves = result.leavers == gen.world_size
+                self._maybe_checkpoint(force=everyone_leaves or self.step == self.total_steps)
+            if self.step == self.total_steps:
+                break
+            if result.reform:
+                if leave:
+                    ch.send("left", gen=gen.number, step=self.step)
+                    return Outcome.LEFT
+                ch.send("ready", gen=gen.number, step=self.step, reason="boundary")
+                return Outcome.REFORM
+        if self.is_leader:
+            self._write_final()
+            ch.send("done", step=self.step)
+        return Outcome.DONE
+
+    # ---- files ---------------------------------------------------------------------------------
+
+    def _maybe_checkpoint(self, force: bool = False) -> None:
+        cfg = self.config
+        due = force or (cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0)
+        due = due or (cfg.checkpoint_every_seconds is not None and
+                      time.monotonic() - self._last_checkpoint >= cfg.checkpoint_every_seconds)
+        if not due or self.out_dir is None:
+            return
+        state = capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
+        path = save_checkpoint(self.out_dir / "checkpoints", self.step, state,
+                               keep=cfg.keep_checkpoints)
+        self._last_checkpoint = time.monotonic()
+        if self._channel is not None:
+            self._channel.send("checkpoint", step=self.step, path=str(path))
+
+    def _write_final(self) -> None:
+        if self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.out_dir / "final.pt", dumps(self.parts.model.state_dict()))
+
+
+class _AbortCheck:
+    """Asks the coordinator whether this generation was aborted (a peer died)."""
+
+    def __init__(self, channel: WorkerChannel, generation: int) -> None:
+        self.channel, self.generation = channel, generation
+
+    def __call__(self) -> bool:
+        if self.channel.lost:
+            raise DyntrainError(self.channel.lost)
+        return self.channel.ctl(self.generation) == p.CTL_ABORT
+
+
+def _default_device(config: TrainConfig) -> torch.device:
+    if config.backend == "nccl" or (config.backend == "auto" and torch.cuda.is_available()):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        return torch.device("cuda", local % max(1, torch.cuda.device_count()))
+    return torch.device("cpu")
+

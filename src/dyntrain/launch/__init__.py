@@ -1,0 +1,1 @@
+"""Local launching: the coordinator, local worker processes and injected membership events."""

@@ -1,0 +1,103 @@
+"""Pure: parse ``--events`` specs and decide which injected events are due.
+
+Syntax: events separated by ``,`` or ``;``; each is ``TRIGGER:ACTION``.
+
+- TRIGGER: ``step=N`` (once the job has applied N steps) or ``t=SECONDS`` (after the job started).
+- ACTION: ``join=K`` (start K more workers), ``leave=WHO`` (SIGTERM: a preemption notice; the
+  worker finishes its step and leaves) or ``kill=WHO`` (SIGKILL: a crash).
+- WHO: a count K (the K highest-ranked members), ``rank:R`` (the member at rank R), ``all``, or
+  a worker id such as ``w2``.
+
+Example: ``step=5:join=2,step=10:leave=1,step=15:kill=rank:0,t=30:join=1``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dyntrain.errors import ConfigError
+
+_ITEM = re.compile(r"^(step|t)=([0-9]+(?:\.[0-9]+)?):(join|leave|kill)=(.+)$")
+
+
+@dataclass(frozen=True)
+class Event:
+    trigger: str  # "step" or "t"
+    at: float
+    action: str  # "join", "leave" or "kill"
+    target: str  # count, "rank:R", "all" or a worker id
+    text: str
+
+    def due(self, step: int, elapsed: float) -> bool:
+        return step >= self.at if self.trigger == "step" else elapsed >= self.at
+
+
+def parse_events(spec: str | None) -> list[Event]:
+    """Parse an events spec; raises ConfigError naming the bad item."""
+    if not spec or not spec.strip():
+        return []
+    events = []
+    for raw in re.split(r"[,;]", spec):
+        item = raw.strip().replace(" ", "")
+        if not item:
+            continue
+        m = _ITEM.match(item)
+        if m is None:
+            raise ConfigError(
+                f"bad event {item!r}: expected TRIGGER:ACTION such as step=5:join=2, "
+                "t=3.5:leave=1 or step=9:kill=rank:0"
+            )
+        trigger, at, action, target = m.groups()
+        if trigger == "step" and "." in at:
+            raise ConfigError(f"bad event {item!r}: a step must be a whole number")
+        if action == "join" and (not target.isdigit() or int(target) < 1):
+            raise ConfigError(f"bad event {item!r}: join takes a positive count")
+        if action != "join" and not _valid_target(target):
+            raise ConfigError(
+                f"bad event {item!r}: say who leaves with a count, rank:R, all or a worker id"
+            )
+        events.append(Event(trigger, float(at), action, target, item))
+    return events
+
+
+def _valid_target(target: str) -> bool:
+    if target.isdigit():
+        return int(target) >= 1
+    if target.startswith("rank:"):
+        return target[5:].isdigit()
+    return target == "all" or re.fullmatch(r"[A-Za-z0-9_.-]+", target) is not None
+
+
+def choose_targets(target: str, members: Sequence[str]) -> list[str]:
+    """The members an event's WHO names, given the current members in rank order."""
+    if target == "all":
+        return list(members)
+    if target.isdigit():
+        count = int(target)
+        return list(members[-count:]) if count <= len(members) else list(members)
+    if target.startswith("rank:"):
+        rank = int(target[5:])
+        return [members[rank]] if rank < len(members) else []
+    return [target] if target in members else []
+
+
+class EventSchedule:
+    """Hands out each event once, in the given order, when it is due."""
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self._pending = list(events)
+
+    def pop_next(self, step: int, elapsed: float) -> Event | None:
+        """The next event if it is due; events never overtake each other."""
+        if self._pending and self._pending[0].due(step, elapsed):
+            return self._pending.pop(0)
+        return None
+
+    @property
+    def pending(self) -> list[Event]:
+        return list(self._pending)
+
+    def joins_pending(self) -> bool:
+        return any(e.action == "join" for e in self._pending)

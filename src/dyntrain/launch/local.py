@@ -1,0 +1,83 @@
+"""Local worker processes: start them, signal them, notice when they exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
+
+
+@dataclass
+class LocalWorker:
+    worker_id: str
+    proc: subprocess.Popen
+    log_path: Path
+    signalled: str | None = None  # "leave" or "kill" when the launcher sent a signal
+
+
+class LocalWorkers:
+    """Starts ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) as job workers."""
+
+    def __init__(self, command: list[str], coordinator: str, out_dir: Path,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.command, self.coordinator, self.out_dir = command, coordinator, out_dir
+        self.extra_env = extra_env or {}
+        self.workers: dict[str, LocalWorker] = {}
+        self._next = 0
+        (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> str:
+        worker_id = f"w{self._next}"
+        self._next += 1
+        env = {**os.environ, **self.extra_env, ENV_COORDINATOR: self.coordinator,
+               ENV_WORKER_ID: worker_id, ENV_OUT: str(self.out_dir), "PYTHONUNBUFFERED": "1"}
+        log_path = self.out_dir / "logs" / f"worker-{worker_id}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([sys.executable, *self.command], env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.workers[worker_id] = LocalWorker(worker_id, proc, log_path)
+        return worker_id
+
+    def signal(self, worker_id: str, action: str) -> bool:
+        """Send SIGTERM (leave) or SIGKILL (kill) to a worker; False if it is not ours/alive."""
+        w = self.workers.get(worker_id)
+        if w is None or w.proc.poll() is not None:
+            return False
+        w.signalled = action
+        w.proc.send_signal(signal.SIGTERM if action == "leave" else signal.SIGKILL)
+        return True
+
+    def reap(self) -> list[tuple[str, int]]:
+        """Workers that exited since the last call, with their exit codes."""
+        exited = []
+        for worker_id, w in list(self.workers.items()):
+            code = w.proc.poll()
+            if code is not None:
+                exited.append((worker_id, code))
+                del self.workers[worker_id]
+        return exited
+
+    def alive(self) -> list[str]:
+        return [w for w, lw in self.workers.items() if lw.proc.poll() is None]
+
+    def stop_all(self, timeout: float = 20.0) -> None:
+        """Give workers time to exit on their own, then terminate and kill what is left."""
+        for w in self.workers.values():
+            try:
+                w.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+
+    def tail(self, worker_id: str, lines: int = 5) -> str:
+        path = self.out_dir / "logs" / f"worker-{worker_id}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""

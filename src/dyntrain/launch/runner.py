@@ -1,0 +1,230 @@
+"""``dyntrain run``: host the coordinator, start local workers, inject events, report progress."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TextIO
+
+import torch.distributed as dist
+
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.checkpoint import latest_valid_checkpoint
+from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.errors import ConfigError, DyntrainError
+from dyntrain.launch.events import Event, EventSchedule, choose_targets
+from dyntrain.launch.local import LocalWorkers
+
+TICK_SECONDS = 0.01
+
+
+@dataclass
+class RunOptions:
+    command: list[str]  # SCRIPT ARGS... or -m MODULE ARGS...
+    min_workers: int
+    max_workers: int
+    nproc: int
+    out_dir: Path
+    events: list[Event] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 0
+    failure_timeout: float = 10.0
+    settle_seconds: float = 2.0
+    quiet: bool = False
+    progress_every: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise ConfigError(f"--workers MIN:MAX needs 1 <= MIN <= MAX, got "
+                              f"{self.min_workers}:{self.max_workers}")
+        if not 0 <= self.nproc:
+            raise ConfigError(f"--nproc must be at least 0, got {self.nproc}")
+        if self.failure_timeout <= 0:
+            raise ConfigError("--failure-timeout must be positive")
+
+
+def parse_workers(text: str) -> tuple[int, int]:
+    """``MIN:MAX`` or ``N`` (= N:N)."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--workers must be MIN:MAX (e.g. 1:4), got {text!r}") from None
+    if not 1 <= low <= high:
+        raise ConfigError(f"--workers MIN:MAX needs 1 <= MIN <= MAX, got {text!r}")
+    return low, high
+
+
+class RunSink:
+    """Writes events.jsonl and metrics.jsonl and prints progress on the terminal."""
+
+    def __init__(self, out_dir: Path, total_hint: str, stream: TextIO, quiet: bool,
+                 every: float) -> None:
+        self.events_file = open(out_dir / "events.jsonl", "a")
+        self.metrics_file = open(out_dir / "metrics.jsonl", "a")
+        self.out_dir, self.stream, self.quiet, self.every = out_dir, stream, quiet, every
+        self.total_hint = total_hint
+        self.started = time.time()
+        self.last_print = 0.0
+        self.last_metrics: dict | None = None
+        self.results: dict = {}
+        self.events: list[dict] = []
+
+    def _say(self, line: str) -> None:
+        if not self.quiet:
+            print(f"[{time.time() - self.started:7.2f}s] {line}", file=self.stream, flush=True)
+
+    def event(self, record: dict) -> None:
+        self.events.append(record)
+        self.events_file.write(json.dumps(record) + "\n")
+        self.events_file.flush()
+        who = ",".join(record["workers"])
+        self._say(f"{record['event']} {who}: world {record['world_before']} -> "
+                  f"{record.get('world_after')}, first step in the new world "
+                  f"{record['latency_s']:.3f} s after the request "
+                  f"(steps redone: {record.get('steps_redone', 0)})")
+
+    def metrics(self, record: dict) -> None:
+        self.last_metrics = record
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+        now = time.time()
+        if now - self.last_print >= self.every:
+            self.last_print = now
+            self.print_progress(record)
+
+    def print_progress(self, m: dict) -> None:
+        total = m.get("total_steps") or self.total_hint
+        self._say(f"step {m['step']:>5}/{total}  epoch {m['epoch']:>3}  world {m['world_size']}  "
+                  f"loss {m['loss']:.4f}  {m['samples_per_s']:>9.1f} samples/s")
+
+    def log(self, line: str) -> None:
+        self._say(line)
+
+    def result(self, record: dict) -> None:
+        record = {k: v for k, v in record.items() if k != "worker"}
+        self.results.update(record)
+        (self.out_dir / "result.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        self._say("result: " + ", ".join(f"{k}={v}" for k, v in record.items()))
+
+    def close(self) -> None:
+        self.events_file.close()
+        self.metrics_file.close()
+
+
+def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
+    """Run one elastic job to the end; returns the process exit code."""
+    out = opts.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        store = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=30))
+    except Exception as exc:
+        raise DyntrainError(f"cannot listen on {opts.host}:{opts.port}: "
+                            f"{str(exc).splitlines()[0]}") from None
+    address = f"{opts.host}:{store.port}"
+    store.set(p.JOB_INFO, json.dumps({"out_dir": str(out.resolve())}))
+    sink = RunSink(out, "?", stream, opts.quiet, opts.progress_every)
+
+    def find_checkpoint():
+        found = latest_valid_checkpoint(out / "checkpoints",
+                                        on_skip=lambda path, why: sink.log(
+                                            f"skipping checkpoint {path.name}: {why}"))
+        return (found[0], str(found[1])) if found else None
+
+    coord = Coordinator(store, CoordinatorConfig(
+        opts.min_workers, opts.max_workers, expected_initial=max(opts.nproc, 1),
+        settle_seconds=opts.settle_seconds, failure_timeout=opts.failure_timeout),
+        sink, find_checkpoint)
+    workers = LocalWorkers(opts.command, address, out)
+    schedule = EventSchedule(opts.events)
+    sink.log(f"coordinator listening on {address}; join with: dyntrain worker --coordinator "
+             f"{socket.gethostname() if opts.host == '0.0.0.0' else opts.host}:{store.port} "
+             f"{' '.join(opts.command)}")
+    for _ in range(opts.nproc):
+        workers.start()
+    try:
+        return _loop(opts, coord, workers, schedule, sink)
+    finally:
+        workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
+        sink.close()
+
+
+def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedule,
+          sink: RunSink) -> int:
+    last_fired: tuple[str, list[str]] | None = None
+    while True:
+        for worker_id, code in workers.reap():
+            if code != 0:
+                coord.mark_dead(worker_id, f"exit code {code}")
+        phase = coord.tick()
+        if phase is Phase.DONE:
+            workers.stop_all(timeout=30.0)
+            coord.drain()
+            if sink.last_metrics:
+                sink.print_progress(sink.last_metrics)
+            return 0
+        if phase is Phase.FAILED:
+            sink.log(f"job failed: {coord.failure}")
+            return 1
+        elapsed = time.time() - coord.started_at
+        event = schedule.pop_next(coord.highest_step, elapsed) if _settled(coord, last_fired) \
+            else None
+        if event is not None:
+            last_fired = (event.action, _fire(event, coord, workers, sink))
+        if not workers.alive() and not coord.live_workers() and not schedule.joins_pending():
+            ckpt = coord.find_checkpoint()
+            hint = (f"; the newest checkpoint is at step {ckpt[0]}: run the same command again "
+                    "to resume" if ckpt else "")
+            coord.fail(f"every worker is gone{hint}")
+            sink.log(f"job failed: {coord.failure}")
+            return 1
+        time.sleep(TICK_SECONDS)
+
+
+def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
+    """Events fire one at a time, each once the previous one has taken full effect."""
+    if last is None:
+        return coord.current is not None
+    action, workers = last
+    if action == "join":
+        members = coord.current.members if coord.current else ()
+        full = coord.current is not None and coord.current.world_size >= coord.config.max_workers
+        placed = all(w in members or w in coord.gone or full for w in workers)
+        return placed and coord.settled()
+    if not all(w in coord.gone for w in workers):
+        return False
+    return coord.settled() or coord.phase is Phase.WAITING
+
+
+def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink) -> list[str]:
+    if event.action == "join":
+        started = [workers.start() for _ in range(int(event.target))]
+        sink.log(f"event {event.text}: started {', '.join(started)}")
+        return started
+    members = list(coord.current.members) if coord.current else []
+    targets = choose_targets(event.target, members)
+    if not targets:
+        sink.log(f"event {event.text}: no such member among {members}; skipped")
+        return []
+    for worker_id in targets:
+        coord.note_request(worker_id)
+        if not workers.signal(worker_id, event.action):
+            if event.action == "leave":
+                coord.request_drain(worker_id)
+            else:
+                sink.log(f"event {event.text}: {worker_id} is not a local process; not killed")
+                continue
+    sink.log(f"event {event.text}: {'SIGTERM' if event.action == 'leave' else 'SIGKILL'} "
+             f"to {', '.join(targets)}")
+    return targets

@@ -1,0 +1,1 @@
+"""Bundled real workloads that need no download."""

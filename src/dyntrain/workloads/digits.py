@@ -1,0 +1,121 @@
+"""The built-in workload: a small CNN with BatchNorm and dropout on scikit-learn's digits.
+
+Run it elastically with ``dyntrain run --workers 1:4 -m dyntrain.workloads.digits`` or alone with
+``python -m dyntrain.workloads.digits``; every worker runs the same command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import TensorDataset
+
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.trainer import ElasticTrainer
+from dyntrain.errors import DyntrainError
+
+
+def load_digits_split(val_fraction: float = 0.2, split_seed: int = 0):
+    """8x8 handwritten digits as (train, validation) TensorDatasets, normalised by train stats."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    train_idx, val_idx = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=val_fraction, random_state=split_seed,
+        stratify=y.numpy())
+    train_idx, val_idx = torch.as_tensor(train_idx), torch.as_tensor(val_idx)
+    mean, std = x[train_idx].mean(), x[train_idx].std()
+    x = (x - mean) / std
+    return TensorDataset(x[train_idx], y[train_idx]), TensorDataset(x[val_idx], y[val_idx])
+
+
+class DigitsNet(nn.Module):
+    """Two conv layers with BatchNorm, then an MLP head with dropout: 8x8 -> 10 classes."""
+
+    def __init__(self, width: int = 16, dropout: float = 0.2) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(2 * width)
+        self.fc1 = nn.Linear(2 * width * 16, 64)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        x = self.drop(F.relu(self.fc1(x.flatten(1))))
+        return self.fc2(x)
+
+
+def cross_entropy(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return F.cross_entropy(model(x), y)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, dataset: TensorDataset) -> float:
+    model.eval()
+    x, y = dataset.tensors
+    return float((model(x).argmax(1) == y).float().mean())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dyntrain.workloads.digits", description=__doc__)
+    ap.add_argument("--global-batch", type=int, default=64)
+    ap.add_argument("--chunk-size", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--max-steps", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--weight-decay", type=float, default=1e-4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
+    ap.add_argument("--step-delay", type=float, default=0.0,
+                    help="extra seconds per chunk, to slow a demo down so events can be seen")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
+                             epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
+                             checkpoint_every_steps=args.checkpoint_every)
+    except DyntrainError as exc:
+        print(f"digits: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    train, val = load_digits_split()
+    model = DigitsNet()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, nesterov=True,
+                          weight_decay=args.weight_decay)
+    total = config.total_steps(len(train))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    loss_fn = cross_entropy
+    if args.step_delay > 0:
+        import time
+
+        def loss_fn(model, batch):  # noqa: F811 - same loss, slowed down for demos
+            time.sleep(args.step_delay)
+            return cross_entropy(model, batch)
+
+    trainer = ElasticTrainer(config, model, opt, train, loss_fn, lr_scheduler=sched)
+    trainer.fit()
+    if trainer.is_leader:
+        acc = accuracy(model, val)
+        print(f"validation accuracy {acc:.4f} after {trainer.step} steps")
+        trainer.report(val_accuracy=round(acc, 4), steps=trainer.step)
+
+
+if __name__ == "__main__":
+    main()
