@@ -14,7 +14,8 @@ from dyntrain.errors import DyntrainError
 def state_distance(a: dict, b: dict) -> dict:
     """Max absolute and relative difference over all floating tensors; exact match of the rest."""
     if a.keys() != b.keys():
-        raise DyntrainError(f"the two state dicts have different keys: {sorted(a.keys() ^ b.keys())}")
+        keys = sorted(a.keys() ^ b.keys())
+        raise DyntrainError(f"the two state dicts have different keys: {keys}")
     max_abs, max_norm, exact_other = 0.0, 0.0, True
     for key in a:
         x, y = a[key], b[key]

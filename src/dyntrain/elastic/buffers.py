@@ -72,7 +72,7 @@ def _replay(
     """Apply the per-chunk updates ``rows`` (each made from ``start``) one after another."""
     value = start.clone()
     if momentum is not None:
-        # row = (1 - m) * start + m * stat, so the chunk's own contribution is row - (1 - m) * start.
+        # row = (1 - m) * start + m * stat: the chunk's own part is row - (1 - m) * start.
         keep = 1.0 - momentum
         for row in rows:
             value = keep * value + (row - keep * start)

@@ -96,6 +96,9 @@ class Coordinator:
         self.failure: str | None = None
         self._roster_len = 0
         self._last_hello = 0.0
+        self._hello_at: dict[str, float] = {}
+        self._expected: set[str] = set()
+        self._expect_deadline = 0.0
         self._requests: dict[str, float] = {}  # worker -> when a leave/kill was requested
         self._pending: list[Change] = []  # changes folded into the next generation
         self._awaiting_first_step: list[Change] = []
@@ -156,6 +159,7 @@ class Coordinator:
         for worker in list(self.workers):
             self._read_inbox(worker)
         self._check_heartbeats()
+        self._admit_joiners()
         if self.phase in (Phase.WAITING, Phase.REFORMING):
             self._maybe_form()
         return self.phase
@@ -227,15 +231,25 @@ class Coordinator:
             self.sink.log(f"rejected worker {worker}: settings differ from the job's")
             return
         self.joiners.append(worker)
-        self._last_hello = self.clock()
+        self._last_hello = self._hello_at[worker] = self.clock()
         self.sink.log(f"worker {worker} ({info.host} pid {info.pid}) wants to join")
-        if self.phase is Phase.RUNNING and self.current.world_size < self.config.max_workers:
-            now = self.clock()
-            self._pending.append(Change("join", [worker], now, now, self.current.world_size))
-            self._end_generation(p.CTL_REFORM)
-        elif self.phase is Phase.REFORMING:
-            now = self.clock()
-            self._pending.append(Change("join", [worker], now, now, self.current.world_size))
+
+    def expect_joiners(self, workers: list[str], within: float) -> None:
+        """Admit these soon-to-arrive workers together: hold joins until all said hello (or
+        ``within`` seconds passed), so that adding K workers re-forms the group once."""
+        self._expected = set(workers)
+        self._expect_deadline = self.clock() + within
+
+    def _admit_joiners(self) -> None:
+        if self.phase is not Phase.RUNNING or not self.joiners:
+            return
+        if self.current.world_size >= self.config.max_workers:
+            return
+        missing = [w for w in self._expected if w not in self._hello_at and w not in self.gone]
+        if missing and self.clock() < self._expect_deadline:
+            return
+        self._expected = set()
+        self._end_generation(p.CTL_REFORM)
 
     def _on_ready(self, worker: str, f: dict) -> None:
         if self.current is None or f["gen"] != self.current.number:
@@ -360,6 +374,12 @@ class Coordinator:
         if gen.checkpoint or gen.fresh:
             kind = "resume" if gen.checkpoint else "start"
             self._pending.append(Change(kind, list(gen.members), now, now, before))
+        else:
+            admitted = [w for w in gen.members if w in self._hello_at and w not in
+                        (self.current.members if self.current else ())]
+            if admitted:
+                asked = max(self._hello_at[w] for w in admitted)
+                self._pending.append(Change("join", admitted, asked, asked, before))
         redone = max(0, self.highest_step - gen.start_step) if self.current else 0
         for change in self._pending:
             change.fields.update(generation=gen.number, reformed_at=now, world_after=gen.world_size,

@@ -18,6 +18,7 @@ from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.plan import assign_chunks
 from dyntrain.elastic.sampler import chunk_indices, chunk_seed, epoch_permutation
 from dyntrain.elastic.state import TrainingParts
+from dyntrain.errors import ConfigError
 
 LossFn = Callable[[torch.nn.Module, object], torch.Tensor]
 
@@ -42,8 +43,15 @@ class ChunkStepper:
         self.dataset_size = len(dataset)
         self.steps_per_epoch = config.steps_per_epoch(self.dataset_size)
         self.params = [q for q in parts.model.parameters() if q.requires_grad]
+        dtypes = {q.dtype for q in self.params}
+        if len(dtypes) > 1:
+            raise ConfigError(f"all trainable parameters must share one dtype, got {dtypes}")
         self.bn = BatchNormChunkStats(parts.model)
-        self._grad_numel = sum(q.numel() for q in self.params)
+        numel = sum(q.numel() for q in self.params)
+        param_dtype = dtypes.pop() if dtypes else torch.float32
+        # Gradients live in one flat buffer: backward accumulates into views of it.
+        self._grads = torch.zeros(numel, dtype=param_dtype, device=device)
+        self.reduce_dtype = torch.float64 if config.exact_reduction else torch.float32
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
 
     def batch_indices(self, step: int) -> torch.Tensor:
@@ -62,11 +70,15 @@ class ChunkStepper:
         """Forward/backward over ``chunks`` of step ``step``; returns the flat buffer to sum."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
-        self.parts.optimizer.zero_grad(set_to_none=True)
+        self._attach_grads()
+        self._grads.zero_()
+        exact = self.reduce_dtype != self._grads.dtype
+        total = torch.zeros_like(self._grads, dtype=self.reduce_dtype) if exact else self._grads
         batch_idx = self.batch_indices(step)
         self.bn.begin_step()
-        table = torch.zeros(cfg.num_chunks, self.bn.width, device=self.device)
-        loss_sum = torch.zeros((), device=self.device)
+        table = torch.zeros(cfg.num_chunks, self.bn.width, device=self.device,
+                            dtype=self.reduce_dtype)
+        loss_sum = torch.zeros((), device=self.device, dtype=self.reduce_dtype)
         for chunk in chunks:
             # Randomness (dropout, augmentation) depends on (seed, step, chunk), not on the worker.
             torch.manual_seed(chunk_seed(cfg.seed, step, chunk))
@@ -77,15 +89,25 @@ class ChunkStepper:
             loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
             (scaler.scale(loss) if scaler is not None else loss).backward()
             self.bn.record_chunk(table[chunk])
-            loss_sum += loss.detach().float()
+            loss_sum += loss.detach()
+            if exact:
+                # Each chunk's gradient is added once in float64: exact for any grouping.
+                total += self._grads
+                self._grads.zero_()
         self.bn.before_chunk()
-        grads = [
-            (q.grad if q.grad is not None else torch.zeros_like(q)).reshape(-1).float()
-            for q in self.params
-        ]
-        tail = torch.stack([loss_sum, torch.zeros((), device=self.device),
-                            torch.zeros((), device=self.device)])
-        return torch.cat(grads + [table.reshape(-1), tail])
+        tail = torch.zeros(TAIL, device=self.device, dtype=self.reduce_dtype)
+        tail[0] = loss_sum
+        return torch.cat([total.to(self.reduce_dtype), table.reshape(-1), tail])
+
+    def _attach_grads(self) -> None:
+        """Point every parameter's .grad at its slice of the flat buffer (again, if replaced)."""
+        offset = 0
+        for q in self.params:
+            n = q.numel()
+            view = self._grads[offset : offset + n].view_as(q)
+            if q.grad is None or q.grad.data_ptr() != view.data_ptr():
+                q.grad = view
+            offset += n
 
     @staticmethod
     def set_flags(flat: torch.Tensor, reform: bool, leave: bool) -> None:
@@ -94,11 +116,9 @@ class ChunkStepper:
 
     def apply(self, flat: torch.Tensor) -> StepResult:
         """Unpack the all-reduced buffer, replay BatchNorm updates and take the optimizer step."""
-        offset = 0
-        for q in self.params:
-            n = q.numel()
-            q.grad = flat[offset : offset + n].view_as(q).to(q.dtype).clone()
-            offset += n
+        self._attach_grads()
+        offset = self._grads.numel()
+        self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
         width = self.bn.width * self.config.num_chunks
         self.bn.finish_step(flat[offset : offset + width].view(self.config.num_chunks, -1))
         opt, scaler, sched = self.parts.optimizer, self.parts.scaler, self.parts.lr_scheduler

@@ -52,7 +52,7 @@ def parse_events(spec: str | None) -> list[Event]:
         trigger, at, action, target = m.groups()
         if trigger == "step" and "." in at:
             raise ConfigError(f"bad event {item!r}: a step must be a whole number")
-        if action == "join" and (not target.isdigit() or int(target) < 1):
+        if action == "join" and (not _is_count(target) or int(target) < 1):
             raise ConfigError(f"bad event {item!r}: join takes a positive count")
         if action != "join" and not _valid_target(target):
             raise ConfigError(
@@ -62,11 +62,15 @@ def parse_events(spec: str | None) -> list[Event]:
     return events
 
 
+def _is_count(text: str) -> bool:
+    return re.fullmatch(r"[0-9]+", text) is not None
+
+
 def _valid_target(target: str) -> bool:
-    if target.isdigit():
+    if _is_count(target):
         return int(target) >= 1
     if target.startswith("rank:"):
-        return target[5:].isdigit()
+        return _is_count(target[5:])
     return target == "all" or re.fullmatch(r"[A-Za-z0-9_.-]+", target) is not None
 
 
@@ -74,7 +78,7 @@ def choose_targets(target: str, members: Sequence[str]) -> list[str]:
     """The members an event's WHO names, given the current members in rank order."""
     if target == "all":
         return list(members)
-    if target.isdigit():
+    if _is_count(target):
         count = int(target)
         return list(members[-count:]) if count <= len(members) else list(members)
     if target.startswith("rank:"):
@@ -99,5 +103,11 @@ class EventSchedule:
     def pending(self) -> list[Event]:
         return list(self._pending)
 
-    def joins_pending(self) -> bool:
-        return any(e.action == "join" for e in self._pending)
+    def can_add_workers(self, step: int) -> bool:
+        """Whether a pending join can still fire if the job makes no more progress."""
+        for event in self._pending:
+            if event.trigger == "step" and event.at > step:
+                return False  # events fire in order: this one waits for progress
+            if event.action == "join":
+                return True
+        return False

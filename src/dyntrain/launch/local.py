@@ -75,9 +75,11 @@ class LocalWorkers:
                 w.proc.kill()
                 w.proc.wait()
 
-    def tail(self, worker_id: str, lines: int = 5) -> str:
+    def last_line(self, worker_id: str) -> str:
+        """The last non-empty line a worker wrote (its error, when it failed)."""
         path = self.out_dir / "logs" / f"worker-{worker_id}.log"
         try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return ""
+        return lines[-1].strip() if lines else ""

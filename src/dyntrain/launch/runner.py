@@ -21,6 +21,8 @@ from dyntrain.launch.events import Event, EventSchedule, choose_targets
 from dyntrain.launch.local import LocalWorkers
 
 TICK_SECONDS = 0.01
+# Workers started by one join event are admitted together if they all arrive within this.
+JOIN_BATCH_SECONDS = 60.0
 
 
 @dataclass
@@ -163,9 +165,15 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
 def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedule,
           sink: RunSink) -> int:
     last_fired: tuple[str, list[str]] | None = None
+    startup_failure = ""
     while True:
         for worker_id, code in workers.reap():
-            if code != 0:
+            if code != 0 and worker_id not in coord.workers and code > 0:
+                # it never reached the coordinator: its own error is the most useful thing to say
+                startup_failure = workers.last_line(worker_id) or f"exit code {code}"
+                sink.log(f"worker {worker_id} exited with code {code} before joining: "
+                         f"{startup_failure}")
+            elif code != 0:
                 coord.mark_dead(worker_id, f"exit code {code}")
         phase = coord.tick()
         if phase is Phase.DONE:
@@ -182,11 +190,15 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             else None
         if event is not None:
             last_fired = (event.action, _fire(event, coord, workers, sink))
-        if not workers.alive() and not coord.live_workers() and not schedule.joins_pending():
+        if (not workers.alive() and not coord.live_workers()
+                and not schedule.can_add_workers(coord.highest_step)):
             ckpt = coord.find_checkpoint()
             hint = (f"; the newest checkpoint is at step {ckpt[0]}: run the same command again "
                     "to resume" if ckpt else "")
-            coord.fail(f"every worker is gone{hint}")
+            reason = f"every worker is gone{hint}"
+            if startup_failure and coord.current is None:
+                reason = f"no worker could start: {startup_failure}"
+            coord.fail(reason)
             sink.log(f"job failed: {coord.failure}")
             return 1
         time.sleep(TICK_SECONDS)
@@ -210,6 +222,7 @@ def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
 def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink) -> list[str]:
     if event.action == "join":
         started = [workers.start() for _ in range(int(event.target))]
+        coord.expect_joiners(started, within=JOIN_BATCH_SECONDS)
         sink.log(f"event {event.text}: started {', '.join(started)}")
         return started
     members = list(coord.current.members) if coord.current else []

@@ -1,0 +1,194 @@
+"""Shared helpers for the benchmarks: free ports, process trees, JSONL tails, statistics."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _ppid_map() -> dict[int, int]:
+    """pid -> parent pid for every process we can see (from /proc)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = stat[stat.rfind(")") + 2 :].split()
+        out[int(entry)] = int(fields[1])
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), from a /proc snapshot."""
+    children: dict[int, list[int]] = {}
+    for child, parent in _ppid_map().items():
+        children.setdefault(parent, []).append(child)
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def kill_pids(pids, sig: int = signal.SIGKILL) -> None:
+    """Signal each pid and, where it leads one, its process group (workers often setsid)."""
+    for pid in pids:
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 0.0, extra: set[int] | None = None) -> None:
+    """End ``proc`` and everything below it (and ``extra`` pids); SIGTERM first if grace > 0."""
+    pids = set(descendants(proc.pid)) | {proc.pid} | set(extra or ())
+    if grace > 0 and proc.poll() is None:
+        kill_pids([proc.pid], signal.SIGTERM)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            pass
+        pids |= set(descendants(proc.pid)) if proc.poll() is None else set()
+    kill_pids(sorted(pids, reverse=True), signal.SIGKILL)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+class LineReader:
+    """Reads a process's stdout in a thread and timestamps every line on arrival."""
+
+    def __init__(self, stream, echo_to: Path | None = None) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._echo = open(echo_to, "a") if echo_to else None
+        self._thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _run(self, stream) -> None:
+        for raw in iter(stream.readline, ""):
+            self.lines.append((time.time(), raw.rstrip("\n")))
+            if self._echo:
+                self._echo.write(raw)
+                self._echo.flush()
+        if self._echo:
+            self._echo.close()
+
+    def join(self, timeout: float = 2.0) -> None:
+        self._thread.join(timeout)
+
+
+class JsonlTail:
+    """Incrementally reads complete lines of a growing JSONL file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[dict] = []
+        self._pos = 0
+        self._partial = b""
+
+    def poll(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+                self._pos = f.tell()
+        except FileNotFoundError:
+            return []
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        new = []
+        for line in lines:
+            if line.strip():
+                try:
+                    new.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        self.records.extend(new)
+        return new
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def maximum(values):
+    values = [v for v in values if v is not None]
+    return max(values) if values else None
+
+
+def machine_info() -> dict:
+    import torch
+
+    model = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "hostname": socket.gethostname(),
+    }
+
+
+def fmt(value, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)

@@ -1,0 +1,32 @@
+"""Helpers for end-to-end tests: run the real CLI in real processes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+DYNTRAIN = [sys.executable, "-m", "dyntrain.cli.main"]
+
+
+def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([*DYNTRAIN, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=kw.pop("cwd", ROOT), **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def ledger_script() -> Path:
+    return SCRIPTS / "ledger_train.py"
