@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
@@ -40,7 +41,13 @@ def main():
     n = args.samples
     features = torch.randn(n, 4, generator=torch.Generator().manual_seed(1))
     data = TensorDataset(torch.arange(n), features)
-    model = LedgerNet(n)
+    trainer_device = torch.device(args.device) if args.device else None
+    if trainer_device is not None and trainer_device.type == "cuda":
+        import os
+
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        trainer_device = torch.device("cuda", index)
+    model = LedgerNet(n).to(trainer_device or "cpu")
     opt = torch.optim.SGD([
         {"params": [model.counts], "lr": float(args.global_batch), "momentum": 0.0},
         {"params": model.net.parameters(), "lr": 0.05, "momentum": 0.9},
@@ -54,7 +61,7 @@ def main():
         fit = nn.functional.mse_loss(model.net(x), target)
         return fit - model.counts[idx].mean()
 
-    trainer = ElasticTrainer(config, model, opt, data, loss_fn)
+    trainer = ElasticTrainer(config, model, opt, data, loss_fn, device=trainer_device)
     trainer.fit()
     if trainer.is_leader:
         trainer.report(steps=trainer.step)

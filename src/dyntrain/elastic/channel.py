@@ -35,6 +35,7 @@ def parse_address(address: str) -> tuple[str, int]:
 def connect_store(address: str, timeout: float) -> dist.TCPStore:
     """A client connection to the coordinator's TCPStore, with a one-line error if unreachable."""
     host, port = parse_address(address)
+    _wait_for_listener(host, port, timeout)
     try:
         return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
                              wait_for_workers=False)
@@ -43,6 +44,20 @@ def connect_store(address: str, timeout: float) -> dist.TCPStore:
             f"cannot reach the coordinator at {host}:{port} within {timeout:g} s "
             f"({str(exc).splitlines()[0][:120]})"
         ) from None
+
+
+def _wait_for_listener(host: str, port: int, timeout: float) -> None:
+    """Probe the port first: torch logs a C++ stack trace for every failed connect attempt."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, timeout))):
+                return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise DyntrainError(f"cannot reach the coordinator at {host}:{port} within "
+                                    f"{timeout:g} s ({exc.strerror or exc})") from None
+            time.sleep(0.1)
 
 
 class WorkerChannel:
@@ -100,7 +115,8 @@ class WorkerChannel:
     def wait_generation(self, after: int, should_stop) -> p.Generation | None:
         """Block until a generation numbered above ``after`` includes this worker.
 
-        Returns None when ``should_stop()`` turns true first; raises JobOver when the job ends and
+        Returns None when ``should_stop()`` turns true or the coordinator tells this worker to
+        leave; raises JobOver when the job ends and
         DyntrainError when the coordinator rejects this worker or is lost.
         """
         scanned = after
@@ -109,6 +125,8 @@ class WorkerChannel:
                 raise DyntrainError(self.lost)
             if self.store.check([p.reply_key(self.worker)]):
                 reply = self.store.get(p.reply_key(self.worker)).decode()
+                if reply == "leave":  # drained while its generation was being torn down
+                    return None
                 raise DyntrainError(f"the coordinator rejected this worker: {reply[7:]}")
             state = self.job_state()
             if state != "running":

@@ -99,6 +99,7 @@ class Coordinator:
         self._hello_at: dict[str, float] = {}
         self._expected: set[str] = set()
         self._expect_deadline = 0.0
+        self._draining: set[str] = set()  # asked to leave; never carried into a new generation
         self._requests: dict[str, float] = {}  # worker -> when a leave/kill was requested
         self._pending: list[Change] = []  # changes folded into the next generation
         self._awaiting_first_step: list[Change] = []
@@ -117,6 +118,7 @@ class Coordinator:
         """Ask a member to finish its current step and leave (for workers without a signal)."""
         if self.current and worker in self.current.members and self.phase is Phase.RUNNING:
             self.note_request(worker)
+            self._draining.add(worker)
             self.store.set(p.ctl_key(self.current.number, worker), p.CTL_DRAIN)
 
     def mark_dead(self, worker: str, reason: str) -> None:
@@ -332,8 +334,9 @@ class Coordinator:
             return
         self.phase = Phase.REFORMING
         for worker in self.current.members:
-            if worker not in self.gone:
-                self.store.set(p.ctl_key(self.current.number, worker), ctl)
+            if worker in self.gone or (ctl == p.CTL_REFORM and worker in self._draining):
+                continue  # a drained member leaves at the boundary (its leave flag re-forms)
+            self.store.set(p.ctl_key(self.current.number, worker), ctl)
 
     def _accounted(self) -> bool:
         members = self.current.members if self.current else ()
@@ -349,19 +352,24 @@ class Coordinator:
                        and now - self._last_hello >= cfg.settle_seconds)
             if not (enough or settled):
                 return
+        for worker in self._draining & set(self.ready):
+            # drained, but the generation was aborted before its boundary: leave now
+            self.store.set(p.reply_key(worker), "leave")
+            self.ready.pop(worker)
         ready = {w: s for w, s in self.ready.items() if w not in self.gone}
-        holders = [s for s in ready.values() if s is not None]
-        checkpoint = None if holders else self.find_checkpoint()
-        number = self.current.number + 1 if self.current else 0
-        gen = next_generation(number, self.current.members if self.current else (), ready,
-                              self.joiners, cfg.min_workers, cfg.max_workers, checkpoint)
-        if gen is None:
+        if len(ready) + len(self.joiners) < cfg.min_workers:
             if self.phase is Phase.REFORMING:
                 self.phase = Phase.WAITING
                 self.sink.log(f"waiting for workers: {len(ready) + len(self.joiners)} available, "
                               f"need {cfg.min_workers}")
             return
-        self._publish(gen, now)
+        holders = [s for s in ready.values() if s is not None]
+        checkpoint = None if holders else self.find_checkpoint()
+        number = self.current.number + 1 if self.current else 0
+        gen = next_generation(number, self.current.members if self.current else (), ready,
+                              self.joiners, cfg.min_workers, cfg.max_workers, checkpoint)
+        if gen is not None:  # enough workers were checked above
+            self._publish(gen, now)
 
     def _publish(self, gen: p.Generation, now: float) -> None:
         before = self.current.world_size if self.current else 0
@@ -375,16 +383,18 @@ class Coordinator:
             kind = "resume" if gen.checkpoint else "start"
             self._pending.append(Change(kind, list(gen.members), now, now, before))
         else:
-            admitted = [w for w in gen.members if w in self._hello_at and w not in
-                        (self.current.members if self.current else ())]
+            previous = self.current.members if self.current else ()
+            admitted = [w for w in gen.members if w in self._hello_at and w not in previous]
             if admitted:
                 asked = max(self._hello_at[w] for w in admitted)
-                self._pending.append(Change("join", admitted, asked, asked, before))
+                survivors = gen.world_size - len(admitted)
+                self._pending.append(Change("join", admitted, asked, asked, survivors))
         redone = max(0, self.highest_step - gen.start_step) if self.current else 0
-        for change in self._pending:
+        # changes whose world never completed a step are reported with this one
+        self._awaiting_first_step += self._pending
+        for change in self._awaiting_first_step:
             change.fields.update(generation=gen.number, reformed_at=now, world_after=gen.world_size,
                                  start_step=gen.start_step, steps_redone=redone)
-        self._awaiting_first_step = self._pending
         self._pending = []
         self.current, self.phase = gen, Phase.RUNNING
         origin = (f"checkpoint {gen.checkpoint}" if gen.checkpoint

@@ -35,7 +35,8 @@ class LocalWorkers:
         worker_id = f"w{self._next}"
         self._next += 1
         env = {**os.environ, **self.extra_env, ENV_COORDINATOR: self.coordinator,
-               ENV_WORKER_ID: worker_id, ENV_OUT: str(self.out_dir), "PYTHONUNBUFFERED": "1"}
+               ENV_WORKER_ID: worker_id, ENV_OUT: str(self.out_dir), "PYTHONUNBUFFERED": "1",
+               "LOCAL_RANK": str(self._next - 1)}
         log_path = self.out_dir / "logs" / f"worker-{worker_id}.log"
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, *self.command], env=env, stdout=log,

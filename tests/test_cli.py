@@ -1,0 +1,79 @@
+"""Bad input through the real CLI: a one-line error, a non-zero exit, nothing touched."""
+
+import hashlib
+
+import pytest
+from conftest import SCRIPTS, run_cli
+
+
+def assert_one_line_error(proc, *needles, code=2):
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    err = proc.stderr.strip()
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    assert err.count("\n") == 0 and err.startswith("dyntrain: error:"), err
+    for needle in needles:
+        assert needle in err, err
+
+
+@pytest.mark.parametrize("workers, needle", [
+    ("0:2", "1 <= MIN <= MAX"), ("3:1", "1 <= MIN <= MAX"), ("a:b", "MIN:MAX"),
+    ("1:2:3", "MIN:MAX"), ("", "MIN:MAX")])
+def test_invalid_workers(workers, needle, tmp_path):
+    proc = run_cli(["run", "--workers", workers, "--out", tmp_path / "o",
+                    SCRIPTS / "ledger_train.py"])
+    assert_one_line_error(proc, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_script(tmp_path):
+    proc = run_cli(["run", "--out", tmp_path / "o", tmp_path / "nope.py"])
+    assert_one_line_error(proc, "script not found", "nope.py")
+    assert not (tmp_path / "o").exists()
+
+
+def test_bad_events_leave_an_existing_run_untouched(tmp_path):
+    out = tmp_path / "run"
+    run_cli(["run", "--out", out, "--quiet", SCRIPTS / "ledger_train.py", "--epochs", "2"],
+            check=True)
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    proc = run_cli(["run", "--out", out, "--events", "step=3:explode=1",
+                    SCRIPTS / "ledger_train.py", "--epochs", "2"])
+    assert_one_line_error(proc, "step=3:explode=1")
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_unreachable_coordinator():
+    proc = run_cli(["worker", "--coordinator", "127.0.0.1:1", "--connect-timeout", "1",
+                    SCRIPTS / "ledger_train.py"], timeout=60)
+    assert_one_line_error(proc, "cannot reach the coordinator at 127.0.0.1:1")
+
+
+@pytest.mark.parametrize("address", ["nohostport", "host:", ":123", "h:99999", "h:x"])
+def test_malformed_coordinator_address(address):
+    proc = run_cli(["worker", "--coordinator", address, SCRIPTS / "ledger_train.py"])
+    assert_one_line_error(proc, "HOST:PORT")
+
+
+def test_global_batch_not_a_multiple_of_chunk_size_fails_the_job(tmp_path):
+    proc = run_cli(["run", "--out", tmp_path / "o", SCRIPTS / "bad_config.py"])
+    assert proc.returncode == 1
+    last = proc.stdout.strip().splitlines()[-1]
+    assert "no worker could start" in last
+    assert "global batch 30 is not a multiple of chunk size 8" in last
+
+
+def test_compare_reports_missing_files(tmp_path):
+    proc = run_cli(["compare", tmp_path / "a", tmp_path / "b"])
+    assert_one_line_error(proc, "no such file")
+
+
+def test_compare_rejects_a_file_that_is_not_a_state_dict(tmp_path):
+    (tmp_path / "final.pt").write_bytes(b"not a checkpoint")
+    proc = run_cli(["compare", tmp_path, tmp_path])
+    assert_one_line_error(proc, "not a loadable state dict")
+
+
+def test_unknown_option_is_a_one_line_error():
+    proc = run_cli(["run", "--bogus", "x.py"])
+    assert_one_line_error(proc, "--bogus")
