@@ -3,6 +3,7 @@
 import hashlib
 
 import pytest
+
 from conftest import SCRIPTS, run_cli
 
 

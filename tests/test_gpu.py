@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from conftest import SCRIPTS, read_jsonl, run_cli
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -10,10 +11,9 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs 
 
 @cuda
 def test_cuda_steps_match_cpu_steps():
-    from test_stepper import assert_same, make_worker, train
-
     from dyntrain.elastic.config import TrainConfig
     from dyntrain.elastic.stepper import ChunkStepper
+    from test_stepper import assert_same, make_worker, train
 
     config = TrainConfig(global_batch=40, chunk_size=5)
     cpu = train([1] * 3, steps=3, config=config)
@@ -33,10 +33,9 @@ def test_cuda_steps_match_cpu_steps():
 
 @cuda
 def test_grad_scaler_on_cuda_trains():
-    from test_stepper import dataset, loss_fn, make_worker
-
     from dyntrain.elastic.config import TrainConfig
     from dyntrain.elastic.stepper import ChunkStepper
+    from test_stepper import dataset, loss_fn, make_worker
 
     parts = make_worker()
     parts.model.cuda()
