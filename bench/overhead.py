@@ -61,9 +61,10 @@ QUIET = 0.5  # cores' worth of other load below which a run counts as undisturbe
 
 @dataclass(frozen=True)
 class Config:
-    name: str  # "like-for-like" or "small-chunk"
+    name: str  # "like-for-like", "like-for-like-f32" or "small-chunk"
     world: int
     chunk: int
+    exact: bool = True  # dyntrain's default float64 reduction; False: float32 like DDP
 
 
 def dyntrain_command() -> list[str]:
@@ -129,7 +130,8 @@ def run_dyntrain(args: argparse.Namespace, cfg: Config, work: Path, tag: str,
     out = work / tag
     cmd = [*dyntrain_command(), "run", "--workers", str(cfg.world), "--nproc", str(cfg.world),
            "--out", str(out), "--quiet", str(DYN_WORKER), *workload_args(args),
-           "--chunk-size", str(cfg.chunk), *extra]
+           "--chunk-size", str(cfg.chunk), *([] if cfg.exact else ["--float32-reduction"]),
+           *extra]
     k = warmup_steps(args)
     wall, launcher = _run_watching(cmd, args.timeout, work / f"{tag}.log",
                                    out / "metrics.jsonl", k, args.steps)
@@ -209,6 +211,7 @@ def configs(args: argparse.Namespace) -> list[Config]:
             raise SystemExit(f"global batch {args.global_batch} does not split over {world}")
         full = args.global_batch // world
         out.append(Config("like-for-like", world, full))
+        out.append(Config("like-for-like-f32", world, full, exact=False))
         if args.small_chunk and args.small_chunk != full:
             if args.global_batch % args.small_chunk:
                 raise SystemExit(f"--small-chunk {args.small_chunk} does not divide the batch")
@@ -270,7 +273,7 @@ def measure(args: argparse.Namespace, work: Path) -> list[dict]:
             if rnd % 2:
                 jobs.reverse()
             for system, cfg in jobs:
-                tag = f"r{rnd}-w{world}-{system}" + (f"-c{cfg.chunk}" if cfg else "")
+                tag = f"r{rnd}-w{world}-{system}" + (f"-{cfg.name}-c{cfg.chunk}" if cfg else "")
                 before = _cpu_accounts()
                 if system == "ddp":
                     res = run_ddp(args, world, work, tag)
@@ -296,7 +299,7 @@ def summarize(args: argparse.Namespace, runs: list[dict]) -> list[dict]:
             ddp = [r for r in runs if r["round"] == rnd and r["system"] == "ddp"
                    and r["world_size"] == cfg.world]
             dyn = [r for r in runs if r["round"] == rnd and r["system"] == "dyntrain"
-                   and r["world_size"] == cfg.world and r["chunk_size"] == cfg.chunk]
+                   and r["world_size"] == cfg.world and r["config"] == cfg.name]
             if ddp and dyn:
                 pairs.append((ddp[0], dyn[0]))
         if not pairs:

@@ -144,13 +144,16 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_args(ap)
     ap.add_argument("--chunk-size", type=int, default=None, help="default: the global batch")
+    ap.add_argument("--float32-reduction", action="store_true",
+                    help="TrainConfig(exact_reduction=False): all-reduce float32 like DDP")
     ap.add_argument("--profile", default=None, metavar="PREFIX")
     ap.add_argument("--cprofile", default=None, metavar="PREFIX")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     g = args.global_batch
     config = dyntrain.TrainConfig(global_batch=g, chunk_size=args.chunk_size or g, epochs=1,
-                                  max_steps=args.steps, seed=args.seed)
+                                  max_steps=args.steps, seed=args.seed,
+                                  exact_reduction=not args.float32_reduction)
     data = make_dataset(args.steps * g, args.seed)
     model = make_model(args.width, args.seed)
     trainer = dyntrain.ElasticTrainer(config, model, make_optimizer(model, args.lr), data,

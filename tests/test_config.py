@@ -148,6 +148,7 @@ _BASE = dict(
     checkpoint_every_seconds=None,
     keep_checkpoints=3,
     backend="auto",
+    exact_reduction=True,
 )
 
 # One changed value per field; every field of TrainConfig must be listed here.
@@ -161,6 +162,7 @@ _CHANGES = {
     "checkpoint_every_seconds": 30.0,
     "keep_checkpoints": 2,
     "backend": "gloo",
+    "exact_reduction": False,
 }
 
 

@@ -479,7 +479,7 @@ def test_all_members_dead_then_a_joiner_starts_over(store, checkpoint):
     job.w["d"].metrics(1, gen.start_step + 1)
     job.tick()
     assert job.sink.metrics_rows[-1]["recomputed"] is True
-    assert sorted(job.kinds()) == sorted(["start", "crash", "crash", kind])
+    assert sorted(job.kinds()) == sorted(["start", "crash", kind])  # one failure, one event
     crashes = [e for e in job.sink.events if e["event"] == "crash"]
     assert sorted(w for e in crashes for w in e["workers"]) == ["a", "b"]
     assert all(e["steps_redone"] == redone and e["world_after"] == 1 for e in crashes)
@@ -503,15 +503,17 @@ def test_done_message_finishes_the_job(job):
     assert not job.coord.settled()
 
 
-def test_error_message_fails_the_job(job):
+def test_an_exception_in_one_worker_is_that_workers_crash(job):
     job.start("a", "b", step=2)
     job.w["b"].send("error", message="ValueError: bad batch")
-    assert job.tick() is Phase.FAILED
-    assert job.coord.failure == "worker b: ValueError: bad batch"
-    assert job.job_state() == "failed:worker b: ValueError: bad batch"
-    job.hello("c")
-    assert job.tick() is Phase.FAILED  # terminal: nothing more happens
-    assert job.latest() == 0
+    assert job.tick() is Phase.REFORMING
+    assert job.coord.last_error == "b: ValueError: bad batch"
+    assert "b" in job.coord.dead
+    assert job.ctl(0, "a") == "abort"
+    assert job.store.get("reply/b").decode().startswith("reject:it was declared dead")
+    job.w["a"].ready(0, 2, reason="abort")
+    job.tick()
+    assert job.latest() == 1 and job.gen(1).members == ("a",)
 
 
 def test_settled_only_when_running_and_every_change_completed_a_step(job):

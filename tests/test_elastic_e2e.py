@@ -193,3 +193,29 @@ def test_standby_worker_leaves_on_sigterm_and_job_goes_on(tmp_path):
     assert launcher.returncode == 0, rest
     assert world_sizes(out) == [1]
     assert_exactly_once(out, epochs=30)
+
+
+def test_exception_in_one_worker_is_survived(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--out", out,
+                    SCRIPTS / "ledger_train.py", "--step-delay", "0.002", "--raise-in", "w1",
+                    "--raise-after", "60"], check=True)
+    crashes = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "crash"]
+    assert len(crashes) == 1 and crashes[0]["workers"] == ["w1"], proc.stdout
+    assert "simulated device failure" in crashes[0]["reason"]
+    assert world_sizes(out)[-1] == 1
+    assert_exactly_once(out)
+
+
+def test_hung_worker_is_found_by_heartbeat_and_fenced(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--failure-timeout", "2",
+                    "--out", out, "--events", "step=20:hang=rank:1",
+                    SCRIPTS / "ledger_train.py", "--step-delay", "0.002"], check=True)
+    crashes = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "crash"]
+    assert len(crashes) == 1, proc.stdout
+    assert crashes[0]["reason"] == "no heartbeat for 2 s"
+    # found by the timeout (2 s after the last beat it saw; beats come every 0.5 s), not before
+    assert 1.4 <= crashes[0]["detected_at"] - crashes[0]["requested_at"] < 6.0
+    assert world_sizes(out)[-1] == 1
+    assert_exactly_once(out)

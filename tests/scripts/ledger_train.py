@@ -7,6 +7,7 @@ float32). It travels through the real all-reduce, state transfer and checkpoints
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -33,6 +34,8 @@ def main():
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
+    ap.add_argument("--raise-in", default=None, help="worker id that raises after some chunks")
+    ap.add_argument("--raise-after", type=int, default=50, help="chunks before it raises")
     args = ap.parse_args()
     torch.set_num_threads(1)
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
@@ -43,8 +46,6 @@ def main():
     data = TensorDataset(torch.arange(n), features)
     trainer_device = torch.device(args.device) if args.device else None
     if trainer_device is not None and trainer_device.type == "cuda":
-        import os
-
         index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         trainer_device = torch.device("cuda", index)
     model = LedgerNet(n).to(trainer_device or "cpu")
@@ -53,8 +54,14 @@ def main():
         {"params": model.net.parameters(), "lr": 0.05, "momentum": 0.9},
     ])
 
+    calls = [0]
+
     def loss_fn(model, batch):
         idx, x = batch
+        calls[0] += 1
+        if args.raise_in and args.raise_in == os.environ.get("DYNTRAIN_WORKER_ID") \
+                and calls[0] > args.raise_after:
+            raise RuntimeError("simulated device failure")
         if args.step_delay:
             time.sleep(args.step_delay)
         target = x.sum(1, keepdim=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import socket
 import threading
 import time
@@ -61,53 +62,102 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
 
 
 class WorkerChannel:
-    """One worker's connection to its job's coordinator."""
+    """One worker's connection to its job's coordinator.
+
+    Nothing on the training step's critical path waits for the store: messages go out through a
+    sender thread (consecutive metrics rows packed into one message), and the control key of
+    the current generation is polled by a watcher thread that also sends the heartbeat.
+    """
 
     def __init__(self, address: str, worker_id: str | None = None, connect_timeout: float = 30.0,
-                 heartbeat_interval: float = 0.5) -> None:
+                 heartbeat_interval: float = 0.5, watch_interval: float = 0.02) -> None:
         self.address = address
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.store = connect_store(address, connect_timeout)
-        self._seq = 0
-        self._lock = threading.Lock()
-        self.lost: str | None = None
-        self._stop = threading.Event()
-        self._heartbeat_store = connect_store(address, connect_timeout)
-        # Group creation blocks on store keys in another thread: it gets its own connection.
+        # Each thread gets its own connection; group creation blocks on keys in another thread.
         self.pg_store = connect_store(address, connect_timeout)
-        self._heartbeat = threading.Thread(target=self._beat, args=(heartbeat_interval,),
-                                           daemon=True, name="dyntrain-heartbeat")
-        self._heartbeat.start()
-        self._gens: dict[int, p.Generation] = {}
+        self._send_store = connect_store(address, connect_timeout)
+        self._watch_store = connect_store(address, connect_timeout)
+        self.lost: str | None = None
+        self._seq = 0
+        self._outbox: queue.Queue[p.Message] = queue.Queue()
+        self._stop = threading.Event()
+        self._watched: int | None = None
+        self._ctl: tuple[int, str, float] = (-1, p.CTL_RUN, 0.0)  # generation, value, when read
+        threading.Thread(target=self._send_loop, daemon=True, name="dyntrain-sender").start()
+        threading.Thread(target=self._watch_loop, args=(heartbeat_interval, watch_interval),
+                         daemon=True, name="dyntrain-watcher").start()
 
-    def _beat(self, interval: float) -> None:
-        key = p.heartbeat_key(self.worker)
+    # ---- background threads -------------------------------------------------------------------
+
+    def _watch_loop(self, heartbeat_interval: float, interval: float) -> None:
+        beat_key, last_beat = p.heartbeat_key(self.worker), 0.0
         while not self._stop.is_set():
             try:
-                self._heartbeat_store.add(key, 1)
+                now = time.monotonic()
+                if now - last_beat >= heartbeat_interval:
+                    self._watch_store.add(beat_key, 1)
+                    last_beat = now
+                gen = self._watched
+                if gen is not None:
+                    value = self._watch_store.get(p.ctl_key(gen, self.worker)).decode()
+                    self._ctl = (gen, value, time.monotonic())
             except Exception as exc:
                 self.lost = f"lost the coordinator at {self.address}: {str(exc).splitlines()[0]}"
                 return
             self._stop.wait(interval)
 
+    def _send_loop(self) -> None:
+        while True:
+            batch = [self._outbox.get()]
+            while not self._outbox.empty():
+                batch.append(self._outbox.get_nowait())
+            try:
+                for msg in _pack_metrics(batch):
+                    self._send_store.multi_set(
+                        [p.inbox_key(self.worker, self._seq), p.inbox_count_key(self.worker)],
+                        [msg.to_json(), str(self._seq + 1)])
+                    self._seq += 1
+            except Exception as exc:
+                self.lost = f"lost the coordinator at {self.address}: {str(exc).splitlines()[0]}"
+            finally:
+                for _ in batch:
+                    self._outbox.task_done()
+
+    # ---- API ----------------------------------------------------------------------------------
+
     def close(self) -> None:
+        self.flush()
         self._stop.set()
 
     def send(self, kind: str, **fields) -> None:
-        """Append a message to this worker's inbox."""
-        msg = p.Message(kind, self.worker, fields).to_json()
-        with self._lock:
-            self.store.set(p.inbox_key(self.worker, self._seq), msg)
-            self._seq += 1
-            self.store.set(p.inbox_count_key(self.worker), str(self._seq))
+        """Queue a message for this worker's inbox (in order; see ``flush``)."""
+        self._outbox.put(p.Message(kind, self.worker, fields))
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until every queued message reached the store (before exiting, say)."""
+        deadline = time.monotonic() + timeout
+        while self._outbox.unfinished_tasks and time.monotonic() < deadline and not self.lost:
+            time.sleep(0.002)
+
+    def watch(self, generation: int) -> None:
+        """Poll this generation's control key in the background from now on."""
+        self._watched = generation
+
+    def ctl(self, generation: int) -> str:
+        """The control word for this worker in ``generation`` (run/reform/drain/abort)."""
+        gen, value, when = self._ctl
+        if gen == generation and time.monotonic() - when < 0.5:
+            return value
+        if self.lost:
+            raise DyntrainError(self.lost)
+        return self.store.get(p.ctl_key(generation, self.worker)).decode()
 
     def hello(self, fingerprint: str, config: dict) -> None:
         self.send("hello", fingerprint=fingerprint, config=config, host=socket.gethostname(),
                   pid=os.getpid())
+        self.flush()  # the roster entry must not overtake the hello message
         self.store.append(p.ROSTER, self.worker + " ")
-
-    def ctl(self, generation: int) -> str:
-        return self.store.get(p.ctl_key(generation, self.worker)).decode()
 
     def job_state(self) -> str:
         return self.store.get(p.JOB_STATE).decode()
@@ -145,3 +195,16 @@ class WorkerChannel:
         if self.store.check([p.JOB_INFO]):
             return json.loads(self.store.get(p.JOB_INFO))
         return {}
+
+
+def _pack_metrics(batch: list[p.Message]) -> list[p.Message]:
+    """Merge runs of consecutive metrics messages into one message carrying their rows."""
+    packed: list[p.Message] = []
+    for msg in batch:
+        if msg.kind == "metrics" and packed and packed[-1].kind == "metrics":
+            packed[-1].fields["rows"].append(msg.fields)
+        elif msg.kind == "metrics":
+            packed.append(p.Message("metrics", msg.worker, {"rows": [msg.fields]}))
+        else:
+            packed.append(msg)
+    return packed

@@ -89,6 +89,8 @@ class Coordinator:
         self.joiners: list[str] = []
         self.ready: dict[str, int | None] = {}
         self.gone: set[str] = set()  # left gracefully or dead; never admitted again
+        self.dead: set[str] = set()  # declared dead (exit, exception, lost heartbeat)
+        self.last_error: str | None = None
         self.fingerprint: str | None = None
         self.job_config: dict = {}
         self.highest_step = 0
@@ -128,6 +130,9 @@ class Coordinator:
             return
         info.alive = False
         self.gone.add(worker)
+        self.dead.add(worker)
+        # Fence it: should a hung worker wake up, it must not act as a member again.
+        self.store.set(p.reply_key(worker), f"reject:it was declared dead ({reason})")
         now = self.clock()
         self.sink.log(f"worker {worker} lost: {reason}")
         if worker in self.joiners:
@@ -135,9 +140,9 @@ class Coordinator:
         self.ready.pop(worker, None)
         if self.current and worker in self.current.members and not self.phase.is_terminal():
             requested = self._requests.get(worker, now)
-            unnamed = [c for c in self._pending if c.kind == "crash" and not c.workers]
-            if unnamed:  # a survivor already saw the failure; now we know who it was
-                change = unnamed[0]
+            crashes = [c for c in self._pending if c.kind == "crash"]
+            if crashes:  # the same failure (or a survivor's report of it): one event
+                change = crashes[0]
                 change.workers.append(worker)
                 change.requested_at = min(change.requested_at, requested)
                 change.fields["reason"] = reason
@@ -158,9 +163,7 @@ class Coordinator:
         if self.phase.is_terminal():
             return self.phase
         self._read_roster()
-        for worker in list(self.workers):
-            self._read_inbox(worker)
-        self._check_heartbeats()
+        self._poll_workers()
         self._admit_joiners()
         if self.phase in (Phase.WAITING, Phase.REFORMING):
             self._maybe_form()
@@ -198,20 +201,40 @@ class Coordinator:
             self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=self.clock()))
         self._roster_len = len(names)
 
-    def _read_inbox(self, worker: str) -> None:
-        info = self.workers[worker]
-        key = p.inbox_count_key(worker)
-        if not self.store.check([key]):
-            return
-        count = int(self.store.get(key))
-        for seq in range(info.inbox_read, count):
-            msg = p.Message.from_json(self.store.get(p.inbox_key(worker, seq)))
-            self.store.delete_key(p.inbox_key(worker, seq))
-            self._handle(msg)
+    def _poll_workers(self) -> None:
+        """One round trip for every live worker's inbox count and heartbeat, then new messages."""
+        watched = self.live_workers()
+        beating = [w for w in watched if self.workers[w].heartbeat >= 0
+                   or self.store.check([p.heartbeat_key(w)])]
+        keys = [p.inbox_count_key(w) for w in watched] + [p.heartbeat_key(w) for w in beating]
+        values = self.store.multi_get(keys) if keys else []
+        counts = dict(zip(watched, values[: len(watched)], strict=True))
+        now = self.clock()
+        for worker, raw in zip(beating, values[len(watched):], strict=True):
+            info = self.workers[worker]
+            if int(raw) != info.heartbeat:
+                info.heartbeat, info.heartbeat_seen = int(raw), now
+        for worker in watched:
+            self._read_inbox(worker, int(counts[worker]))
             if self.phase.is_terminal():
-                info.inbox_read = seq + 1
                 return
-        info.inbox_read = count
+        for worker in watched:
+            info = self.workers[worker]
+            if info.alive and now - info.heartbeat_seen > self.config.failure_timeout:
+                self.mark_dead(worker, f"no heartbeat for {self.config.failure_timeout:g} s")
+
+    def _read_inbox(self, worker: str, count: int) -> None:
+        info = self.workers[worker]
+        if count <= info.inbox_read:
+            return
+        keys = [p.inbox_key(worker, seq) for seq in range(info.inbox_read, count)]
+        for seq, raw in zip(range(info.inbox_read, count), self.store.multi_get(keys),
+                            strict=True):
+            self.store.delete_key(p.inbox_key(worker, seq))
+            info.inbox_read = seq + 1
+            self._handle(p.Message.from_json(raw))
+            if self.phase.is_terminal():
+                return
 
     def _handle(self, msg: p.Message) -> None:
         handler = getattr(self, f"_on_{msg.kind}", None)
@@ -285,6 +308,10 @@ class Coordinator:
         self.sink.log(f"worker {worker} left after step {f.get('step')}")
 
     def _on_metrics(self, worker: str, f: dict) -> None:
+        for row in f.get("rows", [f]):
+            self._on_metrics_row(row)
+
+    def _on_metrics_row(self, f: dict) -> None:
         f["recomputed"] = f["step"] <= self.highest_step
         self.highest_step = max(self.highest_step, f["step"])
         f["time"] = f.get("time", self.clock())
@@ -307,26 +334,10 @@ class Coordinator:
         self.sink.log(f"job finished at step {f.get('step')}")
 
     def _on_error(self, worker: str, f: dict) -> None:
-        self.sink.log(f"worker {worker} failed: {f.get('message')}")
-        self.fail(f"worker {worker}: {f.get('message')}")
-
-    def _check_heartbeats(self) -> None:
-        now = self.clock()
-        watched = [w for w in self.live_workers()]
-        if not watched:
-            return
-        keys = [p.heartbeat_key(w) for w in watched]
-        present = [w for w, k in zip(watched, keys, strict=True) if self.store.check([k])]
-        values = self.store.multi_get([p.heartbeat_key(w) for w in present]) if present else []
-        for worker, raw in zip(present, values, strict=True):
-            info = self.workers[worker]
-            beat = int(raw)
-            if beat != info.heartbeat:
-                info.heartbeat, info.heartbeat_seen = beat, now
-        for worker in watched:
-            info = self.workers[worker]
-            if now - info.heartbeat_seen > self.config.failure_timeout:
-                self.mark_dead(worker, f"no heartbeat for {self.config.failure_timeout:g} s")
+        # An exception is one worker's crash (a bad GPU, an OOM): the others carry on. A bug that
+        # fails everywhere ends the job once every worker is gone; last_error then says why.
+        self.last_error = f"{worker}: {f.get('message')}"
+        self.mark_dead(worker, f"raised {f.get('message')}")
 
     def _end_generation(self, ctl: str) -> None:
         """Tell every member of the current generation to stop at the next boundary (or now)."""
@@ -357,6 +368,9 @@ class Coordinator:
             self.store.set(p.reply_key(worker), "leave")
             self.ready.pop(worker)
         ready = {w: s for w, s in self.ready.items() if w not in self.gone}
+        missing = [w for w in self._expected if w not in self._hello_at and w not in self.gone]
+        if not ready and missing and now < self._expect_deadline:
+            return  # nothing runs anyway: start the announced workers together
         if len(ready) + len(self.joiners) < cfg.min_workers:
             if self.phase is Phase.REFORMING:
                 self.phase = Phase.WAITING
@@ -381,7 +395,8 @@ class Coordinator:
         self.ready = {w: s for w, s in self.ready.items() if w not in gen.members}
         if gen.checkpoint or gen.fresh:
             kind = "resume" if gen.checkpoint else "start"
-            self._pending.append(Change(kind, list(gen.members), now, now, before))
+            self._pending.append(Change(kind, list(gen.members), now, now, 0))
+            self._expected = set()
         else:
             previous = self.current.members if self.current else ()
             admitted = [w for w in gen.members if w in self._hello_at and w not in previous]

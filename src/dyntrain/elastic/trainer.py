@@ -173,6 +173,7 @@ class ElasticTrainer:
     def _run_generation(self, gen: p.Generation) -> Outcome:
         self.generation, self.rank = gen, gen.rank_of(self.worker_id)
         ch = self._channel
+        ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
         group = None
         try:
@@ -221,6 +222,9 @@ class ElasticTrainer:
             result = stepper.apply(flat)
             self.step += 1
             if self.is_leader:
+                # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
+                self._maybe_checkpoint(force=result.leavers == gen.world_size
+                                       or self.step == self.total_steps)
                 now = time.perf_counter()
                 ch.send("metrics", gen=gen.number, step=self.step,
                         epoch=(self.step - 1) // stepper.steps_per_epoch,
@@ -229,8 +233,6 @@ class ElasticTrainer:
                         samples_per_s=round(self.config.global_batch / (now - last), 1),
                         time=time.time())
                 last = now
-                everyone_leaves = result.leavers == gen.world_size
-                self._maybe_checkpoint(force=everyone_leaves or self.step == self.total_steps)
             if self.step == self.total_steps:
                 break
             if result.reform:

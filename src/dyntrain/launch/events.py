@@ -4,7 +4,8 @@ Syntax: events separated by ``,`` or ``;``; each is ``TRIGGER:ACTION``.
 
 - TRIGGER: ``step=N`` (once the job has applied N steps) or ``t=SECONDS`` (after the job started).
 - ACTION: ``join=K`` (start K more workers), ``leave=WHO`` (SIGTERM: a preemption notice; the
-  worker finishes its step and leaves) or ``kill=WHO`` (SIGKILL: a crash).
+  worker finishes its step and leaves), ``kill=WHO`` (SIGKILL: a crash) or ``hang=WHO``
+  (SIGSTOP: a host that stops answering; found by the heartbeat timeout, then killed).
 - WHO: a count K (the K highest-ranked members), ``rank:R`` (the member at rank R), ``all``, or
   a worker id such as ``w2``.
 
@@ -19,14 +20,14 @@ from dataclasses import dataclass
 
 from dyntrain.errors import ConfigError
 
-_ITEM = re.compile(r"^(step|t)=([0-9]+(?:\.[0-9]+)?):(join|leave|kill)=(.+)$")
+_ITEM = re.compile(r"^(step|t)=([0-9]+(?:\.[0-9]+)?):(join|leave|kill|hang)=(.+)$")
 
 
 @dataclass(frozen=True)
 class Event:
     trigger: str  # "step" or "t"
     at: float
-    action: str  # "join", "leave" or "kill"
+    action: str  # "join", "leave", "kill" or "hang"
     target: str  # count, "rank:R", "all" or a worker id
     text: str
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
 
+SIGNALS = {"leave": signal.SIGTERM, "kill": signal.SIGKILL, "hang": signal.SIGSTOP}
+
 
 @dataclass
 class LocalWorker:
@@ -46,12 +48,12 @@ class LocalWorkers:
         return worker_id
 
     def signal(self, worker_id: str, action: str) -> bool:
-        """Send SIGTERM (leave) or SIGKILL (kill) to a worker; False if it is not ours/alive."""
+        """SIGTERM (leave), SIGKILL (kill) or SIGSTOP (hang) a worker; False if not ours/alive."""
         w = self.workers.get(worker_id)
         if w is None or w.proc.poll() is not None:
             return False
         w.signalled = action
-        w.proc.send_signal(signal.SIGTERM if action == "leave" else signal.SIGKILL)
+        w.proc.send_signal(SIGNALS[action])
         return True
 
     def reap(self) -> list[tuple[str, int]]:

@@ -176,6 +176,8 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             elif code != 0:
                 coord.mark_dead(worker_id, f"exit code {code}")
         phase = coord.tick()
+        for worker_id in coord.dead & set(workers.alive()):
+            workers.signal(worker_id, "kill")  # declared dead (e.g. hung): make sure it is
         if phase is Phase.DONE:
             workers.stop_all(timeout=30.0)
             coord.drain()
@@ -195,7 +197,8 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             ckpt = coord.find_checkpoint()
             hint = (f"; the newest checkpoint is at step {ckpt[0]}: run the same command again "
                     "to resume" if ckpt else "")
-            reason = f"every worker is gone{hint}"
+            last = f" (last error: {coord.last_error})" if coord.last_error else ""
+            reason = f"every worker is gone{last}{hint}"
             if startup_failure and coord.current is None:
                 reason = f"no worker could start: {startup_failure}"
             coord.fail(reason)

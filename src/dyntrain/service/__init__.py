@@ -1,0 +1,1 @@
+"""The job service: compute environments, job queues, job definitions, jobs and the scheduler."""
