@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-WORKLOAD = ["-m", "dyntrain.workloads.digits", "--epochs", "12", "--global-batch", "64",
+WORKLOAD = ["-m", "dyntrain.workloads.digits", "--epochs", "20", "--global-batch", "64",
             "--chunk-size", "8"]
 EVENTS = "step=10:join=2,step=20:kill=1,step=30:join=2,step=40:leave=rank:0"
 
@@ -40,7 +40,7 @@ def main() -> None:
     dyntrain("run", "--workers", "1", "--quiet", "--out", str(static), *WORKLOAD)
     print("\n== 2/3 elastic run: workers join, crash and leave while it trains", flush=True)
     dyntrain("run", "--workers", "1:4", "--nproc", "1", "--out", str(elastic), "--events", EVENTS,
-             *WORKLOAD, "--step-delay", "0.003")
+             *WORKLOAD, "--step-delay", "0.006")
 
     print("\n== 3/3 summary", flush=True)
     events = [json.loads(x) for x in (elastic / "events.jsonl").read_text().splitlines()]

@@ -386,7 +386,6 @@ class Coordinator:
             self._publish(gen, now)
 
     def _publish(self, gen: p.Generation, now: float) -> None:
-        before = self.current.world_size if self.current else 0
         for worker in gen.members:
             self.store.set(p.ctl_key(gen.number, worker), p.CTL_RUN)
         self.store.set(p.gen_key(gen.number), gen.to_json())

@@ -52,7 +52,7 @@ snapshot always gives the same plan.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
@@ -64,7 +64,7 @@ _CREATED = attrgetter("created")
 _FIFO = attrgetter("created", "id")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EnvView:
     """A compute environment as observed now."""
 
@@ -83,7 +83,7 @@ class EnvView:
                                   f">= 0, got {self.available_slots}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class QueueView:
     """A job queue: a priority (higher runs first) over an ordered list of environments."""
 
@@ -97,7 +97,7 @@ class QueueView:
         object.__setattr__(self, "state", State(self.state))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobView:
     """A job waiting for capacity (RUNNABLE) or holding some (STARTING, RUNNING)."""
 
@@ -123,7 +123,7 @@ class JobView:
             raise ValidationError(f"job {self.id}: negative worker count in {self.placement}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything one scheduling pass looks at."""
 
@@ -141,7 +141,7 @@ class Snapshot:
                 raise ValidationError(f"snapshot: a {kind} name appears twice in {names}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Start:
     """Start a queued job with these workers (environment -> count)."""
 
@@ -153,7 +153,7 @@ class Start:
         return sum(self.placement.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Grow:
     """Add ``count`` workers on ``env`` to a running job (they join at its next step boundary)."""
 
@@ -162,7 +162,7 @@ class Grow:
     count: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Shrink:
     """Send ``count`` of a job's workers on ``env`` a graceful preemption notice."""
 
@@ -172,7 +172,7 @@ class Shrink:
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Suspend:
     """Checkpoint a running job and queue it again: it would fall below its min workers."""
 
@@ -188,7 +188,7 @@ class WaitInfo:
     position: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     """The decisions of one pass; ``waiting`` has an entry for every queued job not started."""
 
@@ -210,26 +210,22 @@ def schedule(snapshot: Snapshot) -> Plan:
 
 
 class _Fit:
-    """Whether a worker of some size fits a slot of a queue's environments (cached per size)."""
+    """Whether a worker of some size fits a slot of any of a queue's environments."""
 
     def __init__(self, queue: QueueView, envs: Mapping[str, EnvView]) -> None:
         self.queue = queue.name
         self.slots = [envs[name].slot for name in queue.compute_environments if name in envs]
-        self._cache: dict[Resources, str] = {}
 
     def never_reason(self, resources: Resources) -> str:
         """Why a job of this size can never run in the queue, or '' when some slot fits it."""
-        reason = self._cache.get(resources)
-        if reason is None:
-            fits = any(resources.fits_in(slot) for slot in self.slots)
-            reason = "" if fits else (
-                f"needs {_describe(resources)} per worker but no environment of queue "
+        for slot in self.slots:
+            if resources.fits_in(slot):
+                return ""
+        return (f"needs {_describe(resources)} per worker but no environment of queue "
                 f"{self.queue} offers a slot that big — it can never run")
-            self._cache[resources] = reason
-        return reason
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Tail:
     """Queued jobs ``jobs[start:]`` that all wait for one reason (unless they can never fit)."""
 
@@ -269,11 +265,26 @@ class WaitingJobs(Mapping[str, WaitInfo]):
             for job in islice(tail.jobs, tail.start, None):
                 yield job.id
 
+    def items(self) -> ItemsView[str, WaitInfo]:
+        return _WaitingItems(self)
+
     def __len__(self) -> int:
         return len(self._single) + sum(len(t.jobs) - t.start for t in self._tails)
 
     def __repr__(self) -> str:
         return f"WaitingJobs({len(self)} jobs)"
+
+
+class _WaitingItems(ItemsView[str, WaitInfo]):
+    """``WaitingJobs.items()`` that walks the tails instead of looking each id up."""
+
+    _mapping: WaitingJobs
+
+    def __iter__(self) -> Iterator[tuple[str, WaitInfo]]:
+        yield from self._mapping._single.items()
+        for tail in self._mapping._tails:
+            for i in range(tail.start, len(tail.jobs)):
+                yield tail.jobs[i].id, tail.info(i)
 
 
 class _Pass:

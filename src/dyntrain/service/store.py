@@ -991,7 +991,7 @@ def _normalise_deps(job_id: str, depends_on: Iterable[Dependency],
         if d.job_id in out and out[d.job_id] != d:
             raise ValidationError(f"job {d.job_id!r} is listed twice in depends_on")
         out[d.job_id] = d
-    return list(out.values())
+    return sorted(out.values(), key=lambda d: d.job_id)  # the order reads give back
 
 
 def _check_deps(conn: Connection, job_id: str, deps: list[Dependency],
