@@ -93,8 +93,8 @@ def _upstream(job: DependentJob, dep: Dependency, deps_status: Mapping[str, Upst
     """(name, status) of each job that ``dep`` makes ``job`` wait for; None: no such job."""
     found = deps_status.get(dep.job_id)
     if dep.type is DependencyType.STANDARD:
-        if found is None or isinstance(found, JobStatus):
-            yield dep.job_id, found
+        if found is None or isinstance(found, str):
+            yield dep.job_id, None if found is None else JobStatus(found)
         else:
             for i, status in enumerate(found):
                 yield child_id(dep.job_id, i), JobStatus(status)
@@ -107,7 +107,7 @@ def _upstream(job: DependentJob, dep: Dependency, deps_status: Mapping[str, Upst
     if found is None:
         yield child_id(dep.job_id, index), None
         return
-    if isinstance(found, JobStatus) or index >= len(found):
+    if isinstance(found, str) or index >= len(found):
         raise ValidationError(f"job {job.id}: {dep.type.value} dependency on {dep.job_id} needs "
                               f"an array job with a child {index}")
     yield child_id(dep.job_id, index), JobStatus(found[index])

@@ -304,6 +304,8 @@ class _Pass:
                 self.free[env] = self.free.get(env, 0) - n
         by_age = sorted(self.running, key=_FIFO, reverse=True)
         self.lowest_first = sorted(by_age, key=self.priority)  # stable: newest first within
+        self.victims = [job for job in self.lowest_first if job.preemptible]
+        self.first_victim = 0  # victims before it have nothing left to give
         self.reserved: dict[str, tuple[int, str]] = {}  # env -> (rank, queue) of a blocked job
         self.starts: list[Start] = []
         self.grows: list[Grow] = []
@@ -322,6 +324,10 @@ class _Pass:
 
     def workers(self, job: JobView) -> int:
         return sum(self.placement[job.id].values())
+
+    def spare(self, job: JobView) -> int:
+        """Workers the job can give up without going below its min (0 once suspended)."""
+        return max(0, self.workers(job) - job.min_workers)
 
     def usable(self, queue: QueueView, rank: int, resources: Resources) -> list[str]:
         """The queue's environments, in order, where this queue may place a worker of this size."""
@@ -394,8 +400,7 @@ def _shed_lost_capacity(state: _Pass) -> None:
         slots = state.envs[env].available_slots if env in state.envs else 0
         what = f"capacity lost on {env}: {slots} slots left for {slots + over} workers"
         on_env = [job for job in state.lowest_first if state.placement[job.id].get(env, 0) > 0]
-        spare = {job.id: min(state.placement[job.id][env],
-                             max(0, state.workers(job) - job.min_workers)) for job in on_env}
+        spare = {job.id: min(state.placement[job.id][env], state.spare(job)) for job in on_env}
         can_shrink = sum(spare.values())
         for job in on_env:
             if can_shrink >= over:
@@ -459,15 +464,16 @@ def _fill(free: Mapping[str, int], usable: list[str], lo: int, hi: int) -> dict[
 def _make_room(state: _Pass, job: JobView, queue: QueueView, usable: list[str]) -> bool:
     """Rule 3: shrink lower-priority jobs for ``job``'s missing slots, if that is enough."""
     short = job.min_workers - sum(state.free[env] for env in usable)
+    victims = state.victims
+    while state.first_victim < len(victims) and not state.spare(victims[state.first_victim]):
+        state.first_victim += 1  # spare only shrinks during admission: skip these for good
     takes = []
-    for victim in state.lowest_first:
+    for victim in islice(victims, state.first_victim, None):
         if short == 0 or state.priority(victim) >= queue.priority:
             break
-        if not victim.preemptible or victim.id in state.suspends:
-            continue
-        spare = state.workers(victim) - victim.min_workers
+        spare, where = state.spare(victim), state.placement[victim.id]
         for env in usable:
-            n = min(state.placement[victim.id].get(env, 0), spare, short)
+            n = min(where.get(env, 0), spare, short)
             if n > 0:
                 takes.append((victim, env, n))
                 spare -= n

@@ -605,14 +605,14 @@ class Store:
         if job_id is not None and not (isinstance(job_id, str) and _JOB_ID.match(job_id)):
             raise ValidationError(f"job id {job_id!r} must be 1-64 letters, digits, '-' or '_' "
                                   "and start with a letter or digit")
-        job_id = job_id or uuid.uuid4().hex
+        explicit_id, job_id = job_id is not None, job_id or uuid.uuid4().hex
         deps = _normalise_deps(job_id, depends_on, array_size)
         elastic = ElasticSettings(*workers) if workers is not None else None
         if timeout_seconds is not None and not timeout_seconds > 0:
             raise ValidationError(f"timeout must be positive, got {timeout_seconds}")
         now = self.clock()
         with self._tx() as conn:
-            if _exists(conn, jobs, id=job_id):
+            if explicit_id and _exists(conn, jobs, id=job_id):
                 raise ValidationError(f"job id {job_id!r} already exists")
             qrow = _one(conn, job_queues, "job queue", name=queue)
             if qrow.state != State.ENABLED.value:

@@ -1,0 +1,21 @@
+"""Executors: where the worker processes of jobs run (``local`` now; cluster engines later)."""
+
+from dyntrain.service.executors.base import (
+    Executor,
+    ExecutorError,
+    WorkerExit,
+    WorkerHandle,
+    WorkerSpec,
+    get_executor,
+    known_executors,
+)
+
+__all__ = [
+    "Executor",
+    "ExecutorError",
+    "WorkerExit",
+    "WorkerHandle",
+    "WorkerSpec",
+    "get_executor",
+    "known_executors",
+]

@@ -1,0 +1,150 @@
+"""The executor interface: how the service starts, signals and watches the worker processes of jobs.
+
+An executor owns a pool of resources (``capacity()``) and runs workers in it. The controller only
+ever talks to this interface, so a cluster engine (Ray, Kubernetes) is one more subclass plus one
+line in ``_REGISTRY``; nothing in the scheduler changes.
+
+Contract, for every implementation:
+
+* ``start(spec)`` either returns a handle of a running worker or raises ``ExecutorError`` with a
+  one-line message (does not fit, cannot start); it never leaves a half-started worker behind.
+* ``poll()`` returns the workers that ended since the last call; each one is reported exactly once,
+  and its resources are free again once it is reported.
+* Workers outlive the service. After a restart a new executor ``adopt()``-s the stored handles;
+  a worker that ended while nobody watched is still reported once by ``poll()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.model import Resources
+
+SIGNALS = ("TERM", "KILL")
+
+
+class ExecutorError(DyntrainError):
+    """A worker cannot be started, found or signalled; the message is one line."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker process of one attempt of a job."""
+
+    job_id: str
+    attempt: int
+    worker_id: str  # unique over all jobs and attempts, e.g. "<job>-a1-w3"
+    argv: list[str]
+    env: dict[str, str]  # added to (and overriding) the executor's base environment
+    resources: Resources  # what this one worker needs
+    cwd: str | None
+    log_path: str  # stdout and stderr of the worker go here (appended)
+
+
+@dataclass(frozen=True)
+class WorkerHandle:
+    """What the service stores about a started worker, to find it again after a restart."""
+
+    worker_id: str
+    executor: str  # the executor's name
+    ref: str  # opaque to everyone but the executor (local: "<pid>:<start time>")
+    gpus: tuple[int, ...] = ()  # device indices assigned to the worker
+
+    def to_dict(self) -> dict:
+        return {"worker_id": self.worker_id, "executor": self.executor, "ref": self.ref,
+                "gpus": list(self.gpus)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorkerHandle:
+        return cls(worker_id=d["worker_id"], executor=d["executor"], ref=d["ref"],
+                   gpus=tuple(int(g) for g in d.get("gpus", ())))
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker ended. ``exit_code`` is None when it was killed by a signal or is unknown."""
+
+    worker_id: str
+    exit_code: int | None
+    signal: int | None
+    reason: str
+
+
+def make_resources(cpus: float, gpus: int, memory_mib: int) -> Resources:
+    """A ``Resources`` without the positivity check, so that "nothing left" is representable."""
+    r = object.__new__(Resources)
+    object.__setattr__(r, "cpus", cpus)
+    object.__setattr__(r, "gpus", gpus)
+    object.__setattr__(r, "memory_mib", memory_mib)
+    return r
+
+
+def describe(r: Resources) -> str:
+    """``cpus=4 gpus=0 memory=2048 MiB``"""
+    cpus = int(r.cpus) if float(r.cpus).is_integer() else round(r.cpus, 3)
+    return f"cpus={cpus} gpus={r.gpus} memory={r.memory_mib} MiB"
+
+
+class Executor(ABC):
+    """Starts, signals and watches worker processes within a fixed capacity."""
+
+    name: str
+
+    @abstractmethod
+    def capacity(self) -> Resources:
+        """Everything this executor may hand out."""
+
+    @abstractmethod
+    def free(self) -> Resources:
+        """What is not held by a worker that has not been reported by ``poll()`` yet."""
+
+    @abstractmethod
+    def start(self, spec: WorkerSpec) -> WorkerHandle:
+        """Start a worker; raise ``ExecutorError`` if it does not fit or cannot start."""
+
+    @abstractmethod
+    def signal(self, worker_id: str, sig: str) -> None:
+        """Send ``"TERM"`` or ``"KILL"`` to all processes of the worker. No-op once it ended."""
+
+    @abstractmethod
+    def poll(self) -> list[WorkerExit]:
+        """Workers that ended since the last call, each exactly once; their resources are freed."""
+
+    @abstractmethod
+    def alive(self, worker_id: str) -> bool:
+        """Whether the worker is known to this executor and still running."""
+
+    @abstractmethod
+    def adopt(self, handle: WorkerHandle, spec: WorkerSpec) -> bool:
+        """Re-attach to a worker started by an earlier incarnation of the service.
+
+        True: it runs and is watched (and accounted) from now on. False: it is gone; ``poll()``
+        will still report its exit once (from what the worker left behind, else as unknown).
+        """
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop watching. Workers keep running, so that a later executor can adopt them."""
+
+
+_REGISTRY: dict[str, str] = {
+    "local": "dyntrain.service.executors.local:LocalExecutor",
+}
+
+
+def known_executors() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_executor(name: str, **kwargs) -> Executor:
+    """Build the executor registered as ``name``; its module is imported only now."""
+    target = _REGISTRY.get(name)
+    if target is None:
+        raise ExecutorError(
+            f"unknown executor {name!r}; known: {', '.join(known_executors())}")
+    module, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    return cls(**kwargs)

@@ -1,0 +1,374 @@
+"""The local executor: worker processes on this machine, within a fixed cpu/gpu/memory budget.
+
+Each worker runs as ``python wrap.py STATUS_FILE -- ARGV...`` in a new session, so the wrapper
+is the leader of the worker's process group and ``os.killpg`` reaches every process the worker
+started. The wrapper writes the exit status to ``<state_dir>/workers/<worker_id>.status.json``;
+that file is how a restarted service learns how a worker it did not start itself ended.
+
+A handle's ref is ``"<pid>:<start time>"`` (field 22 of ``/proc/<pid>/stat``, clock ticks since
+boot): a pid alone may have been reused by an unrelated process by the time it is adopted.
+
+When a worker's exit is reported, processes it left behind in its group are killed, so that the
+resources it is released from really are free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal as _signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dyntrain.service.executors.base import (
+    SIGNALS,
+    Executor,
+    ExecutorError,
+    WorkerExit,
+    WorkerHandle,
+    WorkerSpec,
+    describe,
+    make_resources,
+)
+from dyntrain.service.model import Resources
+
+_WRAP = str(Path(__file__).with_name("wrap.py"))
+_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+_EPS = 1e-9
+
+
+def proc_stat(pid: int) -> tuple[str, int] | None:
+    """``(state, start time)`` of a process from ``/proc/<pid>/stat``, None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        rest = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
+        return rest[0].decode(), int(rest[19])  # fields 3 and 22
+    except (ValueError, IndexError):
+        return None
+
+
+def _mem_total_mib() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+
+
+def detect_gpus() -> list[int]:
+    """CUDA device indices usable here: none unless torch imports and sees CUDA.
+
+    Indices are those of ``CUDA_VISIBLE_DEVICES`` when it already restricts this process to
+    numbered devices, so that a worker's own ``CUDA_VISIBLE_DEVICES`` names the same devices.
+    """
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        n = torch.cuda.device_count()
+    except Exception:  # a broken CUDA setup means no GPUs, not a dead service
+        return []
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+               if v.strip()]
+    if len(visible) >= n and all(v.isdigit() for v in visible[:n]):
+        return [int(v) for v in visible[:n]]
+    return list(range(n))
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return _signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+@dataclass
+class _Worker:
+    spec: WorkerSpec
+    handle: WorkerHandle
+    pid: int
+    start_time: int
+    proc: subprocess.Popen | None  # None when adopted: not our child, cannot wait() on it
+    exit: WorkerExit | None = None  # set when known to be over but not reported yet
+    holds: bool = True  # counts against capacity until reported
+
+
+class LocalExecutor(Executor):
+    """Runs workers as process groups on this machine; see the module docstring."""
+
+    name = "local"
+
+    def __init__(self, state_dir: str | os.PathLike, cpus: float | None = None,
+                 gpus: int | Iterable[int] | None = None, memory_mib: int | None = None,
+                 inherit_env: bool = True) -> None:
+        """``gpus``: None detects CUDA devices, an int n means devices 0..n-1, a list names
+        them. ``inherit_env``: workers get this process's environment plus their spec's."""
+        self._cpus = float(os.cpu_count() or 1) if cpus is None else float(cpus)
+        self._memory = _mem_total_mib() if memory_mib is None else int(memory_mib)
+        if gpus is None:
+            gpu_list = detect_gpus()
+        elif isinstance(gpus, int):
+            gpu_list = list(range(gpus))
+        else:
+            gpu_list = [int(g) for g in gpus]
+        if self._cpus <= 0 or self._memory <= 0 or len(set(gpu_list)) != len(gpu_list) or any(
+                g < 0 for g in gpu_list):
+            raise ExecutorError(f"local executor needs cpus > 0, memory_mib > 0 and distinct "
+                                f"gpu indices >= 0, got cpus={self._cpus}, gpus={gpu_list}, "
+                                f"memory_mib={self._memory}")
+        self._gpus = gpu_list
+        self._inherit_env = inherit_env
+        self._dir = Path(state_dir) / "workers"
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._workers: dict[str, _Worker] = {}
+        self._lock = threading.RLock()
+        self._closed = False
+
+    # -- accounting -------------------------------------------------------------------------
+
+    def capacity(self) -> Resources:
+        return make_resources(self._cpus, len(self._gpus), self._memory)
+
+    def _used_gpus(self) -> set[int]:
+        return {g for w in self._workers.values() if w.holds for g in w.handle.gpus}
+
+    def _free_gpus(self) -> list[int]:
+        used = self._used_gpus()
+        return [g for g in self._gpus if g not in used]
+
+    def free(self) -> Resources:
+        with self._lock:
+            held = [w.spec.resources for w in self._workers.values() if w.holds]
+            cpus = round(self._cpus - sum(r.cpus for r in held), 6)
+            memory = self._memory - sum(r.memory_mib for r in held)
+            return make_resources(max(cpus, 0.0), len(self._free_gpus()), max(memory, 0))
+
+    def status_path(self, worker_id: str) -> Path:
+        """Where the wrapper of ``worker_id`` leaves its exit status."""
+        return self._dir / f"{worker_id}.status.json"
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def start(self, spec: WorkerSpec) -> WorkerHandle:
+        with self._lock:
+            self._check_open()
+            wid = spec.worker_id
+            _check_worker_id(wid)
+            if wid in self._workers:
+                raise ExecutorError(f"worker {wid} already exists")
+            need, free = spec.resources, self.free()
+            if not (need.cpus <= free.cpus + _EPS and need.gpus <= free.gpus
+                    and need.memory_mib <= free.memory_mib):
+                raise ExecutorError(f"worker {wid} needs {describe(need)}; "
+                                    f"free: {describe(free)}")
+            gpus = tuple(self._free_gpus()[:need.gpus])
+            env = dict(os.environ) if self._inherit_env else {}
+            env.update(spec.env)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+            self._check_runnable(spec, env)
+
+            status = self.status_path(wid)
+            for stale in (status, *self._dir.glob(f"{wid}.status.json.tmp*")):
+                stale.unlink(missing_ok=True)
+            try:
+                Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+                log = open(spec.log_path, "ab")  # closed right after Popen
+            except OSError as e:
+                raise ExecutorError(f"worker {wid}: cannot open log {spec.log_path}: "
+                                    f"{e.strerror or e}") from None
+            try:
+                proc = subprocess.Popen(
+                    [sys.executable, _WRAP, str(status), "--", *spec.argv],
+                    start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd, close_fds=True)
+            except OSError as e:
+                raise ExecutorError(f"worker {wid} cannot start: {e.strerror or e}") from None
+            finally:
+                log.close()
+            try:
+                st = proc_stat(proc.pid)  # our unreaped child: readable even once it exited
+                if st is None:
+                    raise ExecutorError(f"worker {wid}: cannot read /proc/{proc.pid}/stat")
+                handle = WorkerHandle(worker_id=wid, executor=self.name,
+                                      ref=f"{proc.pid}:{st[1]}", gpus=gpus)
+                self._workers[wid] = _Worker(spec, handle, proc.pid, st[1], proc)
+            except BaseException:
+                _killpg(proc.pid, _signal.SIGKILL)
+                proc.wait()
+                raise
+            return handle
+
+    @staticmethod
+    def _check_runnable(spec: WorkerSpec, env: dict[str, str]) -> None:
+        wid = spec.worker_id
+        if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
+            raise ExecutorError(f"worker {wid}: argv must be a non-empty list of strings")
+        if spec.cwd is not None and not os.path.isdir(spec.cwd):
+            raise ExecutorError(f"worker {wid} cannot start: no directory {spec.cwd}")
+        exe = spec.argv[0]
+        if "/" in exe:
+            path = os.path.join(spec.cwd or os.getcwd(), exe)
+            found = os.path.isfile(path) and os.access(path, os.X_OK)
+        else:
+            found = shutil.which(exe, path=env.get("PATH", os.defpath)) is not None
+        if not found:
+            raise ExecutorError(f"worker {wid} cannot start: no executable {exe!r}")
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def _running(self, w: _Worker) -> bool:
+        if w.exit is not None:
+            return False
+        if w.proc is not None:
+            if w.proc.returncode is not None:
+                return False
+            try:  # WNOWAIT: leave the zombie, which keeps the pid (and group id) from reuse
+                return os.waitid(os.P_PID, w.pid,
+                                 os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+            except ChildProcessError:
+                return False
+        st = proc_stat(w.pid)
+        return st is not None and st[1] == w.start_time and st[0] not in ("Z", "X")
+
+    def _finish(self, w: _Worker) -> WorkerExit:
+        """The exit of a worker known to be over: kill leftovers of its group, reap, read."""
+        if w.proc is not None:
+            _killpg(w.pid, _signal.SIGKILL)  # the unreaped leader still holds the group id
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # cannot happen for an exited child
+                pass
+        else:
+            st = proc_stat(w.pid)
+            # Only when the pid is not someone else's by now; a live group keeps its id unused.
+            if st is None or st[1] == w.start_time:
+                _killpg(w.pid, _signal.SIGKILL)
+        record = _read_status(self.status_path(w.spec.worker_id))
+        wid = w.spec.worker_id
+        if record is not None:
+            code, sig = record.get("exit_code"), record.get("signal")
+            if sig is not None:
+                return WorkerExit(wid, None, int(sig), f"killed by {_signal_name(int(sig))}")
+            code = None if code is None else int(code)
+            reason = f"exited with code {code}"
+            if record.get("error"):
+                reason += f": {record['error']}"
+            return WorkerExit(wid, code, None, reason)
+        rc = None if w.proc is None else w.proc.returncode
+        if rc is not None and rc < 0:
+            return WorkerExit(wid, None, -rc, f"killed by {_signal_name(-rc)}")
+        if rc is not None:
+            return WorkerExit(wid, None, None,
+                              f"wrapper exited with code {rc} without a status; "
+                              "exit status unknown")
+        return WorkerExit(wid, None, None, "killed; exit status unknown")
+
+    def poll(self) -> list[WorkerExit]:
+        with self._lock:
+            out = []
+            for wid, w in list(self._workers.items()):
+                if w.exit is None and self._running(w):
+                    continue
+                out.append(w.exit or self._finish(w))
+                del self._workers[wid]
+            return out
+
+    def alive(self, worker_id: str) -> bool:
+        with self._lock:
+            w = self._workers.get(worker_id)
+            return w is not None and self._running(w)
+
+    def signal(self, worker_id: str, sig: str) -> None:
+        if sig not in SIGNALS:
+            raise ExecutorError(f"unknown signal {sig!r}; use one of {', '.join(SIGNALS)}")
+        with self._lock:
+            w = self._workers.get(worker_id)
+            if w is None:
+                raise ExecutorError(f"unknown worker {worker_id} (never started, or its exit "
+                                    "was reported already)")
+            if w.exit is not None or (w.proc is None and not self._running(w)):
+                return  # over; an adopted pid may belong to someone else by now
+            try:
+                os.killpg(w.pid, getattr(_signal, f"SIG{sig}"))
+            except ProcessLookupError:
+                pass
+            except PermissionError as e:
+                raise ExecutorError(f"cannot signal worker {worker_id}: {e.strerror}") from None
+
+    # -- restart ----------------------------------------------------------------------------
+
+    def adopt(self, handle: WorkerHandle, spec: WorkerSpec) -> bool:
+        with self._lock:
+            self._check_open()
+            wid = handle.worker_id
+            if handle.executor != self.name:
+                raise ExecutorError(f"worker {wid} belongs to executor {handle.executor!r}, "
+                                    f"not {self.name!r}")
+            if spec.worker_id != wid:
+                raise ExecutorError(f"handle of worker {wid} given with the spec of "
+                                    f"{spec.worker_id}")
+            _check_worker_id(wid)
+            known = self._workers.get(wid)
+            if known is not None:
+                if known.handle.ref != handle.ref:
+                    raise ExecutorError(f"worker {wid} already exists")
+                return self._running(known)
+            try:
+                pid_s, _, start_s = handle.ref.partition(":")
+                pid, start_time = int(pid_s), int(start_s)
+            except ValueError:
+                raise ExecutorError(f"worker {wid}: bad local ref {handle.ref!r}") from None
+            w = _Worker(spec, handle, pid, start_time, proc=None)
+            if self._running(w):
+                self._workers[wid] = w
+                return True
+            w.holds = False
+            w.exit = self._finish(w)
+            self._workers[wid] = w  # reported by the next poll()
+            return False
+
+    def shutdown(self) -> None:
+        """Stop watching; the workers keep running (and a later executor can adopt them)."""
+        with self._lock:
+            self._closed = True
+            self._workers.clear()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ExecutorError("local executor is shut down")
+
+
+def _check_worker_id(wid: str) -> None:
+    if not isinstance(wid, str) or not _WORKER_ID.match(wid):
+        raise ExecutorError(f"worker id {wid!r} must be 1-200 letters, digits, '.', '-' or '_' "
+                            "and start with a letter or digit")
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+
+
+def _read_status(path: Path) -> dict | None:
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
