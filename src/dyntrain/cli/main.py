@@ -8,6 +8,7 @@ import click
 
 from dyntrain.cli.compare import compare
 from dyntrain.cli.run import run, worker
+from dyntrain.cli.service import COMMANDS as SERVICE_COMMANDS
 from dyntrain.errors import DyntrainError
 
 
@@ -20,6 +21,8 @@ def cli() -> None:
 cli.add_command(run)
 cli.add_command(worker)
 cli.add_command(compare)
+for _command in SERVICE_COMMANDS:
+    cli.add_command(_command)
 
 
 def main(argv: list[str] | None = None) -> None:

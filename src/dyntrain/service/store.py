@@ -206,6 +206,32 @@ events = sa.Table(
     sa.Index("ix_events_job", "job_id", "id"),
 )
 
+workers = sa.Table(
+    "workers", metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("job_id", _Id, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False,
+              index=True),
+    sa.Column("attempt_no", sa.Integer, nullable=False),
+    sa.Column("compute_environment", _Name, nullable=False),
+    sa.Column("capacity_type", sa.String(16), nullable=False),
+    sa.Column("price_per_slot_hour", sa.Double, nullable=False),
+    sa.Column("handle", sa.JSON),  # the executor's handle, to adopt the worker after a restart
+    sa.Column("state", sa.String(16), nullable=False, index=True),  # RUNNING, LEAVING, EXITED
+    sa.Column("leave_reason", sa.Text),
+    sa.Column("exit_code", sa.Integer),
+    *_times("started_at"),
+    *_times("leave_at", "stopped_at", nullable=True),
+)
+
+capacity_traces = sa.Table(
+    "capacity_traces", metadata,
+    sa.Column("compute_environment", _Name,
+              sa.ForeignKey("compute_environments.name", ondelete="CASCADE"), primary_key=True),
+    sa.Column("csv", sa.Text, nullable=False),
+    sa.Column("loop", sa.Boolean, nullable=False),
+    *_times("started_at"),
+)
+
 # ----------------------------------------------------------------------------- returned records
 
 
@@ -288,6 +314,28 @@ class Job:
     @property
     def is_array_parent(self) -> bool:
         return self.array_size is not None and self.array_parent_id is None
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One worker process of a job attempt, where it runs, and how to find it again."""
+
+    id: str
+    job_id: str
+    attempt_no: int
+    compute_environment: str
+    capacity_type: str
+    price_per_slot_hour: float
+    handle: dict | None
+    state: str
+    started_at: float
+    leave_reason: str | None = None
+    exit_code: int | None = None
+    leave_at: float | None = None
+    stopped_at: float | None = None
+
+
+_WORKER_FIELDS = [f.name for f in dataclasses.fields(WorkerRecord)]
 
 
 @dataclass(frozen=True)
@@ -697,6 +745,13 @@ class Store:
             deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
             return [_job_from_row(r._mapping, deps.get(r.id, ())) for r in rows]
 
+    def child_statuses(self, parent_id: str) -> list[JobStatus]:
+        """The statuses of an array job's children, by index."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(jobs.c.status).where(jobs.c.array_parent_id == parent_id)
+                                .order_by(jobs.c.array_index))
+            return [JobStatus(r.status) for r in rows]
+
     def count_jobs_by_status(self, queue: str | None = None) -> dict[JobStatus, int]:
         """Every status, with 0 where there are none."""
         q = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
@@ -863,7 +918,63 @@ class Store:
             return [Event(r.id, r.job_id, r.kind, r.payload, r.at) for r in conn.execute(q)]
 
 
+    # --------------------------------------------------------------------------------- workers
+
+    def add_worker(self, worker: WorkerRecord) -> None:
+        with self._tx() as conn:
+            _one(conn, jobs, "job", id=worker.job_id)
+            conn.execute(workers.insert().values(**dataclasses.asdict(worker)))
+
+    def update_worker(self, worker_id: str, **changes: Any) -> None:
+        unknown = set(changes) - {"handle", "state", "leave_reason", "exit_code", "leave_at",
+                                  "stopped_at"}
+        if unknown:
+            raise ValidationError(f"cannot change worker field(s) {sorted(unknown)}")
+        with self._tx() as conn:
+            done = conn.execute(workers.update().where(workers.c.id == worker_id)
+                                .values(**changes)).rowcount
+            if not done:
+                raise ValidationError(f"unknown worker {worker_id!r}")
+
+    def list_workers(self, job_id: str | None = None, active: bool = True) -> list[WorkerRecord]:
+        """Workers (of one job, or all), oldest first; ``active``: not yet EXITED."""
+        q = sa.select(workers).order_by(workers.c.started_at, workers.c.id)
+        if job_id is not None:
+            q = q.where(workers.c.job_id == job_id)
+        if active:
+            q = q.where(workers.c.state != WORKER_EXITED)
+        with self._tx(write=False) as conn:
+            return [WorkerRecord(**{c: r._mapping[c] for c in _WORKER_FIELDS})
+                    for r in conn.execute(q)]
+
+    # ------------------------------------------------------------------------- capacity traces
+
+    def set_capacity_trace(self, compute_environment: str, csv: str, started_at: float,
+                           loop: bool = False) -> None:
+        """Replay ``csv`` (see dyntrain.service.capacity) as this environment's slots from now."""
+        with self._tx() as conn:
+            _one(conn, compute_environments, "compute environment", name=compute_environment)
+            conn.execute(capacity_traces.delete().where(
+                capacity_traces.c.compute_environment == compute_environment))
+            conn.execute(capacity_traces.insert().values(
+                compute_environment=compute_environment, csv=csv, loop=loop,
+                started_at=started_at))
+
+    def clear_capacity_trace(self, compute_environment: str) -> None:
+        with self._tx() as conn:
+            conn.execute(capacity_traces.delete().where(
+                capacity_traces.c.compute_environment == compute_environment))
+
+    def capacity_traces(self) -> dict[str, tuple[str, float, bool]]:
+        """Environment -> (csv, started_at, loop) for every environment replaying a trace."""
+        with self._tx(write=False) as conn:
+            return {r.compute_environment: (r.csv, r.started_at, bool(r.loop))
+                    for r in conn.execute(sa.select(capacity_traces))}
+
+
 # ----------------------------------------------------------------------------------- internals
+
+WORKER_RUNNING, WORKER_LEAVING, WORKER_EXITED = "RUNNING", "LEAVING", "EXITED"
 
 _TERMINAL = [s.value for s in JobStatus if s.is_terminal()]
 

@@ -1,0 +1,107 @@
+"""The REST API of the job service: ``create_app(service)`` returns the FastAPI application.
+
+JSON in and out; OpenAPI at ``/openapi.json``, interactive docs at ``/docs``. Every error answer
+is ``{"detail": "<one line>"}`` with the status chosen in ``dyntrain.service.api.errors``:
+400 invalid request, 401 missing or wrong token, 404 the resource in the path does not exist,
+409 a conflict with the current state, 422 a body or query that does not match the schema.
+
+Auth: when ``service.config.token`` is set, every request needs ``Authorization: Bearer
+<token>`` (compared in constant time), except ``/health`` and the API description (``/docs``,
+``/redoc``, ``/openapi.json``), which reveal nothing about the service's state.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.api import compute, definitions, jobs, queues
+from dyntrain.service.api.errors import describe_request_errors, one_line, status_for
+from dyntrain.service.server import Service
+
+log = logging.getLogger("dyntrain.service.api")
+
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+# Documents the scheme in OpenAPI (the "Authorize" button of /docs); BearerAuth enforces it.
+_bearer = HTTPBearer(auto_error=False, description="the service's token (--token)")
+
+
+class BearerAuth:
+    """ASGI middleware: refuse (401) any request but OPEN_PATHS without the right bearer token.
+
+    A middleware rather than a dependency, so a request without the token learns nothing, not
+    even whether its body would have been valid.
+    """
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        header = b""
+        for key, value in scope.get("headers", ()):
+            if key == b"authorization":
+                header = value
+                break
+        scheme, _, credentials = header.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token):
+            await self.app(scope, receive, send)
+            return
+        detail = ("wrong token: the service refused 'Authorization: Bearer ...'" if header
+                  else "this service needs a token: send 'Authorization: Bearer <token>' "
+                       "(dyntrain: --token or DYNTRAIN_TOKEN)")
+        response = JSONResponse({"detail": detail}, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)
+
+
+def create_app(service: Service) -> FastAPI:
+    app = FastAPI(
+        title="dyntrain job service",
+        version="1",
+        summary="Elastic training jobs on capacity that comes and goes, in AWS Batch's "
+                "vocabulary: compute environments, job queues, job definitions and jobs.",
+    )
+    app.state.service = service
+    if service.config.token:
+        app.add_middleware(BearerAuth, token=service.config.token)
+
+    @app.exception_handler(DyntrainError)
+    async def _dyntrain_error(_: Request, exc: DyntrainError) -> JSONResponse:
+        return JSONResponse({"detail": one_line(exc)}, status_code=status_for(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": describe_request_errors(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"detail": one_line(exc.detail)}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return JSONResponse({"detail": one_line(f"internal error: {type(exc).__name__}: {exc}")},
+                            status_code=500)
+
+    @app.get("/health", tags=["service"], summary="Liveness (needs no token)")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    secured = [Depends(_bearer)]
+    for module in (compute, queues, definitions, jobs):
+        app.include_router(module.router, dependencies=secured)
+    return app

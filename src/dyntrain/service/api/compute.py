@@ -1,0 +1,89 @@
+"""Compute environments: pools of worker slots, their capacity at run time, capacity traces."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from fastapi import APIRouter
+
+from dyntrain.service.api import views
+from dyntrain.service.api.deps import ServiceDep
+from dyntrain.service.api.errors import Conflict, lookup
+from dyntrain.service.api.schemas import ComputeEnvironmentIn, ComputeEnvironmentPatch, TraceIn
+from dyntrain.service.capacity import parse_trace
+from dyntrain.service.model import ComputeEnvironmentSpec
+from dyntrain.service.server import Service
+from dyntrain.service.store import ComputeEnvironment
+
+router = APIRouter(prefix="/compute-environments", tags=["compute environments"])
+
+
+def _views(service: Service, envs: list[ComputeEnvironment]) -> list[dict[str, Any]]:
+    """With the slots each offers now (traces included) and how many active workers use."""
+    with service.lock:
+        available = service.controller.available_slots(service.store.clock())
+    in_use = Counter(w.compute_environment for w in service.store.list_workers(active=True))
+    traces = service.store.capacity_traces()
+    return [views.compute_environment(ce, available, in_use, traces) for ce in envs]
+
+
+def _one(service: Service, name: str) -> dict[str, Any]:
+    return _views(service, [lookup(service.store.get_compute_environment, name)])[0]
+
+
+@router.post("", status_code=201, summary="Create a compute environment")
+def create(body: ComputeEnvironmentIn, service: ServiceDep) -> dict[str, Any]:
+    spec = ComputeEnvironmentSpec(
+        name=body.name, capacity_type=body.capacity_type,
+        price_per_slot_hour=body.price_per_slot_hour, slot=body.slot.spec(),
+        min_slots=body.min_slots, desired_slots=body.desired_slots, max_slots=body.max_slots,
+        state=body.state)
+    ce = service.store.create_compute_environment(spec)
+    return _views(service, [ce])[0]
+
+
+@router.get("", summary="List compute environments")
+def list_all(service: ServiceDep) -> list[dict[str, Any]]:
+    return _views(service, service.store.list_compute_environments())
+
+
+@router.get("/{name}", summary="Describe a compute environment")
+def get(name: str, service: ServiceDep) -> dict[str, Any]:
+    return _one(service, name)
+
+
+@router.patch("/{name}", summary="Change a compute environment's state, slots or price")
+def update(name: str, body: ComputeEnvironmentPatch, service: ServiceDep) -> dict[str, Any]:
+    lookup(service.store.get_compute_environment, name)
+    ce = service.store.update_compute_environment(name, **body.model_dump(exclude_none=True))
+    return _views(service, [ce])[0]
+
+
+@router.delete("/{name}", summary="Delete a compute environment (no queue may use it)")
+def delete(name: str, service: ServiceDep) -> dict[str, Any]:
+    with service.lock:  # no worker starts in it between the check and the delete
+        lookup(service.store.get_compute_environment, name)
+        busy = sum(1 for w in service.store.list_workers(active=True)
+                   if w.compute_environment == name)
+        if busy:
+            raise Conflict(f"compute environment {name!r} still has {busy} active worker(s); "
+                           "disable it and let them finish first")
+        service.store.delete_compute_environment(name)
+    return {"deleted": name}
+
+
+@router.put("/{name}/trace", summary="Replay a capacity trace (CSV) as the available slots")
+def set_trace(name: str, body: TraceIn, service: ServiceDep) -> dict[str, Any]:
+    lookup(service.store.get_compute_environment, name)
+    parse_trace(body.csv, source=f"{name} trace", loop=body.loop)
+    service.store.set_capacity_trace(name, body.csv, started_at=service.store.clock(),
+                                     loop=body.loop)
+    return _one(service, name)
+
+
+@router.delete("/{name}/trace", summary="Stop replaying a trace: desired_slots applies again")
+def clear_trace(name: str, service: ServiceDep) -> dict[str, Any]:
+    lookup(service.store.get_compute_environment, name)
+    service.store.clear_capacity_trace(name)
+    return _one(service, name)

@@ -1,0 +1,61 @@
+"""Job definitions: templates of jobs; registering a name again makes its next revision."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query
+
+from dyntrain.service.api import views
+from dyntrain.service.api.deps import ServiceDep
+from dyntrain.service.api.errors import lookup
+from dyntrain.service.api.schemas import MAX_INT32, JobDefinitionIn
+from dyntrain.service.model import (
+    ElasticSettings,
+    JobDefinitionSpec,
+    RetryRule,
+    RetryStrategy,
+)
+
+router = APIRouter(prefix="/job-definitions", tags=["job definitions"])
+Revision = Annotated[int, Path(ge=1, le=MAX_INT32)]
+
+
+def spec_of(body: JobDefinitionIn) -> JobDefinitionSpec:
+    retry = RetryStrategy(body.retry_strategy.attempts, tuple(
+        RetryRule(r.action, None if r.on_exit_code is None else str(r.on_exit_code), r.on_reason)
+        for r in body.retry_strategy.evaluate_on_exit))
+    elastic = (None if body.elastic is None
+               else ElasticSettings(body.elastic.min_workers, body.elastic.max_workers))
+    return JobDefinitionSpec(
+        name=body.name, command=tuple(body.command), environment=tuple(body.environment.items()),
+        parameters=tuple((k, str(v)) for k, v in body.parameters.items()),
+        resources=body.resources.spec(), retry_strategy=retry,
+        timeout_seconds=body.timeout_seconds, elastic=elastic)
+
+
+@router.post("", status_code=201, summary="Register a job definition (its next revision)")
+def register(body: JobDefinitionIn, service: ServiceDep) -> dict[str, Any]:
+    name, revision = service.store.register_job_definition(spec_of(body))
+    return {"name": name, "revision": revision, "ref": f"{name}:{revision}"}
+
+
+@router.get("", summary="List job definitions")
+def list_all(service: ServiceDep,
+             name: Annotated[str | None, Query(max_length=128)] = None,
+             include_inactive: bool = False) -> list[dict[str, Any]]:
+    return [views.job_definition(d) for d in service.store.list_job_definitions(
+        name, include_inactive=include_inactive)]
+
+
+@router.get("/{name}", summary="Describe a revision (default: the latest active one)")
+def get(name: str, service: ServiceDep,
+        revision: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None) -> dict[str, Any]:
+    return views.job_definition(lookup(service.store.get_job_definition, name, revision))
+
+
+@router.delete("/{name}/{revision}", summary="Deregister a revision: no new job can use it")
+def deregister(name: str, revision: Revision, service: ServiceDep) -> dict[str, Any]:
+    lookup(service.store.get_job_definition, name, revision)
+    service.store.deregister_job_definition(name, revision)
+    return views.job_definition(service.store.get_job_definition(name, revision))

@@ -1,0 +1,84 @@
+"""How errors become HTTP answers: every error body is ``{"detail": "<one line>"}``.
+
+The rule, in one place:
+
+* ``NotFound`` (404): the resource named in the URL path does not exist. Routes raise it from
+  ``lookup`` when the store says ``unknown ...`` about that resource; an unknown name *inside a
+  request body* (a queue to submit to, a dependency) is a bad request (400), not a 404.
+* ``Conflict`` (409): the request is valid but clashes with the current state: a name that
+  already exists, a resource still in use, cancelling a job that already runs, a racing write.
+  Store messages are recognised by the phrases in ``_CONFLICT_PHRASES``.
+* any other ``ValidationError`` / ``DyntrainError`` (400): the request is invalid.
+* a request that does not match the schema (422): pydantic's first error as
+  ``"body.slot.cpus: Input should be greater than 0"`` (plus a count of the others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.model import ValidationError
+
+T = TypeVar("T")
+
+_CONFLICT_PHRASES = ("already exists", "conflicting write", " is used by ", " still has ")
+
+
+class NotFound(ValidationError):
+    """The resource named in the URL path does not exist (404)."""
+
+
+class Conflict(ValidationError):
+    """The request clashes with the current state of a resource (409)."""
+
+
+def one_line(text: Any) -> str:
+    """Collapse whitespace (newlines included) so a message always fits on one line."""
+    return " ".join(str(text).split()) or "error"
+
+
+def status_for(exc: DyntrainError) -> int:
+    if isinstance(exc, NotFound):
+        return 404
+    if isinstance(exc, Conflict):
+        return 409
+    if isinstance(exc, ValidationError) and any(p in str(exc) for p in _CONFLICT_PHRASES):
+        return 409
+    return 400
+
+
+def lookup(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call a store getter for the resource in the URL path; ``unknown ...`` becomes NotFound."""
+    try:
+        return fn(*args, **kwargs)
+    except ValidationError as e:
+        if str(e).startswith("unknown "):
+            raise NotFound(str(e)) from None
+        raise
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    parts = []
+    for p in loc:
+        if isinstance(p, int) and parts:
+            parts[-1] += f"[{p}]"
+        else:
+            parts.append(str(p))
+    return ".".join(parts)
+
+
+def describe_request_errors(errors: Sequence[dict]) -> str:
+    """pydantic's error list as one line: the first error and how many more there are."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    loc = _loc(first.get("loc", ()))
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "json_invalid":
+        msg = f"invalid JSON ({first.get('ctx', {}).get('error', 'cannot parse')})"
+    text = f"{loc}: {msg}" if loc else str(msg)
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return one_line(text)

@@ -1,0 +1,161 @@
+"""Jobs: submit, list, describe, cancel, terminate, logs, events and cost."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from dyntrain.service.api import views
+from dyntrain.service.api.deps import ServiceDep
+from dyntrain.service.api.errors import Conflict, lookup
+from dyntrain.service.api.schemas import JobIn
+from dyntrain.service.cost import UsageRow, job_cost
+from dyntrain.service.model import (
+    MAX_ARRAY_SIZE,
+    CapacityType,
+    Dependency,
+    JobStatus,
+    ValidationError,
+)
+from dyntrain.service.server import Service
+from dyntrain.service.store import Job
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+MAX_OFFSET = 2**53
+DEFAULT_ON_DEMAND_PRICE = 1.0  # the cost baseline's price when no ON_DEMAND environment exists
+After = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+Limit = Annotated[int, Query(ge=1, le=10_000)]
+
+
+def _waiting(service: Service) -> dict:
+    with service.lock:
+        return dict(service.controller.waiting)
+
+
+def _job(service: Service, job_id: str) -> Job:
+    return lookup(service.store.get_job, job_id)
+
+
+@router.post("", status_code=201, summary="Submit a job (a definition and/or a command)")
+def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
+    if body.definition is None and body.command is None:
+        raise ValidationError("submit needs a job definition or a command")
+    job = service.store.submit(
+        queue=body.queue, definition=body.definition, command=body.command, name=body.name,
+        parameters={k: str(v) for k, v in body.parameters.items()},
+        environment=body.environment,
+        resources=None if body.resources is None else body.resources.spec(),
+        array_size=body.array_size,
+        depends_on=[Dependency(d.job_id, d.type) for d in body.depends_on],
+        workers=None if body.workers is None else (body.workers.min, body.workers.max),
+        retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
+        job_id=body.job_id)
+    return views.job(job)
+
+
+@router.get("", summary="List jobs (top-level jobs unless `parent` names an array job)")
+def list_jobs(service: ServiceDep,
+              queue: Annotated[str | None, Query(max_length=128)] = None,
+              status: Annotated[str | None, Query(max_length=200,
+                                                  description="one or several, comma-separated")
+                                ] = None,
+              parent: Annotated[str | None, Query(max_length=200)] = None,
+              limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+              offset: After = 0) -> list[dict[str, Any]]:
+    statuses = None if status is None else [s.strip() for s in status.split(",") if s.strip()]
+    jobs = service.store.list_jobs(queue=queue, status=statuses or None, parent=parent,
+                                   top_level=parent is None, limit=limit, offset=offset)
+    waiting = _waiting(service)
+    return [views.job(j, waiting.get(j.id)) for j in jobs]
+
+
+@router.get("/{job_id}", summary="Describe a job: why it waits, its workers, its children")
+def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
+    job = _job(service, job_id)
+    out = views.job(job, _waiting(service).get(job_id))
+    out["workers"] = [views.worker(w) for w in service.store.list_workers(job_id, active=True)]
+    if job.is_array_parent:
+        counts = Counter(s.value for s in service.store.child_statuses(job_id))
+        out["array"] = {"size": job.array_size,
+                        "status_counts": {s.value: counts.get(s.value, 0) for s in JobStatus}}
+    else:
+        out["array"] = None
+    return out
+
+
+@router.post("/{job_id}/cancel", summary="Cancel a job that has not started yet")
+def cancel(job_id: str, service: ServiceDep) -> dict[str, Any]:
+    with service.lock:  # the controller cannot start it between the check and the cancel
+        job = _job(service, job_id)
+        if job.status.is_active():
+            raise Conflict(f"job {job_id} is {job.status.value}; use terminate")
+        if job.status.is_terminal():
+            raise Conflict(f"job {job_id} already finished: {job.status.value}")
+        if not service.controller.cancel(job_id):
+            job = service.store.get_job(job_id)
+            raise Conflict(f"job {job_id} is {job.status.value} and cannot be cancelled; "
+                           "use terminate")
+        job = service.store.get_job(job_id)
+    return views.job(job)
+
+
+@router.post("/{job_id}/terminate",
+             summary="Stop a job whatever its state; it ends FAILED and is not retried")
+def terminate(job_id: str, service: ServiceDep) -> dict[str, Any]:
+    with service.lock:
+        job = _job(service, job_id)
+        if job.status.is_terminal():
+            raise Conflict(f"job {job_id} already finished: {job.status.value}")
+        service.controller.terminate(job_id)
+        job = service.store.get_job(job_id)
+    return views.job(job)
+
+
+@router.get("/{job_id}/logs", summary="Log lines after `after_seq`, and whether more can come")
+def logs(job_id: str, service: ServiceDep, after_seq: After = 0,
+         limit: Limit = 1000) -> dict[str, Any]:
+    # Under the lock the controller is between steps: a job seen terminal here has had every
+    # line of its workers copied into the store, so `done` with no lines means the log is over.
+    with service.lock:
+        job = _job(service, job_id)
+        lines, last = service.store.read_log(job_id, after_seq, limit)
+    return {"lines": [views.log_line(x) for x in lines], "last_seq": last,
+            "status": job.status.value, "done": job.status.is_terminal()}
+
+
+@router.get("/{job_id}/events", summary="The job's events with id > `after_id`, oldest first")
+def events(job_id: str, service: ServiceDep, after_id: After = 0,
+           limit: Limit = 1000) -> dict[str, Any]:
+    _job(service, job_id)
+    found = service.store.list_events(job_id, after_id=after_id, limit=limit)
+    return {"events": [views.event(e) for e in found],
+            "last_id": found[-1].id if found else after_id}
+
+
+@router.get("/{job_id}/cost",
+            summary="What the job cost, and what a static on-demand run would have cost")
+def cost(job_id: str, service: ServiceDep) -> dict[str, Any]:
+    """The static baseline runs ``max workers`` slots (1 for a plain job; times the array size
+    for an array job, whose children's usage is summed) at the highest price among ON_DEMAND
+    environments, or at 1.0 per slot-hour when there is none. The wall time runs from the
+    job's start to its stop (or to now while it runs)."""
+    job = _job(service, job_id)
+    ids = [job_id]
+    if job.is_array_parent:
+        ids += [c.id for c in service.store.list_jobs(parent=job_id, limit=MAX_ARRAY_SIZE)]
+    rows = [UsageRow(u.compute_environment, u.capacity_type, u.worker_seconds,
+                     u.price_per_slot_hour, u.wasted)
+            for jid in ids for u in service.store.job_usage(jid)]
+    max_workers = (job.max_workers or 1) * (job.array_size if job.is_array_parent else 1)
+    now = service.store.clock()
+    wall = 0.0 if job.started_at is None else max(
+        0.0, (job.stopped_at or now) - job.started_at)
+    prices = [ce.spec.price_per_slot_hour for ce in service.store.list_compute_environments()
+              if ce.spec.capacity_type is CapacityType.ON_DEMAND]
+    price = max(prices) if prices else DEFAULT_ON_DEMAND_PRICE
+    result = job_cost(rows, max_workers=max_workers, wall_seconds=wall,
+                      on_demand_price_per_slot_hour=price)
+    return views.job_cost(job_id, result)

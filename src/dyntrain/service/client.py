@@ -1,0 +1,233 @@
+"""A thin client of the job service's REST API (one method per route).
+
+``Client()`` talks to ``$DYNTRAIN_URL`` (default ``http://127.0.0.1:8642``) with the token in
+``$DYNTRAIN_TOKEN`` (if any). Methods return the decoded JSON. Every failure raises ``ApiError``
+with a one-line message: the server's ``detail`` (and ``status``, the HTTP status code), or
+"cannot reach the dyntrain service at URL: ..." when there is no answer (``status`` None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from dyntrain.errors import DyntrainError
+
+DEFAULT_URL = "http://127.0.0.1:8642"
+TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
+
+
+class ApiError(DyntrainError):
+    """The service refused a request (``status`` is its HTTP code) or could not be reached."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def status_code(self) -> int | None:
+        return self.status
+
+
+def _seg(value: Any) -> str:
+    """One URL path segment (job ids of array children hold ':')."""
+    return quote(str(value), safe="")
+
+
+def _jsonable(value: Any) -> Any:
+    """Dataclasses (Resources, Dependency), enums and tuples as plain JSON values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if not isinstance(detail, str):
+        text = response.text.strip().splitlines()
+        detail = text[0] if text else f"HTTP {response.status_code} {response.reason_phrase}"
+    return " ".join(str(detail).split()) or f"HTTP {response.status_code}"
+
+
+class Client:
+    def __init__(self, base_url: str | None = None, token: str | None = None,
+                 timeout: float = 10) -> None:
+        self.base_url = (base_url or os.environ.get("DYNTRAIN_URL") or DEFAULT_URL).rstrip("/")
+        token = token if token is not None else os.environ.get("DYNTRAIN_TOKEN") or None
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, *, json: Any = None,
+                params: Mapping[str, Any] | None = None) -> Any:
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            response = self._http.request(method, path, json=_jsonable(json) if json is not None
+                                          else None, params=params or None)
+        except httpx.TimeoutException as e:
+            raise ApiError(f"the dyntrain service at {self.base_url} did not answer in time: "
+                           f"{e or type(e).__name__}") from None
+        except httpx.TransportError as e:
+            raise ApiError(f"cannot reach the dyntrain service at {self.base_url}: "
+                           f"{e or type(e).__name__}") from None
+        if response.status_code >= 400:
+            raise ApiError(_detail(response), response.status_code)
+        return response.json() if response.content else None
+
+    # ---- service -----------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        return self.request("GET", "/health")
+
+    # ---- compute environments ----------------------------------------------------------------
+
+    def create_compute_environment(self, **fields: Any) -> dict:
+        return self.request("POST", "/compute-environments", json=fields)
+
+    def list_compute_environments(self) -> list[dict]:
+        return self.request("GET", "/compute-environments")
+
+    def get_compute_environment(self, name: str) -> dict:
+        return self.request("GET", f"/compute-environments/{_seg(name)}")
+
+    def update_compute_environment(self, name: str, **fields: Any) -> dict:
+        """Change state, min/desired/max slots or price at run time."""
+        return self.request("PATCH", f"/compute-environments/{_seg(name)}", json=fields)
+
+    def delete_compute_environment(self, name: str) -> dict:
+        return self.request("DELETE", f"/compute-environments/{_seg(name)}")
+
+    def set_capacity_trace(self, name: str, csv: str, loop: bool = False) -> dict:
+        """Replay ``csv`` (offset_s,slots[,price]) as the environment's slots from now."""
+        return self.request("PUT", f"/compute-environments/{_seg(name)}/trace",
+                            json={"csv": csv, "loop": loop})
+
+    def clear_capacity_trace(self, name: str) -> dict:
+        return self.request("DELETE", f"/compute-environments/{_seg(name)}/trace")
+
+    # ---- job queues --------------------------------------------------------------------------
+
+    def create_job_queue(self, **fields: Any) -> dict:
+        return self.request("POST", "/job-queues", json=fields)
+
+    def list_job_queues(self) -> list[dict]:
+        return self.request("GET", "/job-queues")
+
+    def get_job_queue(self, name: str) -> dict:
+        return self.request("GET", f"/job-queues/{_seg(name)}")
+
+    def update_job_queue(self, name: str, **fields: Any) -> dict:
+        return self.request("PATCH", f"/job-queues/{_seg(name)}", json=fields)
+
+    def delete_job_queue(self, name: str) -> dict:
+        return self.request("DELETE", f"/job-queues/{_seg(name)}")
+
+    # ---- job definitions ---------------------------------------------------------------------
+
+    def register_job_definition(self, **fields: Any) -> dict:
+        """Returns ``{"name", "revision", "ref"}``."""
+        return self.request("POST", "/job-definitions", json=fields)
+
+    def list_job_definitions(self, name: str | None = None,
+                             include_inactive: bool = False) -> list[dict]:
+        return self.request("GET", "/job-definitions",
+                            params={"name": name, "include_inactive": include_inactive})
+
+    def get_job_definition(self, name: str, revision: int | None = None) -> dict:
+        return self.request("GET", f"/job-definitions/{_seg(name)}",
+                            params={"revision": revision})
+
+    def deregister_job_definition(self, name: str, revision: int) -> dict:
+        return self.request("DELETE", f"/job-definitions/{_seg(name)}/{_seg(revision)}")
+
+    # ---- jobs --------------------------------------------------------------------------------
+
+    def submit(self, **fields: Any) -> dict:
+        """Fields as in ``POST /jobs``. Shorthands: ``depends_on`` may list plain job ids, and
+        ``workers`` may be a ``(min, max)`` pair."""
+        deps = fields.get("depends_on")
+        if deps is not None:
+            fields["depends_on"] = [{"job_id": d} if isinstance(d, str) else d for d in deps]
+        workers = fields.get("workers")
+        if isinstance(workers, (list, tuple)):
+            fields["workers"] = {"min": workers[0], "max": workers[1]}
+        return self.request("POST", "/jobs", json=fields)
+
+    def list_jobs(self, **filters: Any) -> list[dict]:
+        """Filters: queue, status (one, a comma-separated string or a list), parent, limit,
+        offset. Top-level jobs only unless ``parent`` names an array job."""
+        status = filters.get("status")
+        if isinstance(status, (list, tuple, set, frozenset)):
+            filters["status"] = ",".join(str(_jsonable(s)) for s in status)
+        elif status is not None:
+            filters["status"] = _jsonable(status)
+        return self.request("GET", "/jobs", params=filters)
+
+    def get_job(self, job_id: str) -> dict:
+        return self.request("GET", f"/jobs/{_seg(job_id)}")
+
+    def cancel(self, job_id: str) -> dict:
+        return self.request("POST", f"/jobs/{_seg(job_id)}/cancel")
+
+    def terminate(self, job_id: str) -> dict:
+        return self.request("POST", f"/jobs/{_seg(job_id)}/terminate")
+
+    def logs(self, job_id: str, after_seq: int = 0, limit: int | None = None) -> dict:
+        """``{"lines": [{seq, attempt, worker, line, at}], "last_seq", "status", "done"}``."""
+        return self.request("GET", f"/jobs/{_seg(job_id)}/logs",
+                            params={"after_seq": after_seq, "limit": limit})
+
+    def follow_logs(self, job_id: str, poll: float = 0.5, after_seq: int = 0) -> Iterator[dict]:
+        """Yield log lines (dicts as in ``logs``; the text is ``["line"]``) as they come, until
+        the job is terminal and no line is left."""
+        while True:
+            page = self.logs(job_id, after_seq)
+            yield from page["lines"]
+            after_seq = page["last_seq"]
+            if not page["lines"]:
+                if page["done"]:
+                    return
+                time.sleep(poll)
+
+    def events(self, job_id: str, after_id: int = 0, limit: int | None = None) -> list[dict]:
+        return self.request("GET", f"/jobs/{_seg(job_id)}/events",
+                            params={"after_id": after_id, "limit": limit})["events"]
+
+    def cost(self, job_id: str) -> dict:
+        return self.request("GET", f"/jobs/{_seg(job_id)}/cost")
+
+    def wait(self, job_id: str, timeout: float | None = None, poll: float = 0.5) -> dict:
+        """Poll until the job is SUCCEEDED or FAILED; returns it (ApiError on timeout)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.get_job(job_id)
+            if job["status"] in TERMINAL:
+                return job
+            if deadline is not None and time.monotonic() > deadline:
+                raise ApiError(f"job {job_id} is still {job['status']} after {timeout:g}s")
+            time.sleep(poll)

@@ -1,0 +1,91 @@
+"""The service process: a store, an executor and the controller loop, behind the REST API."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.controller import Controller, ControllerConfig
+from dyntrain.service.executors.base import get_executor
+from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec, Resources
+from dyntrain.service.store import Store
+
+DEFAULT_PORT = 8642
+
+
+@dataclass
+class ServiceConfig:
+    state_dir: Path
+    db_url: str | None = None  # default: sqlite:///<state_dir>/dyntrain.db
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    grace_seconds: float = 120.0
+    executor: str = "local"
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir)
+        if not is_loopback(self.host) and not self.token:
+            raise DyntrainError(f"refusing to listen on {self.host} without a token: pass --token "
+                                "(or DYNTRAIN_TOKEN) or listen on 127.0.0.1")
+
+    @property
+    def url(self) -> str:
+        return self.db_url or f"sqlite:///{self.state_dir / 'dyntrain.db'}"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Service:
+    """Owns the store, the executor and the controller; the API calls into it under ``lock``."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = Store(config.url)
+        self.store.create_all()
+        self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor")
+        self.controller = Controller(self.store, self.executor, ControllerConfig(
+            config.state_dir / "runs", grace_seconds=config.grace_seconds))
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.recovered = self.controller.recover()
+        self._ensure_local_defaults()
+
+    def _ensure_local_defaults(self) -> None:
+        """The embedded default: a `local` on-demand environment sized from this machine."""
+        if not self.store.list_compute_environments():
+            cpus = os.cpu_count() or 1
+            self.store.create_compute_environment(ComputeEnvironmentSpec(
+                "local", CapacityType.ON_DEMAND, 0.0, Resources(1.0, 0, 1024), 0, cpus, cpus))
+            self.store.create_job_queue(JobQueueSpec("default", 1, ("local",)))
+
+    def start(self) -> None:
+        """Run the controller loop in a background thread."""
+        def loop() -> None:
+            while not self._stop.is_set():
+                with self.lock:
+                    self.controller.step()
+                self._stop.wait(self.controller.config.tick_seconds)
+
+        self._thread = threading.Thread(target=loop, daemon=True, name="dyntrain-controller")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.executor.shutdown()
+        self.store.close()

@@ -1,0 +1,492 @@
+"""The REST API end to end: a real Service and a real uvicorn server, driven through Client."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.api import create_app
+from dyntrain.service.client import ApiError, Client
+from dyntrain.service.server import Service, ServiceConfig
+
+PY = sys.executable
+SMALL = {"cpus": 0.25, "gpus": 0, "memory_mib": 256}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve(state_dir: Path, token: str | None = None) -> Iterator[tuple[Service, str]]:
+    port = free_port()
+    service = Service(ServiceConfig(state_dir=state_dir, port=port, token=token,
+                                    grace_seconds=5))
+    service.start()
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True, name="uvicorn")
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the API server did not come up"
+            time.sleep(0.05)
+        yield service, url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        service.stop()
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory) -> Iterator[tuple[Service, Client]]:
+    with serve(tmp_path_factory.mktemp("api")) as (service, url), Client(url) as client:
+        yield service, client
+
+
+@pytest.fixture
+def client(api) -> Client:
+    return api[1]
+
+
+@pytest.fixture(scope="module")
+def run_queue(api) -> str:
+    """A queue over two 0.25-cpu SPOT slots at 0.5 per slot-hour."""
+    small_env(api[1], "ce-run", capacity_type="SPOT", price_per_slot_hour=0.5)
+    api[1].create_job_queue(name="q-run", compute_environments=["ce-run"])
+    return "q-run"
+
+
+def wait_for(fn, timeout: float = 20.0, poll: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(poll)
+
+
+def error_of(call, *args, **kwargs) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        call(*args, **kwargs)
+    e = info.value
+    assert e.status is not None and 400 <= e.status < 500, (e.status, str(e))
+    assert str(e) and "\n" not in str(e)
+    return e
+
+
+def small_env(client: Client, name: str, **fields) -> dict:
+    fields = {"slot": SMALL, "desired_slots": 2, "max_slots": 2, **fields}
+    return client.create_compute_environment(name=name, **fields)
+
+
+# ------------------------------------------------------------------------------------ service
+
+
+def test_health_and_openapi(client):
+    assert client.health() == {"status": "ok"}
+    spec = httpx.get(f"{client.base_url}/openapi.json").json()
+    for path in ("/jobs", "/jobs/{job_id}/logs", "/compute-environments/{name}/trace",
+                 "/job-queues/{name}", "/job-definitions/{name}/{revision}"):
+        assert path in spec["paths"]
+    docs = httpx.get(f"{client.base_url}/docs")
+    assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_a_public_address_needs_a_token(tmp_path):
+    with pytest.raises(DyntrainError, match="token"):
+        ServiceConfig(state_dir=tmp_path, host="0.0.0.0")
+    assert ServiceConfig(state_dir=tmp_path, host="0.0.0.0", token="t").token == "t"
+
+
+def test_an_unreachable_service_is_a_one_line_error():
+    with Client(f"http://127.0.0.1:{free_port()}", timeout=2) as c:
+        e = pytest.raises(ApiError, c.health).value
+    assert str(e).startswith("cannot reach the dyntrain service at http://127.0.0.1:")
+    assert e.status is None and "\n" not in str(e)
+
+
+def test_auth(tmp_path):
+    with serve(tmp_path, token="s3cret") as (_, url):
+        with Client(url, token="") as anonymous, Client(url, token="wrong") as wrong, \
+                Client(url, token="s3cret") as right:
+            assert anonymous.health() == {"status": "ok"}
+            e = error_of(anonymous.list_compute_environments)
+            assert e.status == 401 and "Bearer" in str(e)
+            assert error_of(wrong.list_jobs).status == 401
+            # refused before the body is even looked at
+            assert error_of(anonymous.create_compute_environment, name="x y").status == 401
+            assert error_of(anonymous.get_job, "nope").status == 401
+            assert [ce["name"] for ce in right.list_compute_environments()] == ["local"]
+            assert error_of(right.get_job, "nope").status == 404
+            r = httpx.get(f"{url}/jobs", headers={"Authorization": "Basic s3cret"})
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert httpx.get(f"{url}/openapi.json").status_code == 200
+
+
+# ------------------------------------------------------------------------- compute environments
+
+
+def test_compute_environment_crud(client):
+    ce = client.create_compute_environment(
+        name="ce-crud", capacity_type="SPOT", price_per_slot_hour=0.3,
+        slot={"cpus": 2, "gpus": 0, "memory_mib": 2048}, min_slots=0, desired_slots=2,
+        max_slots=4, state="ENABLED")
+    assert ce["capacity_type"] == "SPOT" and ce["slot"]["cpus"] == 2.0
+    assert ce["available_slots"] == 2 and ce["slots_in_use"] == 0 and ce["trace"] is None
+    assert "ce-crud" in [c["name"] for c in client.list_compute_environments()]
+    assert client.get_compute_environment("ce-crud")["max_slots"] == 4
+
+    # capacity at run time
+    ce = client.update_compute_environment("ce-crud", desired_slots=3, price_per_slot_hour=0.4)
+    assert (ce["desired_slots"], ce["available_slots"], ce["price_per_slot_hour"]) == (3, 3, 0.4)
+    ce = client.update_compute_environment("ce-crud", state="DISABLED", max_slots=3)
+    assert ce["state"] == "DISABLED" and ce["max_slots"] == 3
+    assert client.update_compute_environment("ce-crud")["desired_slots"] == 3  # no change
+
+    e = error_of(client.create_compute_environment, name="ce-crud")
+    assert e.status == 409 and "already exists" in str(e)
+    e = error_of(client.update_compute_environment, "ce-crud", desired_slots=9)
+    assert e.status == 400 and "desired_slots 9" in str(e)
+    assert client.get_compute_environment("ce-crud")["desired_slots"] == 3
+    assert error_of(client.get_compute_environment, "nope").status == 404
+    assert error_of(client.update_compute_environment, "nope", desired_slots=1).status == 404
+
+    assert client.delete_compute_environment("ce-crud") == {"deleted": "ce-crud"}
+    assert error_of(client.get_compute_environment, "ce-crud").status == 404
+    assert error_of(client.delete_compute_environment, "ce-crud").status == 404
+
+
+def test_capacity_trace(client):
+    small_env(client, "ce-trace", desired_slots=1, max_slots=4)
+    ce = client.set_capacity_trace("ce-trace", "# spot\noffset_s,slots,price\n0,3,0.2\n"
+                                   "3600,1,0.3\n", loop=True)
+    assert ce["available_slots"] == 3
+    assert ce["trace"]["loop"] is True and ce["trace"]["csv"].startswith("# spot")
+    # a trace never offers more than max_slots
+    assert client.set_capacity_trace("ce-trace", "offset_s,slots\n0,10\n")[
+        "available_slots"] == 4
+    e = error_of(client.set_capacity_trace, "ce-trace", "offset_s,slots\n0,-1\n")
+    assert e.status == 400 and "slots" in str(e)
+    e = error_of(client.set_capacity_trace, "ce-trace", "when,how many\n")
+    assert e.status == 400 and "header" in str(e)
+    assert client.get_compute_environment("ce-trace")["available_slots"] == 4  # unchanged
+    assert error_of(client.set_capacity_trace, "nope", "offset_s,slots\n0,1\n").status == 404
+    ce = client.clear_capacity_trace("ce-trace")
+    assert ce["trace"] is None and ce["available_slots"] == 1
+    client.delete_compute_environment("ce-trace")
+
+
+# ---------------------------------------------------------------------------------- job queues
+
+
+def test_job_queue_crud(client):
+    small_env(client, "ce-q1")
+    small_env(client, "ce-q2")
+    q = client.create_job_queue(name="q-crud", priority=5, compute_environments=["ce-q1"])
+    assert q == {**q, "priority": 5, "compute_environments": ["ce-q1"], "state": "ENABLED"}
+    assert "q-crud" in [x["name"] for x in client.list_job_queues()]
+    q = client.update_job_queue("q-crud", priority=7, compute_environments=["ce-q2", "ce-q1"])
+    assert q["priority"] == 7 and q["compute_environments"] == ["ce-q2", "ce-q1"]
+    assert client.get_job_queue("q-crud")["compute_environments"] == ["ce-q2", "ce-q1"]
+    assert error_of(client.create_job_queue, name="q-crud",
+                    compute_environments=["ce-q1"]).status == 409
+    e = error_of(client.update_job_queue, "q-crud", compute_environments=["ce-q1", "nope"])
+    assert e.status == 400 and "unknown compute environment" in str(e)
+    assert client.get_job_queue("q-crud")["compute_environments"] == ["ce-q2", "ce-q1"]
+    e = error_of(client.delete_compute_environment, "ce-q1")
+    assert e.status == 409 and "q-crud" in str(e)
+    assert client.delete_job_queue("q-crud") == {"deleted": "q-crud"}
+    assert error_of(client.get_job_queue, "q-crud").status == 404
+    client.delete_compute_environment("ce-q1")
+    client.delete_compute_environment("ce-q2")
+
+
+# ----------------------------------------------------------------------------- job definitions
+
+
+def test_job_definition_crud(client):
+    body = dict(name="def-crud", command=["echo", "Ref::word"], parameters={"word": "hi"},
+                environment={"GREETING": "hello"}, resources=SMALL, timeout_seconds=30,
+                retry_strategy={"attempts": 3, "evaluate_on_exit": [
+                    {"action": "EXIT", "on_exit_code": "2"},
+                    {"action": "RETRY", "on_reason": "*"}]},
+                elastic={"min_workers": 1, "max_workers": 2})
+    assert client.register_job_definition(**body) == {"name": "def-crud", "revision": 1,
+                                                      "ref": "def-crud:1"}
+    assert client.register_job_definition(**{**body, "command": ["echo", "two"]})[
+        "revision"] == 2
+    d = client.get_job_definition("def-crud")
+    assert d["revision"] == 2 and d["command"] == ["echo", "two"] and d["status"] == "ACTIVE"
+    d = client.get_job_definition("def-crud", revision=1)
+    assert d["parameters"] == {"word": "hi"} and d["environment"] == {"GREETING": "hello"}
+    assert d["retry_strategy"]["attempts"] == 3 and d["elastic"] == {"min_workers": 1,
+                                                                      "max_workers": 2}
+    assert d["retry_strategy"]["evaluate_on_exit"][0] == {"action": "EXIT", "on_exit_code": "2",
+                                                          "on_reason": None}
+    assert [x["revision"] for x in client.list_job_definitions("def-crud")] == [1, 2]
+    assert client.deregister_job_definition("def-crud", 2)["status"] == "INACTIVE"
+    assert client.get_job_definition("def-crud")["revision"] == 1
+    assert [x["revision"] for x in client.list_job_definitions(
+        "def-crud", include_inactive=True)] == [1, 2]
+    e = error_of(client.submit, queue="default", definition="def-crud:2")
+    assert e.status == 400 and "deregistered" in str(e)
+    assert error_of(client.get_job_definition, "def-crud", revision=9).status == 404
+    assert error_of(client.get_job_definition, "nope").status == 404
+    assert error_of(client.deregister_job_definition, "def-crud", 9).status == 404
+
+
+# ---------------------------------------------------------------------------------------- jobs
+
+
+def test_a_job_runs_and_reports_logs_events_and_cost(client, run_queue):
+    job = client.submit(queue="q-run", name="hello", command=[PY, "-c", "print('hi')"],
+                        resources=SMALL)
+    assert job["status"] == "SUBMITTED" and job["name"] == "hello"
+    lines = [x["line"] for x in client.follow_logs(job["id"], poll=0.05)]
+    assert "hi" in lines
+    job = client.get_job(job["id"])
+    assert job["status"] == "SUCCEEDED" and job["exit_code"] == 0 and job["workers"] == []
+    assert job["array"] is None and job["waiting"] is None
+    assert client.logs(job["id"], after_seq=client.logs(job["id"])["last_seq"])["lines"] == []
+    assert [e["kind"] for e in client.events(job["id"])] == ["attempt"]
+    assert job["id"] in [j["id"] for j in client.list_jobs(queue="q-run",
+                                                            status=["SUCCEEDED", "FAILED"])]
+    assert client.list_jobs(queue="q-run", status="RUNNABLE") == []
+
+    cost = client.cost(job["id"])
+    wall = job["stopped_at"] - job["started_at"]
+    assert 0 < cost["worker_seconds"] <= wall + 1 and cost["wall_seconds"] == pytest.approx(wall)
+    assert cost["total"] == pytest.approx(cost["worker_seconds"] * 0.5 / 3600)
+    assert cost["cost_by_capacity_type"] == {"SPOT": pytest.approx(cost["total"])}
+    assert cost["worker_seconds_by_compute_environment"] == {
+        "ce-run": pytest.approx(cost["worker_seconds"])}
+    od = max(ce["price_per_slot_hour"] for ce in client.list_compute_environments()
+             if ce["capacity_type"] == "ON_DEMAND")
+    assert cost["static_on_demand"]["workers"] == 1
+    assert cost["static_on_demand"]["price_per_slot_hour"] == od
+    assert cost["wasted_worker_seconds"] == 0
+
+
+def test_an_array_job_reports_its_children(client, run_queue):
+    job = client.submit(queue="q-run", command=[PY, "-c", "pass"], resources=SMALL,
+                        array_size=3)
+    wait_for(lambda: client.get_job(job["id"])["status"] == "SUCCEEDED")
+    job = client.get_job(job["id"])
+    assert job["array"]["size"] == 3 and job["array"]["status_counts"]["SUCCEEDED"] == 3
+    children = client.list_jobs(parent=job["id"])
+    assert [c["array_index"] for c in children] == [0, 1, 2]
+    assert job["id"] in [j["id"] for j in client.list_jobs(queue="q-run")]
+    assert all(c["id"] not in [j["id"] for j in client.list_jobs(queue="q-run")]
+               for c in children)
+    assert client.get_job(children[1]["id"])["array_parent_id"] == job["id"]
+    cost = client.cost(job["id"])
+    assert cost["static_on_demand"]["workers"] == 3 and cost["worker_seconds"] > 0
+
+
+def test_queued_jobs_show_why_they_wait_and_can_be_cancelled(client):
+    small_env(client, "ce-off", state="DISABLED")
+    client.create_job_queue(name="q-off", compute_environments=["ce-off"])
+    first = client.submit(queue="q-off", command=["true"], resources=SMALL)
+    second = client.submit(queue="q-off", command=["true"], resources=SMALL)
+    a = wait_for(lambda: (j := client.get_job(first["id"]))["waiting"] and j)
+    b = wait_for(lambda: (j := client.get_job(second["id"]))["waiting"] and j)
+    assert a["status"] == b["status"] == "RUNNABLE"
+    assert a["waiting"]["position"] == 1 and b["waiting"]["position"] == 2
+    assert "DISABLED" in a["waiting"]["reason"] and first["id"] in b["waiting"]["reason"]
+    listed = {j["id"]: j["waiting"] for j in client.list_jobs(queue="q-off")}
+    assert listed[first["id"]]["position"] == 1
+
+    e = error_of(client.delete_job_queue, "q-off")
+    assert e.status == 409 and "unfinished" in str(e)
+    cancelled = client.cancel(first["id"])
+    assert cancelled["status"] == "FAILED" and cancelled["status_reason"] == "cancelled by user"
+    assert cancelled["waiting"] is None
+    e = error_of(client.cancel, first["id"])
+    assert e.status == 409 and "already finished" in str(e)
+    wait_for(lambda: (client.get_job(second["id"])["waiting"] or {}).get("position") == 1)
+    client.cancel(second["id"])
+    client.delete_job_queue("q-off")
+    client.delete_compute_environment("ce-off")
+
+
+def test_a_running_job_is_terminated_not_cancelled(client, run_queue):
+    job = client.submit(queue="q-run", command=["sleep", "60"], resources=SMALL)
+    running = wait_for(lambda: (j := client.get_job(job["id"]))["status"] == "RUNNING" and j)
+    assert len(running["workers"]) == 1 and running["workers"][0]["compute_environment"] == \
+        "ce-run"
+    ce = client.get_compute_environment("ce-run")
+    assert ce["slots_in_use"] == 1
+    e = error_of(client.delete_compute_environment, "ce-run")
+    assert e.status == 409
+    e = error_of(client.cancel, job["id"])
+    assert e.status == 409 and str(e) == f"job {job['id']} is RUNNING; use terminate"
+    client.terminate(job["id"])
+    done = client.wait(job["id"], timeout=20, poll=0.05)
+    assert done["status"] == "FAILED" and done["status_reason"] == "terminated by user"
+    assert error_of(client.terminate, job["id"]).status == 409
+    wait_for(lambda: client.get_compute_environment("ce-run")["slots_in_use"] == 0)
+
+
+def test_unknown_jobs_are_404(client):
+    for call in (client.get_job, client.cancel, client.terminate, client.logs, client.events,
+                 client.cost):
+        e = error_of(call, "no-such-job")
+        assert e.status == 404 and "no-such-job" in str(e)
+
+
+# ------------------------------------------------------------------------------- bad requests
+
+
+def _counts(client: Client) -> tuple[int, ...]:
+    return (len(client.list_compute_environments()), len(client.list_job_queues()),
+            len(client.list_job_definitions(include_inactive=True)),
+            len(client.list_jobs(limit=1000)))
+
+
+def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
+    small_env(client, "ce-bad")
+    client.create_job_queue(name="q-bad", compute_environments=["ce-bad"])
+    client.create_job_queue(name="q-bad-off", compute_environments=["ce-bad"], state="DISABLED")
+    client.register_job_definition(name="def-bad", command=["true"])
+    before = _counts(client)
+    ce = client.get_compute_environment("ce-bad")
+    cases = [
+        # compute environments
+        ("POST", "/compute-environments", {}, 422, "body.name: Field required"),
+        ("POST", "/compute-environments", {"name": "x", "slot": {"cpus": -1}}, 422,
+         "body.slot.cpus: Input should be greater than 0"),
+        ("POST", "/compute-environments", {"name": "x", "max_slots": "lots"}, 422,
+         "body.max_slots"),
+        ("POST", "/compute-environments", {"name": "x", "max_slots": 10**30}, 422,
+         "body.max_slots"),
+        ("POST", "/compute-environments", {"name": "x", "min_slots": -1}, 422, "body.min_slots"),
+        ("POST", "/compute-environments", {"name": "x", "capacity_type": "CHEAP"}, 422,
+         "body.capacity_type"),
+        ("POST", "/compute-environments", {"name": "x", "state": "ON"}, 422, "body.state"),
+        ("POST", "/compute-environments", {"name": "x", "colour": "red"}, 422, "body.colour"),
+        ("POST", "/compute-environments", {"name": 7}, 422, "body.name"),
+        ("POST", "/compute-environments", {"name": "x y"}, 400, "name 'x y'"),
+        ("POST", "/compute-environments", {"name": "x", "min_slots": 3, "max_slots": 1}, 400,
+         "min_slots"),
+        ("POST", "/compute-environments", [1, 2], 422, "body"),
+        ("PATCH", "/compute-environments/ce-bad", {"desired_slots": -1}, 422,
+         "body.desired_slots"),
+        ("PATCH", "/compute-environments/ce-bad", {"max_slots": 1}, 400, "desired_slots"),
+        ("PATCH", "/compute-environments/ce-bad", {"slot": {"cpus": 2}}, 422, "body.slot"),
+        ("PUT", "/compute-environments/ce-bad/trace", {"csv": ""}, 422, "body.csv"),
+        ("PUT", "/compute-environments/ce-bad/trace", {"loop": True}, 422, "body.csv"),
+        # job queues
+        ("POST", "/job-queues", {"name": "x", "compute_environments": ["nope"]}, 400,
+         "unknown compute environment"),
+        ("POST", "/job-queues", {"name": "x", "compute_environments": []}, 400,
+         "at least one"),
+        ("POST", "/job-queues", {"name": "x", "compute_environments": ["ce-bad", "ce-bad"]},
+         400, "twice"),
+        ("POST", "/job-queues", {"name": "x", "priority": "high",
+                                 "compute_environments": ["ce-bad"]}, 422, "body.priority"),
+        ("POST", "/job-queues", {"name": "x"}, 422, "body.compute_environments"),
+        # job definitions
+        ("POST", "/job-definitions", {"name": "x", "command": []}, 422, "body.command"),
+        ("POST", "/job-definitions", {"name": "x", "command": [""]}, 422, "body.command[0]"),
+        ("POST", "/job-definitions", {"name": "x", "command": "echo hi"}, 422, "body.command"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["a\x00b"]}, 422, "NUL"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["true"],
+                                      "environment": {"A=B": "c"}}, 422, "body.environment"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["true"],
+                                      "retry_strategy": {"attempts": 0}}, 422,
+         "body.retry_strategy.attempts"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["true"], "retry_strategy": {
+            "evaluate_on_exit": [{"action": "MAYBE", "on_exit_code": "1"}]}}, 422,
+         "body.retry_strategy.evaluate_on_exit[0].action"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["true"], "retry_strategy": {
+            "evaluate_on_exit": [{"action": "RETRY"}]}}, 400, "on_exit_code or on_reason"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["true"],
+                                      "timeout_seconds": -1}, 422, "body.timeout_seconds"),
+        ("POST", "/job-definitions", {"name": "x", "command": ["true"],
+                                      "elastic": {"min_workers": 3, "max_workers": 1}}, 400,
+         "1 <= min <= max"),
+        # jobs
+        ("POST", "/jobs", {"queue": "nope", "command": ["true"]}, 400, "unknown job queue"),
+        ("POST", "/jobs", {"queue": "q-bad-off", "command": ["true"]}, 400, "DISABLED"),
+        ("POST", "/jobs", {"queue": "q-bad"}, 400, "definition or a command"),
+        ("POST", "/jobs", {"command": ["true"]}, 422, "body.queue: Field required"),
+        ("POST", "/jobs", {"queue": "q-bad", "definition": "nope"}, 400,
+         "unknown job definition"),
+        ("POST", "/jobs", {"queue": "q-bad", "definition": "def-bad:x"}, 400, "revision"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "array_size": 10**9}, 422,
+         "body.array_size"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "array_size": 1}, 422,
+         "body.array_size"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "depends_on": [{"job_id": "nope"}]}, 400, "unknown job"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "job_id": "cyc",
+                           "depends_on": [{"job_id": "cyc"}]}, 400, "dependency cycle"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "depends_on": [{"job_id": "", "type": "SEQUENTIAL"}]}, 400,
+         "needs an array job"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "depends_on": [{"job_id": "x", "type": "SOMETIMES"}]}, 422,
+         "body.depends_on[0].type"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "workers": {"min": 3, "max": 1}}, 400, "1 <= min <= max"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "retry_attempts": 11}, 422,
+         "body.retry_attempts"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "resources": {"cpus": 0}}, 422, "body.resources.cpus"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["echo", "Ref::nope"]}, 400,
+         "'nope'"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "name": "no spaces"}, 400,
+         "job name"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "job_id": "a:b"}, 400,
+         "job id"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "environment": {"X": 1}}, 422, "body.environment.X"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "timeout_seconds": "soon"}, 422, "body.timeout_seconds"),
+    ]
+    for method, path, body, status, fragment in cases:
+        e = error_of(client.request, method, path, json=body)
+        assert e.status == status and fragment in str(e), (path, body, e.status, str(e))
+
+    queries = [("/jobs", {"status": "BOGUS"}, 400, "unknown status"),
+               ("/jobs", {"limit": 0}, 422, "query.limit"),
+               ("/jobs", {"limit": "many"}, 422, "query.limit"),
+               ("/jobs", {"offset": -1}, 422, "query.offset"),
+               ("/job-definitions/def-bad", {"revision": 0}, 422, "query.revision"),
+               ("/job-definitions/def-bad", {"revision": "latest"}, 422, "query.revision")]
+    for path, params, status, fragment in queries:
+        e = error_of(client.request, "GET", path, params=params)
+        assert e.status == status and fragment in str(e), (path, params, str(e))
+    e = error_of(client.request, "DELETE", "/job-definitions/def-bad/first")
+    assert e.status == 422 and "path.revision" in str(e)
+
+    raw = [b'{"name": "x", "price_per_slot_hour": NaN}', b'{"name": ', b"", b"\xff\xfe"]
+    for content in raw:
+        r = httpx.post(f"{client.base_url}/compute-environments", content=content,
+                       headers={"Content-Type": "application/json"})
+        detail = r.json()["detail"]
+        assert r.status_code == 422 and isinstance(detail, str) and "\n" not in detail, detail
+
+    assert _counts(client) == before
+    assert client.get_compute_environment("ce-bad") == ce

@@ -1,0 +1,266 @@
+"""The service CLI end to end: a real `dyntrain server` process driven by `dyntrain` commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dyntrain.service.client import Client
+
+ROOT = Path(__file__).resolve().parents[2]
+DYNTRAIN = [sys.executable, "-m", "dyntrain.cli.main"]
+PY = sys.executable
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    env.pop("DYNTRAIN_URL", None)
+    env.pop("DYNTRAIN_TOKEN", None)
+    return env
+
+
+def start_server(state_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`dyntrain server --port 0`; returns the process and the URL it printed."""
+    out = open(log, "w")
+    proc = subprocess.Popen([*DYNTRAIN, "server", "--port", "0", "--state-dir", str(state_dir),
+                             "--grace-seconds", "2"], stdout=out, stderr=subprocess.STDOUT,
+                            env=_env(), cwd=ROOT)
+    out.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = re.search(r"listening on (http://\S+)", log.read_text())
+        if m:
+            url = m.group(1)
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the server did not start:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli-service")
+    proc, url = start_server(tmp / "state", tmp / "server.log")
+    yield url
+    rc = stop_server(proc)
+    assert rc == 0, (tmp / "server.log").read_text()[-3000:]
+
+
+def cli(*args, url: str | None = None, timeout: float = 60, cwd=ROOT):
+    argv = [*DYNTRAIN, *map(str, args)]
+    if url is not None and "--url" not in args:
+        # --url goes right after the command (and its subcommand, for the groups)
+        cut = 2 if args[0] in ("ce", "queue", "jobdef") else 1
+        argv = [*DYNTRAIN, *map(str, args[:cut]), "--url", url, *map(str, args[cut:])]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(),
+                          cwd=cwd)
+
+
+def parallel(*calls: tuple, url: str | None = None) -> list:
+    """Run several independent commands two at a time (each one starts a Python process)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return list(pool.map(lambda args: cli(*args, url=url), calls))
+
+
+def ok(proc) -> str:
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def assert_one_line_error(proc, *needles):
+    assert proc.returncode not in (0, None), (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and err.startswith("dyntrain: error:"), err
+    for needle in needles:
+        assert needle in err, err
+
+
+def wait_status(url: str, job_id: str, statuses: set[str], timeout: float = 30) -> dict:
+    deadline = time.monotonic() + timeout
+    with Client(url) as client:
+        while True:
+            job = client.get_job(job_id)
+            if job.get("status") in statuses or time.monotonic() > deadline:
+                return job
+            time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------- tests
+
+
+def test_ce_queue_from_yaml_and_flags_and_trace(service, tmp_path):
+    (tmp_path / "ce.yaml").write_text(
+        "name: spotty\ncapacity_type: SPOT\nprice_per_slot_hour: 0.3\n"
+        "slot: {cpus: 0.25, gpus: 0, memory_mib: 256}\n"
+        "min_slots: 0\ndesired_slots: 0\nmax_slots: 2\n")
+    for proc in parallel(
+            ("ce", "create", "-f", tmp_path / "ce.yaml"),
+            ("ce", "create", "flagged", "--type", "on_demand", "--price", "1.5", "--slots",
+             "0:1:2", "--slot-cpus", "0.25", "--slot-memory", "512", "--slot-gpus", "0"),
+            url=service):
+        ok(proc)
+    (tmp_path / "q.yaml").write_text("name: qy\npriority: 3\ncompute_environments: [spotty]\n")
+    (tmp_path / "t.csv").write_text("offset_s,slots,price\n0,1,0.3\n30,2,0.4\n")
+    created_qy, created_qf, updated, traced = parallel(
+        ("queue", "create", "-f", tmp_path / "q.yaml"),
+        ("queue", "create", "qf", "--priority", "5", "--ce", "flagged,spotty"),
+        ("ce", "update", "flagged", "--desired", "2", "--price", "0.5"),
+        ("ce", "trace", "spotty", tmp_path / "t.csv", "--loop"),
+        url=service)
+    for proc in (created_qy, created_qf, updated):
+        ok(proc)
+    assert "2 rows" in ok(traced) and "looping" in traced.stdout
+    with Client(service) as client:
+        trace = client.get_compute_environment("spotty")["trace"]
+    assert trace["loop"] is True and trace["csv"].startswith("offset_s,slots,price")
+
+    ce_list, queue_list = parallel(("ce", "list"), ("queue", "list"), url=service)
+    out = ok(ce_list)
+    assert re.search(r"spotty\s+SPOT\s+0\.3", out), out
+    assert re.search(r"flagged\s+ON_DEMAND\s+0\.5\b.*0:2:2", out), out
+    out = ok(queue_list)
+    assert re.search(r"qf\s+5\s+flagged,spotty", out) and re.search(r"qy\s+3\s+spotty", out), out
+
+    (tmp_path / "bad.csv").write_text("offset_s,slots\n0,-1\n")
+    cleared, bad_trace, deleted = parallel(
+        ("ce", "trace", "spotty", "--clear"), ("ce", "trace", "spotty", tmp_path / "bad.csv"),
+        ("queue", "--url", service, "delete", "qy"),  # the group takes --url too
+        url=service)
+    ok(cleared)
+    assert_one_line_error(bad_trace, "bad.csv:2")
+    ok(deleted)
+    with Client(service) as client:
+        assert client.get_compute_environment("spotty")["trace"] is None
+        assert "qy" not in [q["name"] for q in client.list_job_queues()]
+
+
+def test_submit_wait_success_then_status_and_logs(service):
+    proc = cli("submit", "--name", "hello", "--wait", "--", PY, "-c",
+               "print('hello from the job')", url=service)
+    out = ok(proc)
+    job_id = out.splitlines()[0].strip()
+    assert "hello from the job" in out
+    assert "SUCCEEDED" in proc.stderr
+
+    table, details, log, follow, filtered = parallel(
+        ("status",), ("status", job_id[:8]),  # a unique prefix will do
+        ("logs", job_id), ("logs", "-f", job_id), ("status", "--status", "failed"), url=service)
+    assert re.search(rf"{job_id[:8]}\s+hello\s+default\s+SUCCEEDED", ok(table)), table.stdout
+    for needle in (job_id, "status:       SUCCEEDED", "attempts:     1", "preemptions:  0",
+                   "by compute environment", "saving vs static on-demand"):
+        assert needle in ok(details), details.stdout
+    assert ok(log).strip() == "hello from the job"
+    assert ok(follow).strip() == "hello from the job"
+    assert job_id[:8] not in ok(filtered)
+
+
+def test_submit_wait_failure_exits_1(service):
+    proc = cli("submit", "--wait", "--", PY, "-c",
+               "import sys; print('about to fail'); sys.exit(3)", url=service)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "about to fail" in proc.stdout and "FAILED: exited with code 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cancel_a_queued_job_and_terminate_a_running_one(service):
+    ok(cli("ce", "create", "empty", "--slots", "0:0:0", url=service))
+    ok(cli("queue", "create", "stuck", "--ce", "empty", url=service))
+    submitted = parallel(("submit", "--queue", "stuck", "--", PY, "-c", "pass"),
+                         ("submit", "--", PY, "-c", "import time; time.sleep(60)"), url=service)
+    queued, running = (ok(p).strip() for p in submitted)
+    assert wait_status(service, queued, {"RUNNABLE"})["status"] == "RUNNABLE"
+    assert wait_status(service, running, {"RUNNING"})["status"] == "RUNNING"
+
+    details, table = parallel(("status", queued), ("status", "--queue", "stuck"), url=service)
+    assert "status:       RUNNABLE" in ok(details) and "waiting" in details.stdout, details.stdout
+    assert re.search(rf"{queued[:8]}\s+inline\s+stuck\s+RUNNABLE\s+0\s+waiting", ok(table)), \
+        table.stdout
+
+    cancelled, terminated, too_late = parallel(
+        ("cancel", queued), ("terminate", running), ("cancel", running), url=service)
+    ok(cancelled)
+    ok(terminated)
+    assert_one_line_error(too_late)
+    assert wait_status(service, queued, {"FAILED"})["status"] == "FAILED"
+    assert wait_status(service, running, {"FAILED"})["status"] == "FAILED"
+
+
+def test_jobdef_register_and_submit_from_it(service, tmp_path):
+    (tmp_path / "jd.yaml").write_text(
+        f"name: greet\ncommand: [{PY!r}, -c, \"print('hi Ref::who')\"]\n"
+        "parameters: {who: world}\n")
+    ok(cli("jobdef", "register", "-f", tmp_path / "jd.yaml", url=service))
+    out = ok(cli("jobdef", "register", "greet", "--retries", "2", "--timeout", "60", "--workers",
+                 "1:2", "--param", "who=there", "--", PY, "-c", "print('hello Ref::who')",
+                 url=service))
+    assert "greet:2" in out
+    listed, shown, run = parallel(
+        ("jobdef", "list"), ("jobdef", "show", "greet"),
+        ("submit", "--definition", "greet:1", "--param", "who=cli", "--wait"), url=service)
+    assert re.search(r"greet\s+2\s+ACTIVE\s+1-2", ok(listed)), listed.stdout
+    assert "hello Ref::who" in ok(shown) and "attempts: 2" in shown.stdout, shown.stdout
+    assert "hi cli" in ok(run)
+
+
+def test_bad_inputs_are_one_line_errors(service, tmp_path):
+    (tmp_path / "bad.yaml").write_text("name: x\nslot: {cpus: [\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "wrong.yaml").write_text("name: w\ncompute_environments: [no-such-ce]\n")
+    (tmp_path / "extra.yaml").write_text("name: e\nslots: 3\n")
+    port = re.search(r":(\d+)$", service).group(1)
+    cases = [
+        (("submit", "--queue", "nope", "--", "true"), ["nope"]),
+        (("submit", "--workers", "3:1", "--", "true"), ["--workers", "1 <= MIN <= MAX"]),
+        (("submit", "--workers", "a:b", "--", "true"), ["MIN:MAX"]),
+        (("submit", "--param", "novalue", "--", "true"), ["--param", "KEY=VALUE"]),
+        (("submit",), ["COMMAND"]),
+        (("ce", "create", "-f", tmp_path / "bad.yaml"), ["bad.yaml", "invalid YAML"]),
+        (("ce", "create", "-f", tmp_path / "extra.yaml"), ["extra.yaml", "slots"]),
+        (("ce", "create", "-f", tmp_path / "missing.yaml"), ["missing.yaml"]),
+        (("ce", "create", "x", "--slots", "2:1"), ["MIN:DESIRED:MAX"]),
+        (("queue", "create", "-f", tmp_path / "list.yaml"), ["list.yaml", "mapping"]),
+        (("queue", "create", "-f", tmp_path / "wrong.yaml"), ["wrong.yaml", "no-such-ce"]),
+        (("status", "no-such-job"), ["no-such-job"]),
+        (("logs", "no-such-job"), ["no-such-job"]),
+    ]
+    for (_args, needles), proc in zip(cases, parallel(*(c[0] for c in cases), url=service),
+                                     strict=True):
+        assert_one_line_error(proc, *needles)
+
+    unreachable = "http://127.0.0.1:1"
+    status, submit, ce_list, busy, open_host = parallel(
+        ("status", "--url", unreachable), ("submit", "--url", unreachable, "--", "true"),
+        ("ce", "--url", unreachable, "list"),
+        ("server", "--port", port, "--state-dir", tmp_path / "other"),
+        ("server", "--host", "0.0.0.0", "--state-dir", tmp_path / "other"))
+    for proc in (status, submit, ce_list):
+        assert_one_line_error(proc, "cannot reach the dyntrain service at " + unreachable)
+    assert_one_line_error(busy, f"127.0.0.1:{port}")
+    assert_one_line_error(open_host, "token")
