@@ -263,9 +263,8 @@ def test_a_job_runs_and_reports_logs_events_and_cost(client, run_queue):
     job = client.submit(queue="q-run", name="hello", command=[PY, "-c", "print('hi')"],
                         resources=SMALL)
     assert job["status"] == "SUBMITTED" and job["name"] == "hello"
-    lines = [x["line"] for x in client.follow_logs(job["id"], poll=0.05)]
-    assert "hi" in lines
-    job = client.get_job(job["id"])
+    job = client.wait(job["id"], timeout=30, poll=0.05)
+    assert [x["line"] for x in client.follow_logs(job["id"], poll=0.05)] == ["hi"]
     assert job["status"] == "SUCCEEDED" and job["exit_code"] == 0 and job["workers"] == []
     assert job["array"] is None and job["waiting"] is None
     assert client.logs(job["id"], after_seq=client.logs(job["id"])["last_seq"])["lines"] == []
@@ -348,6 +347,17 @@ def test_a_running_job_is_terminated_not_cancelled(client, run_queue):
     wait_for(lambda: client.get_compute_environment("ce-run")["slots_in_use"] == 0)
 
 
+def test_changes_racing_the_controller_do_not_stop_it(api, run_queue):
+    service, client = api
+    for i in range(100):  # each change lands between two controller steps, never inside one
+        small_env(client, f"ce-churn-{i}")
+    for i in range(100):
+        client.delete_compute_environment(f"ce-churn-{i}")
+    assert service._thread is not None and service._thread.is_alive()
+    job = client.submit(queue=run_queue, command=[PY, "-c", "pass"], resources=SMALL)
+    assert client.wait(job["id"], timeout=30, poll=0.05)["status"] == "SUCCEEDED"
+
+
 def test_unknown_jobs_are_404(client):
     for call in (client.get_job, client.cancel, client.terminate, client.logs, client.events,
                  client.cost):
@@ -369,6 +379,7 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
     client.create_job_queue(name="q-bad", compute_environments=["ce-bad"])
     client.create_job_queue(name="q-bad-off", compute_environments=["ce-bad"], state="DISABLED")
     client.register_job_definition(name="def-bad", command=["true"])
+    client.submit(queue="q-bad", command=["true"], resources=SMALL, job_id="dup-1")
     before = _counts(client)
     ce = client.get_compute_environment("ce-bad")
     cases = [
@@ -387,6 +398,8 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
         ("POST", "/compute-environments", {"name": "x", "colour": "red"}, 422, "body.colour"),
         ("POST", "/compute-environments", {"name": 7}, 422, "body.name"),
         ("POST", "/compute-environments", {"name": "x y"}, 400, "name 'x y'"),
+        ("POST", "/compute-environments", {"name": "ce-bad"}, 409, "already exists"),
+        ("POST", "/compute-environments", {"name": "ce-bad already exists"}, 400, "must be"),
         ("POST", "/compute-environments", {"name": "x", "min_slots": 3, "max_slots": 1}, 400,
          "min_slots"),
         ("POST", "/compute-environments", [1, 2], 422, "body"),
@@ -433,7 +446,12 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
         ("POST", "/jobs", {"command": ["true"]}, 422, "body.queue: Field required"),
         ("POST", "/jobs", {"queue": "q-bad", "definition": "nope"}, 400,
          "unknown job definition"),
-        ("POST", "/jobs", {"queue": "q-bad", "definition": "def-bad:x"}, 400, "revision"),
+        ("POST", "/jobs", {"queue": "q-bad", "definition": "def-bad:x"}, 422,
+         "body.definition: Value error, a job definition is NAME or NAME:REVISION"),
+        ("POST", "/jobs", {"queue": "q-bad", "definition": "def-bad:99999999999999999999"}, 422,
+         "body.definition"),
+        ("POST", "/jobs", {"queue": "q-bad", "definition": "def-bad:7"}, 400,
+         "unknown job definition 'def-bad:7'"),
         ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "array_size": 10**9}, 422,
          "body.array_size"),
         ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "array_size": 1}, 422,
@@ -460,6 +478,8 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
          "job name"),
         ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "job_id": "a:b"}, 400,
          "job id"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "job_id": "dup-1"}, 409,
+         "job id 'dup-1' already exists"),
         ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
                            "environment": {"X": 1}}, 422, "body.environment.X"),
         ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],

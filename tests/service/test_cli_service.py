@@ -67,8 +67,9 @@ def service(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli-service")
     proc, url = start_server(tmp / "state", tmp / "server.log")
     yield url
-    rc = stop_server(proc)
-    assert rc == 0, (tmp / "server.log").read_text()[-3000:]
+    rc = stop_server(proc)  # SIGTERM: a clean stop
+    log = (tmp / "server.log").read_text()
+    assert rc == 0 and "dyntrain service stopped" in log and "Traceback" not in log, log[-3000:]
 
 
 def cli(*args, url: str | None = None, timeout: float = 60, cwd=ROOT):
@@ -190,8 +191,10 @@ def test_submit_wait_failure_exits_1(service):
 
 
 def test_cancel_a_queued_job_and_terminate_a_running_one(service):
-    ok(cli("ce", "create", "empty", "--slots", "0:0:0", url=service))
-    ok(cli("queue", "create", "stuck", "--ce", "empty", url=service))
+    with Client(service) as client:  # a queue with no capacity: its jobs wait
+        client.create_compute_environment(name="empty", min_slots=0, desired_slots=0,
+                                          max_slots=0)
+        client.create_job_queue(name="stuck", compute_environments=["empty"])
     submitted = parallel(("submit", "--queue", "stuck", "--", PY, "-c", "pass"),
                          ("submit", "--", PY, "-c", "import time; time.sleep(60)"), url=service)
     queued, running = (ok(p).strip() for p in submitted)
@@ -233,34 +236,25 @@ def test_bad_inputs_are_one_line_errors(service, tmp_path):
     (tmp_path / "bad.yaml").write_text("name: x\nslot: {cpus: [\n")
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "wrong.yaml").write_text("name: w\ncompute_environments: [no-such-ce]\n")
-    (tmp_path / "extra.yaml").write_text("name: e\nslots: 3\n")
     port = re.search(r":(\d+)$", service).group(1)
     cases = [
         (("submit", "--queue", "nope", "--", "true"), ["nope"]),
         (("submit", "--workers", "3:1", "--", "true"), ["--workers", "1 <= MIN <= MAX"]),
-        (("submit", "--workers", "a:b", "--", "true"), ["MIN:MAX"]),
-        (("submit", "--param", "novalue", "--", "true"), ["--param", "KEY=VALUE"]),
-        (("submit",), ["COMMAND"]),
         (("ce", "create", "-f", tmp_path / "bad.yaml"), ["bad.yaml", "invalid YAML"]),
-        (("ce", "create", "-f", tmp_path / "extra.yaml"), ["extra.yaml", "slots"]),
         (("ce", "create", "-f", tmp_path / "missing.yaml"), ["missing.yaml"]),
-        (("ce", "create", "x", "--slots", "2:1"), ["MIN:DESIRED:MAX"]),
         (("queue", "create", "-f", tmp_path / "list.yaml"), ["list.yaml", "mapping"]),
         (("queue", "create", "-f", tmp_path / "wrong.yaml"), ["wrong.yaml", "no-such-ce"]),
         (("status", "no-such-job"), ["no-such-job"]),
-        (("logs", "no-such-job"), ["no-such-job"]),
     ]
     for (_args, needles), proc in zip(cases, parallel(*(c[0] for c in cases), url=service),
                                      strict=True):
         assert_one_line_error(proc, *needles)
 
     unreachable = "http://127.0.0.1:1"
-    status, submit, ce_list, busy, open_host = parallel(
-        ("status", "--url", unreachable), ("submit", "--url", unreachable, "--", "true"),
-        ("ce", "--url", unreachable, "list"),
+    status, busy, open_host = parallel(
+        ("status", "--url", unreachable),
         ("server", "--port", port, "--state-dir", tmp_path / "other"),
         ("server", "--host", "0.0.0.0", "--state-dir", tmp_path / "other"))
-    for proc in (status, submit, ce_list):
-        assert_one_line_error(proc, "cannot reach the dyntrain service at " + unreachable)
+    assert_one_line_error(status, "cannot reach the dyntrain service at " + unreachable)
     assert_one_line_error(busy, f"127.0.0.1:{port}")
     assert_one_line_error(open_host, "token")

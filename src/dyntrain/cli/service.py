@@ -278,6 +278,13 @@ def _print_record(record: dict[str, Any], order: Iterable[str] = ()) -> None:
 
     for key in keys:
         value = record[key]
+        if key.endswith("_at") and isinstance(value, (int, float)):
+            value = _when(value)
+        if key == "trace" and isinstance(value, dict):  # a capacity trace: not its whole CSV
+            rows = [ln for ln in str(value.get("csv", "")).splitlines()
+                    if ln.split("#", 1)[0].strip()]
+            value = (f"{max(0, len(rows) - 1)} rows{', looping' if value.get('loop') else ''}, "
+                     f"started {_when(value.get('started_at'))}")
         if isinstance(value, dict) and value:
             click.echo(f"{key + ':':<{width + 1}}")
             for k, v in value.items():
@@ -396,16 +403,16 @@ def _resolve_job(client, ref: str) -> dict[str, Any]:
             raise
         parent, sep, index = ref.partition(":")
         try:
-            jobs = _items(client.list_jobs(), "jobs", "items")
+            jobs = _items(client.list_jobs(limit=1000), "jobs", "items")
         except ApiError:
             raise first from None
         matches = [j for j in jobs if str(j.get("id", "")).startswith(parent)]
         if len(matches) == 1:
             return client.get_job(matches[0]["id"] + sep + index)
         if len(matches) > 1:
-            raise DyntrainError(f"job id {ref!r} is ambiguous: "
-                                f"{', '.join(_short(j['id']) for j in matches[:5])}, ...") \
-                from None
+            some = ", ".join(j["id"] for j in matches[:3]) + (", ..." if len(matches) > 3 else "")
+            raise DyntrainError(f"job id {ref!r} is ambiguous: {len(matches)} job ids start "
+                                f"with it ({some})") from None
         raise
 
 
@@ -656,6 +663,8 @@ def status(job, queue, status_filter, watch, url, token):
                     break
     except KeyboardInterrupt:
         pass
+    if not console.is_terminal:
+        console.line()  # Live ends a redirected render without a newline
 
 
 @click.command()

@@ -85,8 +85,7 @@ class Controller:
         self.attempts: dict[str, Attempt] = {}
         self.waiting: dict[str, WaitInfo] = {}
         self._last_schedule = 0.0
-        self._log_offsets: dict[str, int] = {}
-        self._log_paths: dict[str, Path] = {}
+        self._logs: dict[str, _LogTail] = {}  # worker -> the part of its log not yet stored
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- lifecycle -------------------------------------------------------------------------------
@@ -136,8 +135,8 @@ class Controller:
         ok = self.executor.adopt(WorkerHandle.from_dict(w.handle), spec)
         if ok:
             path = self._log_path(w.job_id, w.id)
-            self._log_paths[w.id] = path
-            self._log_offsets[w.id] = path.stat().st_size if path.exists() else 0
+            offset = path.stat().st_size if path.exists() else 0
+            self._logs[w.id] = _LogTail(path, w.job_id, w.attempt_no, offset)
         return ok
 
     def _resources_of(self, w: WorkerRecord):
@@ -230,7 +229,8 @@ class Controller:
         def usable(name: str) -> int:
             # A leaving worker still holds its slot (nothing new may start there), but it is
             # already on its way out: it must not make the scheduler shrink a second worker.
-            return max(0, slots[name] - leaving[name], min(slots[name], in_use[name]))
+            have = slots.get(name, 0)  # an environment created since slots were read: none yet
+            return max(0, have - leaving[name], min(have, in_use[name]))
 
         envs = tuple(
             EnvView(ce.name, ce.spec.capacity_type, ce.spec.price_per_slot_hour, ce.spec.slot,
@@ -297,24 +297,26 @@ class Controller:
         envs = {ce.name: ce for ce in self.store.list_compute_environments()}
         first = attempt.workers_started
         for env_name, count in placement.items():
-            ce = envs[env_name]
+            ce = envs.get(env_name)
+            if ce is None:
+                raise ExecutorError(f"compute environment {env_name} was deleted")
             for _ in range(count):
                 index = attempt.workers_started
                 attempt.workers_started += 1
-                worker_id = f"{job.id.replace(':', '_')}-a{attempt.number}-w{index}"
+                worker_id = _worker_id(job.id, attempt.number, index)
                 log_path = self._log_path(job.id, worker_id)
                 log_path.parent.mkdir(parents=True, exist_ok=True)
                 spec = WorkerSpec(job.id, attempt.number, worker_id, list(job.command),
                                   self._worker_env(job, attempt, worker_id), job.resources, None,
                                   str(log_path))
                 handle = self.executor.start(spec)
-                self._log_paths[worker_id], self._log_offsets[worker_id] = log_path, 0
+                self._logs[worker_id] = _LogTail(log_path, job.id, attempt.number)
                 self.store.add_worker(WorkerRecord(
                     worker_id, job.id, attempt.number, env_name, ce.spec.capacity_type.value,
                     ce.spec.price_per_slot_hour, handle.to_dict(), WORKER_RUNNING, self.clock()))
         if attempt.host is not None and first > 0:
             # workers added together join together: the group re-forms once
-            started = [f"{job.id.replace(':', '_')}-a{attempt.number}-w{i}"
+            started = [_worker_id(job.id, attempt.number, i)
                        for i in range(first, attempt.workers_started)]
             attempt.host.coordinator.expect_joiners(started, within=60.0)
         self._count_workers(job.id)
@@ -394,6 +396,8 @@ class Controller:
         code = exit_.exit_code if exit_.exit_code is not None else (
             -exit_.signal if exit_.signal else None)
         self.store.update_worker(w.id, state=WORKER_EXITED, exit_code=code, stopped_at=now)
+        if w.id in self._logs:
+            self._logs[w.id].exited = True
         attempt = self.attempts.get(w.job_id)
         seconds = max(0.0, now - w.started_at)
         wasted = min(seconds, attempt.wasted.pop(w.id, 0.0)) if attempt else 0.0
@@ -534,27 +538,31 @@ class Controller:
     # ---- logs ------------------------------------------------------------------------------------
 
     def _pump_logs(self) -> None:
-        finished = []
-        active = {w.id: w for w in self.store.list_workers(active=False)} if self._log_paths \
-            else {}
-        for worker_id, path in self._log_paths.items():
-            w = active.get(worker_id)
-            if w is None:
-                continue
+        """Copy complete new lines of each live worker's log file into the store."""
+        for worker_id, tail in list(self._logs.items()):
             try:
-                with open(path, "rb") as f:
-                    f.seek(self._log_offsets.get(worker_id, 0))
+                with open(tail.path, "rb") as f:
+                    f.seek(tail.offset)
                     data = f.read()
             except OSError:
-                continue
+                data = b""
             complete = data[: data.rfind(b"\n") + 1]
             if complete:
-                self._log_offsets[worker_id] += len(complete)
+                tail.offset += len(complete)
                 lines = complete.decode(errors="replace").splitlines()
-                self.store.append_log(w.job_id, w.attempt_no, worker_id, lines)
-            if w.state == WORKER_EXITED and len(complete) == len(data):
-                finished.append(worker_id)
-        for worker_id in finished:
-            self._log_paths.pop(worker_id, None)
-            self._log_offsets.pop(worker_id, None)
+                self.store.append_log(tail.job_id, tail.attempt_no, worker_id, lines)
+            if tail.exited and len(complete) == len(data):
+                del self._logs[worker_id]
 
+
+def _worker_id(job_id: str, attempt: int, index: int) -> str:
+    return f"{job_id.replace(':', '_')}-a{attempt}-w{index}"
+
+
+@dataclass
+class _LogTail:
+    path: Path
+    job_id: str
+    attempt_no: int
+    offset: int = 0
+    exited: bool = False

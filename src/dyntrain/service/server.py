@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import threading
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueu
 from dyntrain.service.store import Store
 
 DEFAULT_PORT = 8642
+log = logging.getLogger("dyntrain.service")
 
 
 @dataclass
@@ -76,12 +78,23 @@ class Service:
         """Run the controller loop in a background thread."""
         def loop() -> None:
             while not self._stop.is_set():
-                with self.lock:
-                    self.controller.step()
+                try:
+                    with self.lock:
+                        self.controller.step()
+                except Exception as exc:  # one bad step must not stop scheduling for good
+                    log.exception("controller step failed: %s", exc)
+                    self._record_failure(exc)
                 self._stop.wait(self.controller.config.tick_seconds)
 
         self._thread = threading.Thread(target=loop, daemon=True, name="dyntrain-controller")
         self._thread.start()
+
+    def _record_failure(self, exc: Exception) -> None:
+        try:
+            self.store.add_event(None, "controller.error",
+                                 {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        except Exception:
+            log.exception("could not record the controller error")
 
     def stop(self) -> None:
         self._stop.set()

@@ -8,6 +8,10 @@ is ``{"detail": "<one line>"}`` with the status chosen in ``dyntrain.service.api
 Auth: when ``service.config.token`` is set, every request needs ``Authorization: Bearer
 <token>`` (compared in constant time), except ``/health`` and the API description (``/docs``,
 ``/redoc``, ``/openapi.json``), which reveal nothing about the service's state.
+
+Locking: every write (and every call into the controller) holds ``service.lock``, so it lands
+between two controller steps; a step reads the environments and queues several times and must
+not see half of a change. Reads of the store alone take no lock.
 """
 
 from __future__ import annotations

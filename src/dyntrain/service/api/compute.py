@@ -39,7 +39,8 @@ def create(body: ComputeEnvironmentIn, service: ServiceDep) -> dict[str, Any]:
         price_per_slot_hour=body.price_per_slot_hour, slot=body.slot.spec(),
         min_slots=body.min_slots, desired_slots=body.desired_slots, max_slots=body.max_slots,
         state=body.state)
-    ce = service.store.create_compute_environment(spec)
+    with service.lock:
+        ce = service.store.create_compute_environment(spec)
     return _views(service, [ce])[0]
 
 
@@ -55,8 +56,10 @@ def get(name: str, service: ServiceDep) -> dict[str, Any]:
 
 @router.patch("/{name}", summary="Change a compute environment's state, slots or price")
 def update(name: str, body: ComputeEnvironmentPatch, service: ServiceDep) -> dict[str, Any]:
-    lookup(service.store.get_compute_environment, name)
-    ce = service.store.update_compute_environment(name, **body.model_dump(exclude_none=True))
+    with service.lock:
+        lookup(service.store.get_compute_environment, name)
+        ce = service.store.update_compute_environment(name,
+                                                      **body.model_dump(exclude_none=True))
     return _views(service, [ce])[0]
 
 
@@ -75,15 +78,17 @@ def delete(name: str, service: ServiceDep) -> dict[str, Any]:
 
 @router.put("/{name}/trace", summary="Replay a capacity trace (CSV) as the available slots")
 def set_trace(name: str, body: TraceIn, service: ServiceDep) -> dict[str, Any]:
-    lookup(service.store.get_compute_environment, name)
     parse_trace(body.csv, source=f"{name} trace", loop=body.loop)
-    service.store.set_capacity_trace(name, body.csv, started_at=service.store.clock(),
-                                     loop=body.loop)
+    with service.lock:
+        lookup(service.store.get_compute_environment, name)
+        service.store.set_capacity_trace(name, body.csv, started_at=service.store.clock(),
+                                         loop=body.loop)
     return _one(service, name)
 
 
 @router.delete("/{name}/trace", summary="Stop replaying a trace: desired_slots applies again")
 def clear_trace(name: str, service: ServiceDep) -> dict[str, Any]:
-    lookup(service.store.get_compute_environment, name)
-    service.store.clear_capacity_trace(name)
+    with service.lock:
+        lookup(service.store.get_compute_environment, name)
+        service.store.clear_capacity_trace(name)
     return _one(service, name)

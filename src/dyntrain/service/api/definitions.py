@@ -36,7 +36,9 @@ def spec_of(body: JobDefinitionIn) -> JobDefinitionSpec:
 
 @router.post("", status_code=201, summary="Register a job definition (its next revision)")
 def register(body: JobDefinitionIn, service: ServiceDep) -> dict[str, Any]:
-    name, revision = service.store.register_job_definition(spec_of(body))
+    spec = spec_of(body)
+    with service.lock:
+        name, revision = service.store.register_job_definition(spec)
     return {"name": name, "revision": revision, "ref": f"{name}:{revision}"}
 
 
@@ -56,6 +58,7 @@ def get(name: str, service: ServiceDep,
 
 @router.delete("/{name}/{revision}", summary="Deregister a revision: no new job can use it")
 def deregister(name: str, revision: Revision, service: ServiceDep) -> dict[str, Any]:
-    lookup(service.store.get_job_definition, name, revision)
-    service.store.deregister_job_definition(name, revision)
+    with service.lock:
+        lookup(service.store.get_job_definition, name, revision)
+        service.store.deregister_job_definition(name, revision)
     return views.job_definition(service.store.get_job_definition(name, revision))

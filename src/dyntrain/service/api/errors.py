@@ -7,7 +7,7 @@ The rule, in one place:
   request body* (a queue to submit to, a dependency) is a bad request (400), not a 404.
 * ``Conflict`` (409): the request is valid but clashes with the current state: a name that
   already exists, a resource still in use, cancelling a job that already runs, a racing write.
-  Store messages are recognised by the phrases in ``_CONFLICT_PHRASES``.
+  The store's messages of that kind are recognised by their shape (``_CONFLICTS``).
 * any other ``ValidationError`` / ``DyntrainError`` (400): the request is invalid.
 * a request that does not match the schema (422): pydantic's first error as
   ``"body.slot.cpus: Input should be greater than 0"`` (plus a count of the others).
@@ -15,6 +15,7 @@ The rule, in one place:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -23,7 +24,11 @@ from dyntrain.service.model import ValidationError
 
 T = TypeVar("T")
 
-_CONFLICT_PHRASES = ("already exists", "conflicting write", " is used by ", " still has ")
+_CONFLICTS = re.compile(
+    r"^(compute environment|job queue|job id) '[^']*' already exists$"
+    r"|^conflicting write, nothing was changed: "
+    r"|^compute environment '[^']*' is used by job queue\(s\) "
+    r"|^job queue '[^']*' still has \d+ unfinished job\(s\)")
 
 
 class NotFound(ValidationError):
@@ -44,7 +49,7 @@ def status_for(exc: DyntrainError) -> int:
         return 404
     if isinstance(exc, Conflict):
         return 409
-    if isinstance(exc, ValidationError) and any(p in str(exc) for p in _CONFLICT_PHRASES):
+    if isinstance(exc, ValidationError) and _CONFLICTS.match(str(exc)):
         return 409
     return 400
 

@@ -43,16 +43,17 @@ def _job(service: Service, job_id: str) -> Job:
 def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
     if body.definition is None and body.command is None:
         raise ValidationError("submit needs a job definition or a command")
-    job = service.store.submit(
-        queue=body.queue, definition=body.definition, command=body.command, name=body.name,
-        parameters={k: str(v) for k, v in body.parameters.items()},
-        environment=body.environment,
-        resources=None if body.resources is None else body.resources.spec(),
-        array_size=body.array_size,
-        depends_on=[Dependency(d.job_id, d.type) for d in body.depends_on],
-        workers=None if body.workers is None else (body.workers.min, body.workers.max),
-        retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
-        job_id=body.job_id)
+    with service.lock:
+        job = service.store.submit(
+            queue=body.queue, definition=body.definition, command=body.command,
+            name=body.name, parameters={k: str(v) for k, v in body.parameters.items()},
+            environment=body.environment,
+            resources=None if body.resources is None else body.resources.spec(),
+            array_size=body.array_size,
+            depends_on=[Dependency(d.job_id, d.type) for d in body.depends_on],
+            workers=None if body.workers is None else (body.workers.min, body.workers.max),
+            retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
+            job_id=body.job_id)
     return views.job(job)
 
 

@@ -18,7 +18,8 @@ router = APIRouter(prefix="/job-queues", tags=["job queues"])
 @router.post("", status_code=201, summary="Create a job queue")
 def create(body: JobQueueIn, service: ServiceDep) -> dict[str, Any]:
     spec = JobQueueSpec(body.name, body.priority, tuple(body.compute_environments), body.state)
-    return views.job_queue(service.store.create_job_queue(spec))
+    with service.lock:
+        return views.job_queue(service.store.create_job_queue(spec))
 
 
 @router.get("", summary="List job queues (highest priority first)")
@@ -33,13 +34,15 @@ def get(name: str, service: ServiceDep) -> dict[str, Any]:
 
 @router.patch("/{name}", summary="Change a job queue's priority, state or environments")
 def update(name: str, body: JobQueuePatch, service: ServiceDep) -> dict[str, Any]:
-    lookup(service.store.get_job_queue, name)
-    return views.job_queue(service.store.update_job_queue(
-        name, **body.model_dump(exclude_none=True)))
+    with service.lock:
+        lookup(service.store.get_job_queue, name)
+        return views.job_queue(service.store.update_job_queue(
+            name, **body.model_dump(exclude_none=True)))
 
 
 @router.delete("/{name}", summary="Delete a job queue (it may hold no unfinished job)")
 def delete(name: str, service: ServiceDep) -> dict[str, Any]:
-    lookup(service.store.get_job_queue, name)
-    service.store.delete_job_queue(name)
+    with service.lock:
+        lookup(service.store.get_job_queue, name)
+        service.store.delete_job_queue(name)
     return {"deleted": name}

@@ -23,6 +23,7 @@ MAX_SLOTS = 100_000
 MAX_WORKERS = 10_000
 MAX_INT32 = 2**31 - 1
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEFINITION_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(:[1-9][0-9]{0,8})?$")
 
 
 def _no_nul(value: str) -> str:
@@ -35,6 +36,13 @@ def _env_name(value: str) -> str:
     if not _ENV_NAME.match(value):
         raise ValueError("an environment variable name must be letters, digits or '_' and not "
                          "start with a digit")
+    return value
+
+
+def _definition_ref(value: str) -> str:
+    if not _DEFINITION_REF.match(value):
+        raise ValueError("a job definition is NAME or NAME:REVISION (a revision is a number "
+                         ">= 1)")
     return value
 
 
@@ -161,7 +169,7 @@ class WorkersIn(Body):
 
 class JobIn(Body):
     queue: Name
-    definition: Annotated[str, Field(min_length=1, max_length=200)] | None = None  # name[:rev]
+    definition: Annotated[str, AfterValidator(_definition_ref)] | None = None  # name[:rev]
     command: Command | None = None
     name: Name | None = None
     parameters: Parameters = {}

@@ -195,8 +195,9 @@ class LocalExecutor(Executor):
                     [sys.executable, _WRAP, str(status), "--", *spec.argv],
                     start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd, close_fds=True)
-            except OSError as e:
-                raise ExecutorError(f"worker {wid} cannot start: {e.strerror or e}") from None
+            except (OSError, ValueError) as e:  # ValueError: NUL bytes, '=' in an env name
+                raise ExecutorError(f"worker {wid} cannot start: "
+                                    f"{getattr(e, 'strerror', None) or e}") from None
             finally:
                 log.close()
             try:
