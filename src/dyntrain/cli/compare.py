@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import click
-import torch
 
 from dyntrain.errors import DyntrainError
 
@@ -27,7 +26,7 @@ def state_distance(a: dict, b: dict) -> dict:
             scale = float(y.double().norm()) or 1.0
             max_norm = max(max_norm, float((x.double() - y.double()).norm()) / scale)
         else:
-            exact_other = exact_other and bool(torch.equal(x, y))
+            exact_other = exact_other and bool((x == y).all())
     return {"max_abs_diff": max_abs, "max_rel_norm_diff": max_norm,
             "non_float_equal": exact_other, "tensors": len(a)}
 
@@ -38,6 +37,8 @@ def load_state(path: str) -> dict:
         p = p / "final.pt"
     if not p.is_file():
         raise DyntrainError(f"no such file: {p}")
+    import torch
+
     try:
         return torch.load(p, weights_only=True, map_location="cpu")
     except Exception as exc:

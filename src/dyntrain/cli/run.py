@@ -9,11 +9,10 @@ from pathlib import Path
 
 import click
 
-from dyntrain.elastic.channel import connect_store
-from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT
 from dyntrain.errors import DyntrainError
 from dyntrain.launch.events import parse_events
-from dyntrain.launch.runner import RunOptions, parse_workers, run_job
+
+# torch is imported inside the commands: the rest of the CLI starts without it.
 
 
 def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
@@ -48,6 +47,8 @@ def run(workers, nproc, events, out_dir, host, port, failure_timeout, quiet, scr
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
     """
+    from dyntrain.launch.runner import RunOptions, parse_workers, run_job
+
     low, high = parse_workers(workers)
     command = _script_command(script, args)
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
@@ -64,6 +65,9 @@ def run(workers, nproc, events, out_dir, host, port, failure_timeout, quiet, scr
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(coordinator, connect_timeout, script, args):
     """Join a running job as one more worker (e.g. from another machine)."""
+    from dyntrain.elastic.channel import connect_store
+    from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT
+
     command = _script_command(script, args)
     store = connect_store(coordinator, connect_timeout)
     info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
