@@ -509,4 +509,7 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
         assert r.status_code == 422 and isinstance(detail, str) and "\n" not in detail, detail
 
     assert _counts(client) == before
-    assert client.get_compute_environment("ce-bad") == ce
+    # the job submitted above may hold a slot at one read and not at the other
+    after = client.get_compute_environment("ce-bad")
+    assert {k: v for k, v in after.items() if k != "slots_in_use"} == \
+        {k: v for k, v in ce.items() if k != "slots_in_use"}
