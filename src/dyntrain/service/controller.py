@@ -262,7 +262,7 @@ class Controller:
                 attempt.preempted = True
                 self._stop_all(attempt, f"suspended: {suspend.reason}")
         for start in plan.starts:
-            self._start(start.job, dict(start.placement), now)
+            self._start(start.job, dict(start.placement))
         for grow in plan.grows:
             attempt = self.attempts.get(grow.job)
             if attempt is not None and attempt.stop_reason is None:
@@ -271,7 +271,8 @@ class Controller:
 
     # ---- starting --------------------------------------------------------------------------------
 
-    def _start(self, job_id: str, placement: dict[str, int], now: float) -> None:
+    def _start(self, job_id: str, placement: dict[str, int]) -> None:
+        now = self.clock()  # not the step's start: a long pass would date the start too early
         if not self.store.transition(job_id, JobStatus.RUNNABLE, JobStatus.STARTING,
                                      "starting workers", started_at=now):
             return  # someone else moved it first
