@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from dyntrain.errors import ConfigError
-from dyntrain.launch.events import Event, EventSchedule, choose_targets, parse_events
+from dyntrain.launch.events import (
+    Event,
+    EventSchedule,
+    choose_targets,
+    parse_events,
+    parse_workers,
+)
 
 
 def _summary(events: list[Event]) -> list[tuple]:
@@ -213,3 +219,15 @@ def test_can_add_workers_only_when_a_join_can_still_fire() -> None:
     assert EventSchedule(parse_events("t=30:join=1")).can_add_workers(0)
     # events fire in order: a join behind an unreachable step trigger can never fire
     assert not EventSchedule(parse_events("step=9:kill=1,t=1:join=1")).can_add_workers(3)
+
+@pytest.mark.parametrize("text, expected", [("3", (3, 3)), ("1:4", (1, 4)), ("2:2", (2, 2))])
+def test_parse_workers_accepts_min_max_or_n(text, expected) -> None:
+    assert parse_workers(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0:2", "3:1", "a:b", "1:2:3", "", "-1"])
+def test_parse_workers_rejects_with_the_flag_named(text) -> None:
+    with pytest.raises(ConfigError, match="--workers"):
+        parse_workers(text)
+    with pytest.raises(ConfigError, match="--size"):
+        parse_workers(text, flag="--size")

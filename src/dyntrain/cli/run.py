@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from dyntrain.errors import DyntrainError
-from dyntrain.launch.events import parse_events
+from dyntrain.launch.events import parse_events, parse_workers
 
 # torch is imported inside the commands: the rest of the CLI starts without it.
 
@@ -47,7 +47,7 @@ def run(workers, nproc, events, out_dir, host, port, failure_timeout, quiet, scr
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
     """
-    from dyntrain.launch.runner import RunOptions, parse_workers, run_job
+    from dyntrain.launch.runner import RunOptions, run_job
 
     low, high = parse_workers(workers)
     command = _script_command(script, args)

@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from dyntrain.errors import DyntrainError
+from dyntrain.launch.events import parse_workers
 
 DEFAULT_PORT = 8642
 TERMINAL = ("SUCCEEDED", "FAILED")
@@ -83,19 +84,8 @@ def _one_line(text: Any) -> str:
 
 
 def _parse_workers(text: str, flag: str = "--workers") -> dict[str, int]:
-    """``MIN:MAX`` or ``N`` (= N:N) -> {"min": .., "max": ..}."""
-    parts = text.split(":")
-    try:
-        if len(parts) == 1:
-            low = high = int(parts[0])
-        elif len(parts) == 2:
-            low, high = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError
-    except ValueError:
-        raise DyntrainError(f"{flag} must be MIN:MAX (e.g. 1:4), got {text!r}") from None
-    if not 1 <= low <= high:
-        raise DyntrainError(f"{flag} MIN:MAX needs 1 <= MIN <= MAX, got {text!r}")
+    """``MIN:MAX`` or ``N`` -> {"min": .., "max": ..}."""
+    low, high = parse_workers(text, flag)
     return {"min": low, "max": high}
 
 

@@ -112,3 +112,20 @@ class EventSchedule:
             if event.action == "join":
                 return True
         return False
+
+
+def parse_workers(text: str, flag: str = "--workers") -> tuple[int, int]:
+    """``MIN:MAX`` or ``N`` (= N:N), as ``dyntrain run`` and ``dyntrain submit`` take it."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"{flag} must be MIN:MAX (e.g. 1:4), got {text!r}") from None
+    if not 1 <= low <= high:
+        raise ConfigError(f"{flag} MIN:MAX needs 1 <= MIN <= MAX, got {text!r}")
+    return low, high

@@ -50,23 +50,6 @@ class RunOptions:
             raise ConfigError("--failure-timeout must be positive")
 
 
-def parse_workers(text: str) -> tuple[int, int]:
-    """``MIN:MAX`` or ``N`` (= N:N)."""
-    parts = text.split(":")
-    try:
-        if len(parts) == 1:
-            low = high = int(parts[0])
-        elif len(parts) == 2:
-            low, high = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError
-    except ValueError:
-        raise ConfigError(f"--workers must be MIN:MAX (e.g. 1:4), got {text!r}") from None
-    if not 1 <= low <= high:
-        raise ConfigError(f"--workers MIN:MAX needs 1 <= MIN <= MAX, got {text!r}")
-    return low, high
-
-
 class RunSink:
     """Writes events.jsonl and metrics.jsonl and prints progress on the terminal."""
 
