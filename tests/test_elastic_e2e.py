@@ -125,15 +125,19 @@ def test_rerun_resumes_and_skips_a_corrupt_newest_checkpoint(tmp_path):
     assert_exactly_once(out)
 
 
+def start_launcher(out: Path, workers: str, *script_args: str) -> tuple[subprocess.Popen, str]:
+    """`dyntrain run` in the background; returns it and the coordinator address it prints."""
+    launcher = subprocess.Popen(
+        [*DYNTRAIN, "run", "--workers", workers, "--out", str(out),
+         str(SCRIPTS / "ledger_train.py"), *script_args], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    return launcher, re.search(r"--coordinator (\S+)", launcher.stdout.readline()).group(1)
+
+
 def test_worker_joins_from_another_shell(tmp_path):
     out = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [*DYNTRAIN, "run", "--workers", "1:2", "--out", str(out), str(SCRIPTS / "ledger_train.py"),
-         "--step-delay", "0.004"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        cwd=ROOT)
+    launcher, address = start_launcher(out, "1:2", "--step-delay", "0.004")
     try:
-        first = launcher.stdout.readline()
-        address = re.search(r"--coordinator (\S+)", first).group(1)
         joiner = subprocess.run(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
              "--step-delay", "0.004"], capture_output=True, text=True, timeout=240, cwd=ROOT)
@@ -148,12 +152,8 @@ def test_worker_joins_from_another_shell(tmp_path):
 
 def test_workers_with_other_settings_are_rejected(tmp_path):
     out = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [*DYNTRAIN, "run", "--workers", "1:2", "--out", str(out), str(SCRIPTS / "ledger_train.py"),
-         "--step-delay", "0.004"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        cwd=ROOT)
+    launcher, address = start_launcher(out, "1:2", "--step-delay", "0.004")
     try:
-        address = re.search(r"--coordinator (\S+)", launcher.stdout.readline()).group(1)
         joiner = subprocess.run(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
              "--global-batch", "32"], capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -169,12 +169,8 @@ def test_workers_with_other_settings_are_rejected(tmp_path):
 def test_standby_worker_leaves_on_sigterm_and_job_goes_on(tmp_path):
     """A worker beyond MAX waits on standby; a preemption notice then just ends it."""
     out = tmp_path / "run"
-    launcher = subprocess.Popen(
-        [*DYNTRAIN, "run", "--workers", "1:1", "--out", str(out), str(SCRIPTS / "ledger_train.py"),
-         "--epochs", "30", "--step-delay", "0.004"], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    launcher, address = start_launcher(out, "1:1", "--epochs", "30", "--step-delay", "0.004")
     try:
-        address = re.search(r"--coordinator (\S+)", launcher.stdout.readline()).group(1)
         standby = subprocess.Popen(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
              "--epochs", "30", "--step-delay", "0.004"], stdout=subprocess.PIPE,

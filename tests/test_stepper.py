@@ -49,8 +49,8 @@ def dataset():
 def train(world_sizes, steps=6, scaler=False, config=None):
     """Run ``steps`` steps; world_sizes[i] is the world size during step i."""
     config = config or TrainConfig(global_batch=40, chunk_size=5)
-    base = make_worker(scaler=scaler)
-    replicas = [copy.deepcopy(base) for _ in range(max(world_sizes))]
+    # same seed, same initial parameters: one fresh replica per possible worker
+    replicas = [make_worker(scaler=scaler) for _ in range(max(world_sizes))]
     ds = dataset()
     steppers = [ChunkStepper(config, r, ds, loss_fn, torch.device("cpu")) for r in replicas]
     for step in range(steps):
