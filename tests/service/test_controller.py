@@ -271,3 +271,34 @@ def test_cancel_and_terminate(store, tmp_path, kind):
     c.terminate(job.id)
     drive(c, terminal(store, job.id), timeout=60)
     assert store.get_job(job.id).status_reason == "terminated by user"
+
+
+def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    setup_env(store, "spot", slots=2, ctype=CapacityType.SPOT, price=0.3)
+    c = make_controller(store, tmp_path)
+    job = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "30", "--step-delay", "0.004"],
+                       resources=SMALL, workers=(1, 2))
+    metrics = c.run_dir(job.id) / "metrics.jsonl"
+    killed: list[str] = []
+
+    def crash_one():
+        if killed or not metrics.exists():
+            return
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        if rows and rows[-1]["world_size"] == 2 and len(rows) > 20:
+            victim = store.list_workers(job.id)[-1]
+            c.executor.signal(victim.id, "KILL")
+            killed.append(victim.id)
+
+    drive(c, terminal(store, job.id), on_step=crash_one, timeout=180)
+    final = store.get_job(job.id)
+    assert killed and final.status is JobStatus.SUCCEEDED, final.status_reason
+    assert final.attempts == 1  # a crash of one worker is not a failed attempt
+    crashes = [e for e in store.list_events(job.id) if e.kind == "membership.crash"]
+    assert len(crashes) == 1 and crashes[0].payload["workers"] == killed
+    wasted = [u for u in store.job_usage(job.id) if u.wasted]
+    assert wasted and all(0 < u.worker_seconds < 5 for u in wasted)
+    counts = torch.load(c.run_dir(job.id) / "final.pt", weights_only=True)["counts"]
+    assert torch.equal(counts, expected_counts(30))

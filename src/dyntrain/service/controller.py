@@ -73,7 +73,8 @@ class Attempt:
     terminated: bool = False
     last_exit: WorkerExit | None = None
     workers_started: int = 0
-    wasted: dict[str, float] = field(default_factory=dict)
+    wasted: dict[str, float] = field(default_factory=dict)  # worker -> seconds thrown away
+    priced_events: int = 0  # membership events already looked at for crash waste
 
 
 class Controller:
@@ -438,7 +439,7 @@ class Controller:
     def _price_crashes(self, attempt: Attempt) -> None:
         """A crash throws away the interrupted step of every member of the old world."""
         events = attempt.host.sink.events
-        for record in events[getattr(attempt, "_priced", 0):]:
+        for record in events[attempt.priced_events:]:
             if record["event"] == "crash":
                 metrics = attempt.host.sink.last_metrics or {}
                 rate = metrics.get("samples_per_s") or 0
@@ -447,7 +448,7 @@ class Controller:
                 for w in self.store.list_workers(attempt.job_id):
                     attempt.wasted[w.id] = attempt.wasted.get(w.id, 0.0) + step_s * (
                         1 + record.get("steps_redone", 0))
-        attempt._priced = len(events)  # type: ignore[attr-defined]
+        attempt.priced_events = len(events)
 
     def _finish_attempt(self, attempt: Attempt, now: float) -> None:
         job = self.store.get_job(attempt.job_id)
