@@ -78,3 +78,19 @@ def test_compare_rejects_a_file_that_is_not_a_state_dict(tmp_path):
 def test_unknown_option_is_a_one_line_error():
     proc = run_cli(["run", "--bogus", "x.py"])
     assert_one_line_error(proc, "--bogus")
+
+
+def test_compare_reports_match_and_difference(tmp_path):
+    import torch
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    state = {"w": torch.ones(3), "n": torch.tensor(4)}
+    torch.save(state, a / "final.pt")
+    torch.save(state, b / "final.pt")
+    same = run_cli(["compare", a, b])
+    assert same.returncode == 0 and same.stdout.startswith("match: max |a-b| = 0")
+    torch.save({"w": torch.ones(3) * 1.5, "n": torch.tensor(4)}, b / "final.pt")
+    differ = run_cli(["compare", a, b])
+    assert differ.returncode == 1 and differ.stdout.startswith("DIFFER: max |a-b| = 0.5")

@@ -231,3 +231,10 @@ def test_parse_workers_rejects_with_the_flag_named(text) -> None:
         parse_workers(text)
     with pytest.raises(ConfigError, match="--size"):
         parse_workers(text, flag="--size")
+
+
+def test_hang_is_an_action_with_a_target() -> None:
+    (event,) = parse_events("step=4:hang=rank:1")
+    assert (event.trigger, event.at, event.action, event.target) == ("step", 4.0, "hang", "rank:1")
+    with pytest.raises(ConfigError, match="hang=0"):
+        parse_events("step=4:hang=0")

@@ -43,6 +43,20 @@ def setup_env(store: Store, name="local", slots=4, ctype=CapacityType.ON_DEMAND,
     store.create_job_queue(JobQueueSpec(queue, priority, (name,)))
 
 
+def spot_setup(tmp_path: Path, slots: int, grace: float = 30.0):
+    """A SQLite store with one SPOT environment of ``slots`` slots, queue q, and a controller."""
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    setup_env(store, "spot", slots=slots, ctype=CapacityType.SPOT, price=0.3)
+    return store, make_controller(store, tmp_path, grace=grace)
+
+
+def submit_ledger(store: Store, workers: tuple[int, int], epochs: int = 30):
+    """An elastic job running the exactly-once ledger workload."""
+    return store.submit(queue="q", command=[PY, LEDGER, "--epochs", str(epochs), "--step-delay",
+                                            "0.004"], resources=SMALL, workers=workers)
+
+
 def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
     """Step the controller until ``until()`` is true (a deadline, not a fixed sleep)."""
     deadline = time.monotonic() + timeout
@@ -117,12 +131,8 @@ def test_failed_dependency_fails_the_dependent(store, tmp_path):
 
 
 def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.create_all()
-    setup_env(store, "spot", slots=1, ctype=CapacityType.SPOT, price=0.3)
-    c = make_controller(store, tmp_path)
-    job = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "30", "--step-delay", "0.004"],
-                       resources=SMALL, workers=(1, 3))
+    store, c = spot_setup(tmp_path, slots=1)
+    job = submit_ledger(store, workers=(1, 3))
     sizes: list[int] = []  # world sizes the job trained at, in order
     metrics = c.run_dir(job.id) / "metrics.jsonl"
 
@@ -154,12 +164,8 @@ def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_
 
 
 def test_elastic_job_below_min_is_suspended_and_resumes_from_its_checkpoint(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.create_all()
-    setup_env(store, "spot", slots=2, ctype=CapacityType.SPOT, price=0.3)
-    c = make_controller(store, tmp_path)
-    job = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "30", "--step-delay", "0.004"],
-                       resources=SMALL, workers=(2, 2))
+    store, c = spot_setup(tmp_path, slots=2)
+    job = submit_ledger(store, workers=(2, 2))
     seen: list[str] = []
 
     def watch():
@@ -196,10 +202,7 @@ def test_timeout_fails_the_job(store, tmp_path):
 
 
 def test_worker_ignoring_the_notice_is_killed_after_the_grace_period(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.create_all()
-    setup_env(store, "spot", slots=1, ctype=CapacityType.SPOT)
-    c = make_controller(store, tmp_path, grace=1.0)
+    store, c = spot_setup(tmp_path, slots=1, grace=1.0)
     stubborn = ("import signal, time; signal.signal(signal.SIGTERM, lambda *a: print('ignored', "
                 "flush=True)); print('up', flush=True); time.sleep(60)")
     job = store.submit(queue="q", command=[PY, "-c", stubborn], resources=SMALL, retry_attempts=1)
@@ -274,12 +277,8 @@ def test_cancel_and_terminate(store, tmp_path, kind):
 
 
 def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path):
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.create_all()
-    setup_env(store, "spot", slots=2, ctype=CapacityType.SPOT, price=0.3)
-    c = make_controller(store, tmp_path)
-    job = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "30", "--step-delay", "0.004"],
-                       resources=SMALL, workers=(1, 2))
+    store, c = spot_setup(tmp_path, slots=2)
+    job = submit_ledger(store, workers=(1, 2))
     metrics = c.run_dir(job.id) / "metrics.jsonl"
     killed: list[str] = []
 
