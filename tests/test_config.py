@@ -149,6 +149,9 @@ _BASE = dict(
     keep_checkpoints=3,
     backend="auto",
     exact_reduction=True,
+    noise_scale=False,
+    noise_ema=0.95,
+    noise_every=4,
 )
 
 # One changed value per field; every field of TrainConfig must be listed here.
@@ -163,6 +166,9 @@ _CHANGES = {
     "keep_checkpoints": 2,
     "backend": "gloo",
     "exact_reduction": False,
+    "noise_scale": True,
+    "noise_ema": 0.9,
+    "noise_every": 2,
 }
 
 

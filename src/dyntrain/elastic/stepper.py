@@ -3,10 +3,23 @@
 ``compute`` runs this worker's chunks and packs everything the all-reduce must add up into one flat
 buffer: the chunk-gradient sum, the per-chunk BatchNorm rows, the loss, and two control flags.
 ``apply`` unpacks the summed buffer and takes the optimizer step, identically on every worker.
+
+With ``TrainConfig.noise_scale`` on, the stepper also estimates the gradient noise scale B_simple
+(McCandlish et al. 2018, App. A.1; see ``dyntrain.lab.noise``) in the same all-reduce: after
+each chunk's backward a worker takes the norm of what that chunk added to the gradient,
+(chunk_size / global_batch) * g_chunk with g_chunk the chunk's mean gradient (one reduction per
+chunk), and the buffer gets one slot per chunk for these norms, between the BatchNorm rows and
+the loss (zero for chunks of other workers, like the BatchNorm rows). ``apply`` turns the
+summed slots into the mean |g_chunk|^2 over chunks (b_small = ``chunk_size``; undoing the
+weight and any loss scale), takes |G|^2 of the reduced global-batch gradient (b_big =
+``global_batch``) and feeds both to a ``NoiseScaleTracker``. Every worker feeds the same
+numbers, whatever the world size, so all trackers agree; the tracker's state travels with the
+training state (``TrainingParts.noise``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,10 +32,13 @@ from dyntrain.elastic.plan import assign_chunks
 from dyntrain.elastic.sampler import chunk_indices, chunk_seed, epoch_permutation
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.errors import ConfigError
+from dyntrain.lab.noise import NoiseScale, NoiseScaleTracker
 
 LossFn = Callable[[torch.nn.Module, object], torch.Tensor]
 
-# The flat buffer ends with three scalars: the loss and two control flags.
+# The flat buffer ends with three scalars: the loss and two control flags. With the noise scale
+# on, ``num_chunks`` slots come right before them: the norm of what each chunk added to the
+# gradient.
 TAIL = 3
 
 
@@ -31,6 +47,9 @@ class StepResult:
     loss: float
     reform: bool  # some member asked to re-form after this step
     leavers: int  # how many members leave after this step
+    # This step's gradient noise scale estimates (TrainConfig.noise_scale); None when it is off
+    # or the step's gradients were not finite (a loss-scaler overflow step).
+    noise: NoiseScale | None = None
 
 
 class ChunkStepper:
@@ -53,6 +72,13 @@ class ChunkStepper:
         self._grads = torch.zeros(numel, dtype=param_dtype, device=device)
         self.reduce_dtype = torch.float64 if config.exact_reduction else torch.float32
         self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+        self.noise: NoiseScaleTracker | None = None
+        if config.noise_scale:
+            self.noise = NoiseScaleTracker(config.chunk_size, config.global_batch,
+                                           ema=config.noise_ema, population=self.dataset_size)
+        parts.noise = self.noise  # so that its state travels with the training state
+        self._grads_row = self._grads.view(1, -1)  # its norm along dim 1 has shape (1,)
+        self._pads: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def batch_indices(self, step: int) -> torch.Tensor:
         """The sample indices of global step ``step`` (epochs run back to back)."""
@@ -66,6 +92,10 @@ class ChunkStepper:
     def my_chunks(self, rank: int, world_size: int) -> range:
         return assign_chunks(self.config.num_chunks, world_size)[rank]
 
+    def measures(self, step: int) -> bool:
+        """Whether step ``step`` measures the noise scale (every ``noise_every``-th step)."""
+        return self.noise is not None and step % self.config.noise_every == 0
+
     def compute(self, step: int, chunks: range) -> torch.Tensor:
         """Forward/backward over ``chunks`` of step ``step``; returns the flat buffer to sum."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
@@ -73,7 +103,18 @@ class ChunkStepper:
         self._attach_grads()
         self._grads.zero_()
         exact = self.reduce_dtype != self._grads.dtype
-        total = torch.zeros_like(self._grads, dtype=self.reduce_dtype) if exact else self._grads
+        # A chunk's own gradient is needed apart (float64 sum, or its norm for the noise scale):
+        # backward writes it alone into the zeroed buffer, which is then added to ``total``. In
+        # float32 that is the very addition backward would have done, so the sum is unchanged.
+        measure = self.measures(step)
+        separate = exact or measure
+        total = (torch.zeros_like(self._grads, dtype=self.reduce_dtype) if separate
+                 else self._grads)
+        # |contribution| of each chunk as a 1-element tensor: one op per chunk, and they go
+        # straight into the final concatenation (each op costs ~1% of a small model's step)
+        norms: list[torch.Tensor] | None = [] if measure else None
+        if norms is not None and not isinstance(chunks, range):
+            chunks = list(chunks)  # iterated twice
         batch_idx = self.batch_indices(step)
         self.bn.begin_step()
         table = torch.zeros(cfg.num_chunks, self.bn.width, device=self.device,
@@ -90,14 +131,38 @@ class ChunkStepper:
             (scaler.scale(loss) if scaler is not None else loss).backward()
             self.bn.record_chunk(table[chunk])
             loss_sum += loss.detach()
-            if exact:
-                # Each chunk's gradient is added once in float64: exact for any grouping.
+            if separate:
+                # Each chunk's gradient is added once (in float64 if exact: exact for any
+                # grouping).
                 total += self._grads
+                if norms is not None:
+                    norms.append(_row_norm(self._grads_row))
                 self._grads.zero_()
         self.bn.before_chunk()
         tail = torch.zeros(TAIL, device=self.device, dtype=self.reduce_dtype)
         tail[0] = loss_sum
-        return torch.cat([total.to(self.reduce_dtype), table.reshape(-1), tail])
+        pieces = [total.to(self.reduce_dtype), table.reshape(-1)]
+        if norms is not None:
+            pieces += self._norm_slots(chunks, norms)
+        flat = torch.cat([*pieces, tail])
+        # only float64 parameters with a float32 reduction make the norms wider
+        return flat if flat.dtype == self.reduce_dtype else flat.to(self.reduce_dtype)
+
+    def _norm_slots(self, chunks: range, norms: list[torch.Tensor]) -> list[torch.Tensor]:
+        """This worker's chunk norms at their chunks' slots of ``num_chunks``, zeros elsewhere."""
+        k = self.config.num_chunks
+        if isinstance(chunks, range) and chunks.step == 1:
+            key = (chunks.start, chunks.stop) if len(chunks) else (0, 0)
+            pads = self._pads.get(key)
+            if pads is None:
+                pads = tuple(torch.zeros(n, device=self.device, dtype=self.reduce_dtype)
+                             for n in (key[0], k - key[1]))
+                self._pads[key] = pads
+            return [pads[0], *norms, pads[1]]
+        slots = torch.zeros(k, device=self.device, dtype=self.reduce_dtype)
+        if norms:
+            slots[list(chunks)] = torch.cat(norms).to(self.reduce_dtype)
+        return [slots]
 
     def _seed(self, seed: int) -> None:
         # Only the generators this step can draw from: torch.manual_seed would also seed every
@@ -125,10 +190,17 @@ class ChunkStepper:
         """Unpack the all-reduced buffer, replay BatchNorm updates and take the optimizer step."""
         self._attach_grads()
         offset = self._grads.numel()
-        self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
-        width = self.bn.width * self.config.num_chunks
-        self.bn.finish_step(flat[offset : offset + width].view(self.config.num_chunks, -1))
         opt, scaler, sched = self.parts.optimizer, self.parts.scaler, self.parts.lr_scheduler
+        # the loss scale this step's chunks were computed with (before the scaler's update)
+        # a measuring step's buffer has the norm slots (compute's ``measures``, same on all)
+        width = self.bn.width * self.config.num_chunks
+        measured = (self.noise is not None
+                    and flat.numel() == offset + width + self.config.num_chunks + TAIL)
+        loss_scale = scaler.get_scale() if scaler is not None and measured else 1.0
+        self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
+        # Before the optimizer step: the scaler unscales the gradients in place.
+        big = _row_norm(self._grads_row) if measured else None
+        self.bn.finish_step(flat[offset : offset + width].view(self.config.num_chunks, -1))
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
@@ -136,8 +208,30 @@ class ChunkStepper:
             opt.step()
         if sched is not None:
             sched.step()
-        loss, reform, leavers = flat[-TAIL:].tolist()
-        return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers))
+        if big is None:
+            loss, reform, leavers = flat[-TAIL:].tolist()
+            noise = None
+        else:
+            *chunk_norms, loss, reform, leavers = flat[-TAIL - self.config.num_chunks :].tolist()
+            noise = self._update_noise(chunk_norms, big.item(), loss_scale)
+        return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers), noise=noise)
+
+    def _update_noise(self, chunk_norms: list[float], big_norm: float,
+                      loss_scale: float) -> NoiseScale | None:
+        """Feed the tracker this step's mean |g_chunk|^2 and |G_big|^2, both from the reduced
+        buffer (so every worker feeds the same numbers); None where they are not finite.
+
+        ``chunk_norms`` are the buffer's slots, |(chunk_size / global_batch) * loss_scale *
+        g_chunk| for every chunk; ``big_norm`` is |loss_scale * G_big|, from the reduced
+        gradient."""
+        cfg = self.config
+        unscale = 1.0 / loss_scale**2
+        big = big_norm**2 * unscale
+        small = (math.fsum(x * x for x in chunk_norms) * unscale
+                 * (cfg.global_batch / cfg.chunk_size) ** 2 / cfg.num_chunks)
+        if not (math.isfinite(big) and math.isfinite(small)):
+            return None  # an overflow step, which the scaler skips as well
+        return self.noise.update(small, big)
 
     def _fetch(self, idx: torch.Tensor):
         ds = self.dataset
@@ -146,6 +240,16 @@ class ChunkStepper:
         else:
             batch = default_collate([ds[i] for i in idx.tolist()])
         return _to_device(batch, self.device)
+
+
+def _row_norm(row: torch.Tensor) -> torch.Tensor:
+    """|row| of a 1 x n tensor, with shape (1,), accumulated in at least float32.
+
+    One ATen reduction: in the middle of a step it measured cheaper than ``torch.dot`` (a BLAS
+    call) or ``(t * t).sum()`` (two ops and a temporary)."""
+    if row.dtype in (torch.float32, torch.float64):
+        return torch.linalg.vector_norm(row, dim=1)
+    return torch.linalg.vector_norm(row, dim=1, dtype=torch.float32)
 
 
 def _to_device(batch, device: torch.device):

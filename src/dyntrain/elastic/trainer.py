@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import os
 import signal
 import time
@@ -26,7 +27,7 @@ from dyntrain.elastic.checkpoint import (
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
-from dyntrain.elastic.stepper import ChunkStepper, LossFn
+from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.errors import DyntrainError
 
 log = logging.getLogger("dyntrain.trainer")
@@ -49,6 +50,12 @@ class ElasticTrainer:
     Inside a job started by ``dyntrain run`` (or joined with ``dyntrain worker``) the coordinator
     address comes from the environment. Without one, ``fit`` trains alone as a world of one, with
     exactly the same math.
+
+    With ``TrainConfig.noise_scale`` on, the leader's row of ``metrics.jsonl`` for every step also
+    holds the gradient noise scale: ``b_simple`` (smoothed; null while the smoothed |G|^2 is not
+    positive), ``b_simple_raw`` (this step's own, very noisy, ratio), and the smoothed ``g2``
+    (|G|^2) and ``trace_sigma`` (tr(Sigma)). Alone there is no metrics file, as for every other
+    metric; ``last_result.noise`` and ``stepper.noise`` (the tracker) hold the values.
     """
 
     def __init__(
@@ -86,6 +93,7 @@ class ElasticTrainer:
         self._leave_requested = False
         self._channel: WorkerChannel | None = None
         self._last_checkpoint = time.monotonic()
+        self.last_result: StepResult | None = None  # of the last step this worker applied
 
     # ---- public --------------------------------------------------------------------------------
 
@@ -136,7 +144,7 @@ class ElasticTrainer:
             flat = self.stepper.compute(self.step, self.stepper.my_chunks(0, 1))
             self.stepper.set_flags(flat, False, False)
             group.allreduce_sum(flat, lambda: False)
-            self.stepper.apply(flat)
+            self.last_result = self.stepper.apply(flat)
             self.step += 1
             self._maybe_checkpoint(force=self.step == self.total_steps)
         self._write_final()
@@ -219,7 +227,7 @@ class ElasticTrainer:
             leave = self._leave_requested or ctl == p.CTL_DRAIN
             stepper.set_flags(flat, reform=leave or ctl == p.CTL_REFORM, leave=leave)
             group.allreduce_sum(flat, aborted)
-            result = stepper.apply(flat)
+            result = self.last_result = stepper.apply(flat)
             self.step += 1
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
@@ -231,7 +239,7 @@ class ElasticTrainer:
                         world_size=gen.world_size, total_steps=self.total_steps,
                         loss=round(result.loss, 6),
                         samples_per_s=round(self.config.global_batch / (now - last), 1),
-                        time=time.time())
+                        time=time.time(), **self._noise_metrics(result))
                 last = now
             if self.step == self.total_steps:
                 break
@@ -245,6 +253,15 @@ class ElasticTrainer:
             self._write_final()
             ch.send("done", step=self.step)
         return Outcome.DONE
+
+    def _noise_metrics(self, result: StepResult) -> dict:
+        """The gradient noise scale fields of a metrics row (none when it is off)."""
+        tracker = self.stepper.noise
+        if tracker is None:
+            return {}
+        raw = result.noise.b_simple if result.noise is not None else None
+        return {"b_simple": _metric(tracker.b_simple), "b_simple_raw": _metric(raw),
+                "g2": _metric(tracker.g2_ema), "trace_sigma": _metric(tracker.trace_ema)}
 
     # ---- files ---------------------------------------------------------------------------------
 
@@ -279,6 +296,13 @@ class _AbortCheck:
         if self.channel.lost:
             raise DyntrainError(self.channel.lost)
         return self.channel.ctl(self.generation) == p.CTL_ABORT
+
+
+def _metric(value: float | None) -> float | None:
+    """Six significant digits, or None (JSON null) for a missing or non-finite value."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.6g}")
 
 
 def _default_device(config: TrainConfig) -> torch.device:

@@ -175,14 +175,15 @@ def chunk_gradient_sq_norms(grads_per_chunk: Sequence[torch.Tensor | Sequence[to
     An element may be one tensor or a sequence of per-parameter tensors. Sums in float64.
     The result is the ``small_sq_norm_mean`` that :meth:`NoiseScaleTracker.update` takes.
 
-    How the runtime can feed this cheaply (not wired in yet): in ``ChunkStepper.compute`` each
-    chunk's backward adds ``(chunk_size / global_batch) * g_chunk`` to the flat gradient buffer,
-    so a worker gets |g_chunk|^2 from the buffer's change across that backward (scaled by
-    ``(global_batch / chunk_size)^2`` and unscaled for AMP). It computes these norms locally,
-    before the all-reduce, and appends their sum as one extra scalar to the same flat buffer, so
-    the existing all-reduce also sums them over workers at no extra communication; dividing by
-    ``global_batch / chunk_size`` gives the mean over chunks. |G_big|^2 is the squared norm of
-    the reduced (global mean) gradient, which every worker already holds in ``apply``.
+    The elastic runtime computes the same quantity online (``TrainConfig(noise_scale=True)``,
+    wired into ``dyntrain.elastic.stepper.ChunkStepper``): each chunk's backward adds
+    ``(chunk_size / global_batch) * g_chunk`` to the flat gradient buffer, and the worker takes
+    the norm of that contribution right away (one reduction per chunk, before the all-reduce).
+    The flat buffer carries one slot per chunk for these norms, zero for other workers' chunks,
+    so the existing all-reduce gathers every chunk's norm in the same message; ``apply`` squares
+    and averages them (scaled by ``(global_batch / chunk_size)^2`` and unscaled for AMP) into
+    this mean, takes |G_big|^2 from the reduced (global mean) gradient and feeds both to a
+    :class:`NoiseScaleTracker`. This function stays the offline reference for that number.
     """
     if len(grads_per_chunk) == 0:
         raise ValueError("need at least one chunk gradient")

@@ -84,6 +84,31 @@ class DigitsNet(nn.Module):
         return self.fc2(x)
 
 
+class DigitsMLP(nn.Module):
+    """A BatchNorm-free MLP, 64 -> hidden -> hidden -> 10: fast, and its training does not
+    depend on how a batch is cut into chunks (the scaling lab's default model)."""
+
+    def __init__(self, hidden: int = 128) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+MODELS = {"cnn": DigitsNet, "mlp": DigitsMLP}
+
+
+def build_model(name: str) -> nn.Module:
+    """A digits model by name (``cnn`` or ``mlp``)."""
+    try:
+        return MODELS[name]()
+    except KeyError:
+        raise DyntrainError(f"unknown digits model {name!r}; choose from "
+                            f"{', '.join(MODELS)}") from None
+
+
 def cross_entropy(model: nn.Module, batch) -> torch.Tensor:
     x, y = batch
     return F.cross_entropy(model(x), y)
@@ -109,6 +134,20 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     ap.add_argument("--step-delay", type=float, default=0.0,
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
+    ap.add_argument("--model", choices=sorted(MODELS), default="cnn",
+                    help="cnn: DigitsNet (BatchNorm, dropout); mlp: DigitsMLP [cnn]")
+    ap.add_argument("--optimizer", choices=("nesterov", "sgd"), default="nesterov",
+                    help="nesterov: SGD with --momentum, Nesterov; sgd: plain SGD without "
+                    "momentum [nesterov]")
+    ap.add_argument("--lr-schedule", choices=("cosine", "constant"), default="cosine",
+                    help="cosine annealing to zero over the run, or a constant --lr [cosine]")
+    ap.add_argument("--noise-scale", action="store_true",
+                    help="estimate the gradient noise scale B_simple online (b_simple etc. in "
+                    "metrics.jsonl); needs chunk size < global batch")
+    ap.add_argument("--noise-ema", type=float, default=0.95,
+                    help="moving-average factor of the noise scale estimates [0.95]")
+    ap.add_argument("--noise-every", type=int, default=4,
+                    help="measure the noise scale every K steps [4]")
     return ap
 
 
@@ -117,18 +156,24 @@ def main(argv: list[str] | None = None) -> None:
     try:
         config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
                              epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
-                             checkpoint_every_steps=args.checkpoint_every)
+                             checkpoint_every_steps=args.checkpoint_every,
+                             noise_scale=args.noise_scale, noise_ema=args.noise_ema,
+                             noise_every=args.noise_every)
     except DyntrainError as exc:
         print(f"digits: error: {exc}", file=sys.stderr)
         sys.exit(2)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
     train, val = load_digits_split()
-    model = DigitsNet()
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, nesterov=True,
-                          weight_decay=args.weight_decay)
+    model = build_model(args.model)
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                              nesterov=True, weight_decay=args.weight_decay)
     total = config.total_steps(len(train))
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+             if args.lr_schedule == "cosine" else None)
     loss_fn = cross_entropy
     if args.step_delay > 0:
         import time
