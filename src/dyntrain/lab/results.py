@@ -10,9 +10,15 @@ On disk (the layout of the data released with Shallue et al. 2018)::
 (alias ``target_value``), ``higher_is_better`` (default from the metric's name: accuracy-like
 True, error/loss-like False), ``eval_every`` and ``search_space``; ``dataset``, ``model``,
 ``optimizer`` and ``batch_size`` keys, when present, take precedence over the folder names.
-``metadata.json`` holds the trial's ``hyperparameters`` (alias ``hparams``; without either, the
-other top-level keys) and ``status`` (``"diverged"`` or ``"ok"``; a boolean ``diverged`` key is
-accepted too). ``measurements.csv`` has a header with at least ``step`` and the metric column.
+``metadata.json`` holds the trial's ``hyperparameters`` (aliases ``hparams`` and ``parameters``;
+without any, the other top-level keys) and ``status`` (``"diverged"`` or ``"ok"``; a boolean
+``diverged`` key is accepted too). ``measurements.csv`` has a header with at least ``step`` and
+the metric column.
+
+Google's released archive of Shallue et al. reads as is: its ``parameter_configs`` is taken as
+the ``search_space``, ``parameters`` as the hyperparameters and status ``INFEASIBLE`` (training
+diverged) as diverged. Its ``study.json`` names no metric or target: pass ``metric`` and
+``target`` to :func:`read_studies` (they override what ``study.json`` says).
 
 Reading is lenient where the layout allows variation (unknown keys and extra columns are kept or
 ignored) and strict where it matters: a malformed measurements file raises :class:`LabError`
@@ -348,28 +354,33 @@ def _batch_size(study_dir: Path, settings: dict[str, Any]) -> int:
 def _read_trial(trial_dir: Path, batch_size: int, metric: str) -> Trial:
     meta_path = trial_dir / "metadata.json"
     meta = _load_json(meta_path) if meta_path.exists() else {}
-    if "hyperparameters" in meta or "hparams" in meta:
-        hparams = meta.get("hyperparameters", meta.get("hparams")) or {}
+    hkey = next((k for k in ("hyperparameters", "hparams", "parameters") if k in meta), None)
+    if hkey is not None:
+        hparams = meta[hkey] or {}
         if not isinstance(hparams, dict):
             raise LabError(f"{meta_path}: hyperparameters is not an object")
     else:
         hparams = {k: v for k, v in meta.items()
                    if k not in ("trial_id", "status", "diverged", "batch_size")}
     status = str(meta.get("status", "ok")).strip().lower()
-    diverged = status == "diverged" or meta.get("diverged") is True
+    diverged = status in ("diverged", "infeasible") or meta.get("diverged") is True
     mpath = trial_dir / "measurements.csv"
     measurements = read_measurements(mpath, metric) if mpath.exists() else []
     return Trial(str(meta.get("trial_id", trial_dir.name)), batch_size, dict(hparams),
                  measurements, diverged)
 
 
-def read_study(study_dir: str | Path) -> Study:
-    """Read the study in ``study_dir`` (the folder holding ``study.json``)."""
+def read_study(study_dir: str | Path, *, target: float | None = None,
+               metric: str | None = None) -> Study:
+    """Read the study in ``study_dir`` (the folder holding ``study.json``); ``target`` and
+    ``metric``, when given, override ``study.json``."""
     d = Path(study_dir)
     path = d / "study.json"
     settings = _load_json(path)
-    metric = settings.get("metric", settings.get("metric_name")) or _infer_metric(d)
-    target = settings.get("target", settings.get("target_value"))
+    metric = (metric or settings.get("metric", settings.get("metric_name"))
+              or _infer_metric(d))
+    if target is None:
+        target = settings.get("target", settings.get("target_value"))
     if target is None:
         raise LabError(f"{path}: no 'target'")
     try:
@@ -382,7 +393,8 @@ def read_study(study_dir: str | Path) -> Study:
     batch_size = _batch_size(d, settings)
     names = d.resolve().parts
     defaults = dict(zip(("dataset", "model", "optimizer"), names[-4:-1], strict=False))
-    trial_dirs = sorted(p for p in d.iterdir() if p.is_dir()
+    # hidden folders are trials still being written (dyntrain writes aside, then renames)
+    trial_dirs = sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")
                         and ((p / "measurements.csv").exists() or (p / "metadata.json").exists()))
     trials = [_read_trial(p, batch_size, str(metric)) for p in trial_dirs]
     eval_every = settings.get("eval_every")
@@ -392,15 +404,18 @@ def read_study(study_dir: str | Path) -> Study:
         optimizer=str(settings.get("optimizer", defaults.get("optimizer", ""))),
         batch_size=batch_size, trials=trials, metric=str(metric), target=target,
         higher_is_better=hib, eval_every=None if eval_every is None else int(eval_every),
-        search_space=dict(settings.get("search_space") or {}),
+        search_space=dict(settings.get("search_space", settings.get("parameter_configs"))
+                          or {}),
     )
 
 
-def read_studies(root: str | Path) -> list[Study]:
-    """Every study under ``root``, sorted by (dataset, model, optimizer, batch size)."""
+def read_studies(root: str | Path, *, target: float | None = None,
+                 metric: str | None = None) -> list[Study]:
+    """Every study under ``root``, sorted by (dataset, model, optimizer, batch size);
+    ``target`` and ``metric``, when given, override every ``study.json``."""
     root = Path(root)
     paths = sorted(root.rglob("study.json")) if root.is_dir() else []
     if not paths:
         raise LabError(f"no studies under {root}")
-    studies = [read_study(p.parent) for p in paths]
+    studies = [read_study(p.parent, target=target, metric=metric) for p in paths]
     return sorted(studies, key=lambda s: (*s.workload, s.batch_size))
