@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-elastic test lint clean
+.PHONY: demo demo-elastic lab test lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,19 @@ demo: $(STAMP)
 
 demo-elastic: $(STAMP)
 	$(PY) examples/demo.py --out runs/demo
+
+# The scaling lab on digits: the quick sweep (resumable), B_simple from two elastic runs, report.
+NOISE_RUN := --workers 2:2 --quiet -m dyntrain.workloads.digits --model mlp --lr-schedule constant \
+	--weight-decay 0 --global-batch 64 --chunk-size 8 --max-steps 400 --noise-scale
+lab: $(STAMP)
+	$(VENV)/bin/dyntrain lab sweep --preset quick --service none --out runs/lab/sweep
+	rm -rf runs/lab/noise-sgd runs/lab/noise-nesterov
+	$(VENV)/bin/dyntrain run --out runs/lab/noise-sgd $(NOISE_RUN) --optimizer sgd --lr 0.3
+	$(VENV)/bin/dyntrain run --out runs/lab/noise-nesterov $(NOISE_RUN) --optimizer nesterov \
+		--lr 0.1 --momentum 0.9
+	$(VENV)/bin/dyntrain lab report runs/lab/sweep --out runs/lab/report \
+		--noise sgd=runs/lab/noise-sgd/metrics.jsonl \
+		--noise nesterov=runs/lab/noise-nesterov/metrics.jsonl
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
