@@ -22,7 +22,7 @@ demo-elastic: $(STAMP)
 
 # The scaling lab on digits: the quick sweep (resumable), B_simple from two elastic runs, report.
 NOISE_RUN := --workers 2:2 --quiet -m dyntrain.workloads.digits --model mlp --lr-schedule constant \
-	--weight-decay 0 --global-batch 64 --chunk-size 8 --max-steps 400 --noise-scale
+	--weight-decay 0 --global-batch 64 --chunk-size 8 --epochs 100 --max-steps 400 --noise-scale
 lab: $(STAMP)
 	$(VENV)/bin/dyntrain lab sweep --preset quick --service none --out runs/lab/sweep
 	rm -rf runs/lab/noise-sgd runs/lab/noise-nesterov
