@@ -192,3 +192,13 @@ def fmt(value, digits: int = 3) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}f}"
     return str(value)
+
+
+def write_result(out: str | Path, result: dict) -> Path:
+    """Write a benchmark's JSON result (creating the folder) and say where."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    total = result.get("total_seconds")
+    print(f"\nwrote {out}" + (f" ({total:.0f} s)" if total is not None else ""))
+    return out

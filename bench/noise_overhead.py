@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from _common import machine_info  # bench/ is sys.path[0] when run as a script
+from _common import machine_info, write_result  # bench/ is sys.path[0] when run as a script
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.stepper import ChunkStepper
@@ -263,10 +263,7 @@ def main(argv: list[str] | None = None) -> None:
               "summary": [{k: v for k, v in r.items() if k != "rounds"} for r in rows],
               "cases": rows, "cli_2_workers": cli,
               "total_seconds": time.perf_counter() - started}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nwrote {out} ({result['total_seconds']:.0f} s)")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

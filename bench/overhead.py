@@ -38,7 +38,6 @@ import json
 import math
 import os
 import platform
-import resource
 import shutil
 import signal
 import statistics
@@ -52,6 +51,8 @@ from pathlib import Path
 import torch
 
 import ddp_worker  # bench/ is sys.path[0] when run as a script
+from _common import write_result
+from dyntrain.lab.throughput import cpu_accounts, other_load
 
 BENCH = Path(__file__).resolve().parent
 DYN_WORKER = BENCH / "overhead_worker.py"
@@ -237,27 +238,6 @@ def machine_info() -> dict:
             "load_avg_start": list(os.getloadavg())}
 
 
-def _cpu_accounts() -> tuple[float, float] | None:
-    """(busy CPU seconds of the whole machine, CPU seconds of this process and its reaped
-    descendants); None where /proc/stat is missing."""
-    try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
-    busy = (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return busy, me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
-def _other_load(before, after, wall: float) -> float | None:
-    """Cores' worth of CPU that other processes on the machine used during a run."""
-    if before is None or after is None or wall <= 0:
-        return None
-    return max(0.0, (after[0] - before[0]) - (after[1] - before[1])) / wall
-
-
 def _fmt(x: float | None, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -274,12 +254,12 @@ def measure(args: argparse.Namespace, work: Path) -> list[dict]:
                 jobs.reverse()
             for system, cfg in jobs:
                 tag = f"r{rnd}-w{world}-{system}" + (f"-{cfg.name}-c{cfg.chunk}" if cfg else "")
-                before = _cpu_accounts()
+                before = cpu_accounts()
                 if system == "ddp":
                     res = run_ddp(args, world, work, tag)
                 else:
                     res = run_dyntrain(args, cfg, work, tag)
-                other = _other_load(before, _cpu_accounts(), res["wall_s"])
+                other = other_load(before, cpu_accounts(), res["wall_s"])
                 res = {"round": rnd, "system": system, "world_size": world,
                        "chunk_size": cfg.chunk if cfg else args.global_batch // world,
                        "config": cfg.name if cfg else "ddp", "other_load_cores": other, **res}
@@ -476,10 +456,7 @@ def main(argv: list[str] | None = None) -> None:
               "summary": rows, "runs": runs, "total_seconds": time.perf_counter() - started}
     if prof:
         result["profile"] = prof
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\nwrote {out} ({result['total_seconds']:.0f} s)")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.errors import ConfigError
 from dyntrain.lab.noise import noise_estimates
 from dyntrain.workloads import digits
+from test_stepper import BNDropNet
 
 CPU = torch.device("cpu")
 N, D = 1024, 16
@@ -67,17 +68,7 @@ def per_example_grads(ds: TensorDataset, w: torch.Tensor) -> torch.Tensor:
 
 # ---- a general model: BatchNorm, dropout, a parameter without gradient ----------------------
 
-class SmallNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(6, 16)
-        self.bn = nn.BatchNorm1d(16)
-        self.drop = nn.Dropout(0.3)
-        self.fc2 = nn.Linear(16, 3)
-        self.unused = nn.Linear(2, 2)
-
-    def forward(self, x):
-        return self.fc2(self.drop(torch.relu(self.bn(self.fc1(x)))))
+SmallNet = BNDropNet  # BatchNorm, dropout and a parameter that never gets a gradient
 
 
 def cross_entropy(model, batch):

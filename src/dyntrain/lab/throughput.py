@@ -360,7 +360,7 @@ def _failure_reason(run_dir: Path) -> str:
     return "no error message"
 
 
-def _cpu_accounts() -> tuple[float, float] | None:
+def cpu_accounts() -> tuple[float, float] | None:
     """(busy CPU seconds of the whole machine, CPU seconds of this process and its reaped
     children, the workers); None where /proc/stat is missing."""
     try:
@@ -397,9 +397,9 @@ def run_one(config: ThroughputConfig, mode: str, workers: int,
                       max_workers=workers, nproc=workers, out_dir=run_dir,
                       failure_timeout=config.failure_timeout, quiet=False)
     with open(run_dir / "launcher.log", "w") as log, _thread_env(config.threads_per_worker):
-        before, t0 = _cpu_accounts(), time.perf_counter()
+        before, t0 = cpu_accounts(), time.perf_counter()
         code = run_job(opts, stream=log)
-        load = other_load(before, _cpu_accounts(), time.perf_counter() - t0)
+        load = other_load(before, cpu_accounts(), time.perf_counter() - t0)
     if code != 0:
         raise DyntrainError(f"{mode} scaling with {workers} worker(s) failed: "
                             f"{_failure_reason(run_dir)} (see {run_dir})")
