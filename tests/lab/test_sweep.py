@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import SCRIPTS, run_cli
+from conftest import DYNTRAIN, SCRIPTS, run_cli
 from dyntrain.lab.results import LabError, best_steps, read_studies, steps_to_result
 from dyntrain.lab.search import (
     LOG,
@@ -331,3 +336,59 @@ def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
         assert "submitted" not in again.stderr
     finally:
         stop_server(proc)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
+    """Ctrl-C or SIGTERM: exit 130 with a one-line hint, no traceback, no stray processes, only
+    whole trial folders; the same command then runs only what is missing."""
+    out = tmp_path / "sweep"
+    args = [*DYNTRAIN, "lab", "sweep", "--workload", TOY, "--batch-sizes", "8:64",
+            "--trials", "4", "--budget-steps", "1500", "--lr-range", "1e-5:1e-4",
+            "--jobs", "2", "--service", "none", "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(out.rglob("trial_*/metadata.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(proc.pid, sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted:" in err and "to resume" in err, err
+    kept = int(re.search(r"interrupted: (\d+) of 32 trials", err).group(1))
+    assert 1 <= kept < 32
+    assert len(list(out.rglob("trial_*/metadata.json"))) == kept
+    deadline = time.monotonic() + 15  # the pool's processes are gone too (zombies reaped)
+    while True:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "processes of the sweep outlived it"
+        time.sleep(0.2)
+    # the same command again runs only the pending trials
+    again = run_cli([*args[3:], "--quiet"], timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert len(list(out.rglob("trial_*/metadata.json"))) == 32
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_failing_user_workload_is_a_one_line_error(tmp_path, jobs):
+    plugin = tmp_path / "broken.py"
+    plugin.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(SCRIPTS)!r})\n"
+        "from toy_workload import toy_workload\n"
+        "def make():\n"
+        "    w = toy_workload()\n"
+        "    def loss_fn(model, batch):\n"
+        "        raise RuntimeError('shapes do not match')\n"
+        "    w.loss_fn = loss_fn\n"
+        "    return w\n")
+    proc = run_cli(["lab", "sweep", "--workload", f"{plugin}:make", "--batch-sizes", "8",
+                    "--optimizers", "sgd", "--trials", "2", "--jobs", jobs, "--service", "none",
+                    "--out", tmp_path / "s", "--quiet"], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert "Traceback" not in err and err.count("\n") == 0, err
+    assert "sgd B=8 trial_000" in err and "RuntimeError: shapes do not match" in err, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import click
@@ -18,6 +19,10 @@ def _workload_args(pairs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
             raise LabError(f"--workload-arg must be KEY=VALUE, got {pair!r}")
         out.append((key, value))
     return tuple(out)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _csv(text: str | None) -> tuple[str, ...] | None:
@@ -88,8 +93,13 @@ def sweep(preset, workload, workload_args, optimizers, batch_sizes, trials, budg
                         else parse_range(momentum_range, "--momentum-range")),
         seed=seed, stop_at_target=False if no_stop_at_target else None,
     )
-    run_sweep(out_dir, config, jobs=jobs or os.cpu_count() or 1, service=service, queue=queue,
-              cpus=trial_cpus, quiet=quiet)
+    # SIGTERM (e.g. from a batch system) stops the sweep like Ctrl-C: finished trials are kept
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run_sweep(out_dir, config, jobs=jobs or os.cpu_count() or 1, service=service,
+                  queue=queue, cpus=trial_cpus, quiet=quiet)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not quiet:
         print(f"results in {out_dir}; analyse with: dyntrain lab report {out_dir}",
               file=sys.stderr)

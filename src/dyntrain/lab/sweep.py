@@ -326,21 +326,35 @@ _WORKER_WORKLOAD: LabWorkload | None = None
 
 def _init_worker(spec: str, args: dict[str, str]) -> None:
     global _WORKER_WORKLOAD
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     torch.set_num_threads(1)
     _WORKER_WORKLOAD = load_workload(spec, args)
 
 
+def _run_checked(workload: LabWorkload, task: TrialTask) -> TrialOutcome:
+    """Run one trial; an error in the user's workload becomes a one-line LabError."""
+    try:
+        return run_trial(workload, task.spec)
+    except LabError:
+        raise
+    except Exception as e:
+        raise LabError(f"{task.spec.optimizer} B={task.spec.batch_size} {task.trial_id} failed: "
+                       f"{type(e).__name__}: {e}") from None
+
+
 def _run_in_worker(task_json: dict[str, Any]) -> tuple[dict[str, Any], TrialOutcome]:
     assert _WORKER_WORKLOAD is not None
-    task = TrialTask.from_json(task_json)
-    return task_json, run_trial(_WORKER_WORKLOAD, task.spec)
+    return task_json, _run_checked(_WORKER_WORKLOAD, TrialTask.from_json(task_json))
 
 
 def run_inline(sweep: Sweep, tasks: list[TrialTask], jobs: int, workload: LabWorkload,
                progress: Callable[[TrialTask, TrialOutcome], None]) -> None:
-    """Run ``tasks`` here: in this process when ``jobs == 1``, else in a process pool."""
+    """Run ``tasks`` here: in this process when ``jobs == 1``, else in a process pool that is
+    stopped at once (its trials in flight are dropped) on an error or Ctrl-C."""
     if jobs <= 1:
         import torch
 
@@ -348,41 +362,29 @@ def run_inline(sweep: Sweep, tasks: list[TrialTask], jobs: int, workload: LabWor
         torch.set_num_threads(1)
         try:
             for task in tasks:
-                outcome = run_trial(workload, task.spec)
+                outcome = _run_checked(workload, task)
                 write_trial(task, outcome, sweep.metric)
                 progress(task, outcome)
         finally:
             torch.set_num_threads(threads)
         return
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     ctx = multiprocessing.get_context("spawn")
-    args = dict(sweep.config.workload_args)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_init_worker,
-                             initargs=(sweep.config.workload, args)) as pool:
-        # keep at most 2 * jobs trials in flight, so Ctrl-C leaves little queued work behind
-        todo = iter(tasks)
-        running = set()
-        try:
-            while True:
-                while len(running) < 2 * jobs:
-                    task = next(todo, None)
-                    if task is None:
-                        break
-                    running.add(pool.submit(_run_in_worker, task.to_json()))
-                if not running:
-                    break
-                finished, running = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    task_json, outcome = fut.result()
-                    task = TrialTask.from_json(task_json)
-                    write_trial(task, outcome, sweep.metric)
-                    progress(task, outcome)
-        except BaseException:
-            for fut in running:
-                fut.cancel()
-            raise
+    pool = ctx.Pool(jobs, initializer=_init_worker,
+                    initargs=(sweep.config.workload, dict(sweep.config.workload_args)))
+    try:
+        for task_json, outcome in pool.imap_unordered(_run_in_worker,
+                                                      [t.to_json() for t in tasks]):
+            task = TrialTask.from_json(task_json)
+            write_trial(task, outcome, sweep.metric)
+            progress(task, outcome)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,17 +540,24 @@ def run_sweep(root: str | Path, config: SweepConfig, *, jobs: int = 1, service: 
         say(f"[{done[0]:>{len(str(total))}}/{total}] {describe(task, outcome)}")
 
     started = time.monotonic()
-    if pending:
-        if url is not None:
+    try:
+        if pending and url is not None:
             job_id = run_on_service(sweep, pending, url, queue, cpus, memory_mib, progress)
             missing = sweep.pending()
             if missing:
                 raise LabError(f"{len(missing)} of {len(pending)} trials did not finish on the "
                                f"service (see `dyntrain status {job_id}` and `dyntrain logs`); "
                                "run the same command again to retry them")
-        else:
+        elif pending:
             say(f"running inline with {jobs} process(es)")
             run_inline(sweep, pending, jobs, workload, progress)
+    except KeyboardInterrupt:
+        kept = total - len(sweep.pending())
+        where = (" (trials already submitted keep running on the service)"
+                 if url is not None else "")
+        say(f"interrupted: {kept} of {total} trials finished and kept{where}; run the same "
+            "command again to resume")
+        raise
     say(f"finished in {time.monotonic() - started:.1f}s; steps to result "
         f"({sweep.metric} {cmp} {sweep.target:g}):")
     for opt, b, best, best_id, finished, n in best_so_far(sweep):
