@@ -423,3 +423,21 @@ def test_report_command_does_not_import_torch(tmp_path):
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "report.md").exists()
+
+
+def test_report_states_the_evaluation_interval(tmp_path):
+    """The report says how often the metric was evaluated (k), from study.json's eval_every."""
+    from dyntrain.lab.report import analyse, to_json, to_markdown
+
+    studies = []
+    for b, s in ((8, 400), (32, 120), (128, 60)):
+        trial = Trial("t0", b, {"learning_rate": 0.1},
+                      [Measurement(s - 5, 0.5), Measurement(s, 0.01)])
+        studies.append(Study("d", "m", "sgd", b, [trial], "valid_error", 0.05, False, 5, {}))
+    (report,) = analyse(studies)
+    assert report.eval_every == (5,) and report.evaluation == "evaluated every 5 steps"
+    assert "evaluated every 5 steps" in to_markdown([report], {})
+    assert to_json([report])["workloads"][0]["eval_every"] == [5]
+    no_k = [Study("d", "m", "sgd", s.batch_size, s.trials, "valid_error", 0.05, False)
+            for s in studies]
+    assert analyse(no_k)[0].evaluation == "evaluation interval not recorded"

@@ -141,6 +141,15 @@ class WorkloadReport:
     lr: dict[str, Any] | None  # scaling_heuristics(...) output
     lr_note: str  # why there is no learning-rate analysis ("" when there is one)
     warnings: list[str] = field(default_factory=list)
+    eval_every: tuple[int, ...] = ()  # the evaluation intervals k of its studies (if recorded)
+
+    @property
+    def evaluation(self) -> str:
+        """How often the metric was evaluated, for the report."""
+        if not self.eval_every:
+            return "evaluation interval not recorded"
+        ks = ", ".join(str(k) for k in self.eval_every)
+        return f"evaluated every {ks} step{'s' if self.eval_every != (1,) else ''}"
 
     @property
     def workload(self) -> tuple[str, str, str]:
@@ -319,7 +328,8 @@ def _analyse_workload(studies: list[Study]) -> WorkloadReport:
     return WorkloadReport(
         dataset=first.dataset, model=first.model, optimizer=first.optimizer,
         metric=first.metric, target=first.target, higher_is_better=bool(first.higher_is_better),
-        points=points, fit=fit, fit_note=fit_note, lr=lr, lr_note=lr_note, warnings=warnings)
+        points=points, fit=fit, fit_note=fit_note, lr=lr, lr_note=lr_note, warnings=warnings,
+        eval_every=tuple(sorted({s.eval_every for s in studies if s.eval_every is not None})))
 
 
 def analyse(studies: Iterable[Study], *, target: float | None = None) -> list[WorkloadReport]:
@@ -486,7 +496,7 @@ def _workload_json(r: WorkloadReport) -> dict[str, Any]:
     return {
         "dataset": r.dataset, "model": r.model, "optimizer": r.optimizer,
         "workload": r.name, "metric": r.metric, "target": r.target,
-        "higher_is_better": r.higher_is_better,
+        "higher_is_better": r.higher_is_better, "eval_every": list(r.eval_every),
         "points": [{
             "batch_size": p.batch_size, "steps": p.steps, "examples": p.examples,
             "regime": p.regime, "reason": p.reason, "best_trial": p.best_trial,
@@ -579,7 +589,7 @@ def lr_verdict(exponent: float) -> str:
 
 
 def _workload_markdown(r: WorkloadReport) -> list[str]:
-    lines = [f"### {r.optimizer}", "", f"Target: `{r.goal}`.", ""]
+    lines = [f"### {r.optimizer}", "", f"Target: `{r.goal}`, {r.evaluation}.", ""]
     if r.fit is not None:
         f = r.fit
         lines += [
@@ -723,7 +733,7 @@ def summary_lines(reports: Sequence[WorkloadReport], noise: Sequence[NoiseSeries
     """A short plain-text summary for the terminal."""
     lines: list[str] = []
     for r in reports:
-        lines.append(f"{r.name}  ({r.goal})")
+        lines.append(f"{r.name}  ({r.goal}, {r.evaluation})")
         if r.fit is not None:
             f = r.fit
             lines.append(f"  fit: S_min={fmt(f.s_min)}  B_crit={fmt(f.b_crit)}  "
