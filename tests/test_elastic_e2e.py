@@ -134,16 +134,23 @@ def start_launcher(out: Path, workers: str, *script_args: str) -> tuple[subproce
     return launcher, re.search(r"--coordinator (\S+)", launcher.stdout.readline()).group(1)
 
 
-def test_worker_joins_from_another_shell(tmp_path):
-    out = tmp_path / "run"
+def join_from_shell(out: Path, *worker_args: str, timeout: float = 240):
+    """Start a 1:2 launcher, run `dyntrain worker` against it to the end, then let the launcher
+    finish; returns (joiner's CompletedProcess, launcher, launcher's output)."""
     launcher, address = start_launcher(out, "1:2", "--step-delay", "0.004")
     try:
         joiner = subprocess.run(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
-             "--step-delay", "0.004"], capture_output=True, text=True, timeout=240, cwd=ROOT)
+             *worker_args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         rest = launcher.communicate(timeout=240)[0]
     finally:
         launcher.kill()
+    return joiner, launcher, rest
+
+
+def test_worker_joins_from_another_shell(tmp_path):
+    out = tmp_path / "run"
+    joiner, launcher, rest = join_from_shell(out, "--step-delay", "0.004")
     assert launcher.returncode == 0, rest
     assert joiner.returncode == 0, joiner.stderr
     assert 2 in world_sizes(out)
@@ -152,14 +159,7 @@ def test_worker_joins_from_another_shell(tmp_path):
 
 def test_workers_with_other_settings_are_rejected(tmp_path):
     out = tmp_path / "run"
-    launcher, address = start_launcher(out, "1:2", "--step-delay", "0.004")
-    try:
-        joiner = subprocess.run(
-            [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
-             "--global-batch", "32"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-        launcher.communicate(timeout=240)
-    finally:
-        launcher.kill()
+    joiner, launcher, _ = join_from_shell(out, "--global-batch", "32", timeout=120)
     assert joiner.returncode != 0
     assert "rejected this worker" in joiner.stderr
     assert launcher.returncode == 0

@@ -124,7 +124,7 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # about 5-10 minutes on 2 cores: 2 optimizers x 9 batch sizes x 32 trials
+    # about 2-5 minutes on 2 cores: 2 optimizers x 9 batch sizes x 32 trials
     "quick": {"workload": "digits-mlp", "optimizers": ("sgd", "nesterov"),
               "batch_sizes": geometric_grid(4, 1024), "trials": 32, "budget_steps": 1000,
               "eval_every": 1},
@@ -275,6 +275,19 @@ def write_trial(task: TrialTask, outcome: TrialOutcome, metric: str) -> Path:
     return final
 
 
+def read_outcome(task: TrialTask) -> TrialOutcome | None:
+    """A finished trial's summary from its metadata.json (without its measurements); None
+    while the trial has not finished."""
+    try:
+        meta = json.loads((task.folder() / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return TrialOutcome(diverged=meta.get("status") == "diverged",
+                        reason=meta.get("reason", ""), steps_run=meta.get("steps_run", 0),
+                        steps_to_result=meta.get("steps_to_result"),
+                        seconds=meta.get("seconds", 0.0))
+
+
 # ---------------------------------------------------------------------------------------------
 # progress
 
@@ -307,11 +320,11 @@ def best_so_far(sweep: Sweep) -> list[tuple[str, int, int | None, str, int, int]
     for (opt, b), tasks in by_study.items():
         best, best_id, finished = None, "", 0
         for t in tasks:
-            meta_path = t.folder() / "metadata.json"
-            if not meta_path.is_file():
+            outcome = read_outcome(t)
+            if outcome is None:
                 continue
             finished += 1
-            steps = json.loads(meta_path.read_text()).get("steps_to_result")
+            steps = outcome.steps_to_result
             if steps is not None and (best is None or steps < best):
                 best, best_id = steps, t.trial_id
         rows.append((opt, b, best, best_id, finished, len(tasks)))
@@ -398,7 +411,7 @@ def service_url(choice: str) -> str | None:
 
     if choice == "none":
         return None
-    url = os.environ.get("DYNTRAIN_URL") or DEFAULT_URL if choice == "auto" else choice
+    url = (os.environ.get("DYNTRAIN_URL") or DEFAULT_URL) if choice == "auto" else choice
     try:
         with Client(url, timeout=2) as client:
             client.health()
@@ -453,28 +466,16 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
         job_id = job["id"]
         print(f"submitted {len(tasks)} trials as job {job_id} to queue {queue} at {url}",
               file=sys.stderr, flush=True)
-        reported: set[str] = set()
+        waiting = list(tasks)
         while True:
             status = client.get_job(job_id)["status"]
-            for task in tasks:
-                if task.trial_id + task.study_dir not in reported and task.done():
-                    reported.add(task.trial_id + task.study_dir)
-                    progress(task, _read_outcome(task))
+            for task in [t for t in waiting if t.done()]:
+                waiting.remove(task)
+                progress(task, read_outcome(task))
             if status in ("SUCCEEDED", "FAILED"):
                 break
             time.sleep(poll)
     return job_id
-
-
-def _read_outcome(task: TrialTask) -> TrialOutcome | None:
-    try:
-        meta = json.loads((task.folder() / "metadata.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return TrialOutcome(diverged=meta.get("status") == "diverged",
-                        reason=meta.get("reason", ""), steps_run=meta.get("steps_run", 0),
-                        steps_to_result=meta.get("steps_to_result"),
-                        seconds=meta.get("seconds", 0.0))
 
 
 def child_main(argv: list[str] | None = None) -> int:

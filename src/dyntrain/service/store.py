@@ -235,40 +235,38 @@ capacity_traces = sa.Table(
 # ----------------------------------------------------------------------------- returned records
 
 
+class _NamedBySpec:
+    """Records whose name is their spec's."""
+
+    spec: ComputeEnvironmentSpec | JobQueueSpec | JobDefinitionSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
 @dataclass(frozen=True)
-class ComputeEnvironment:
+class ComputeEnvironment(_NamedBySpec):
     spec: ComputeEnvironmentSpec
     status: CEStatus
     status_reason: str | None
     created_at: float
     updated_at: float
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
 
 @dataclass(frozen=True)
-class JobQueue:
+class JobQueue(_NamedBySpec):
     spec: JobQueueSpec
     created_at: float
     updated_at: float
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
 
 @dataclass(frozen=True)
-class JobDefinition:
+class JobDefinition(_NamedBySpec):
     spec: JobDefinitionSpec
     revision: int
     status: str  # ACTIVE or INACTIVE (deregistered)
     created_at: float
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
 
     @property
     def ref(self) -> str:
