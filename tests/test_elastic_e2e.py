@@ -117,8 +117,10 @@ def test_rerun_resumes_and_skips_a_corrupt_newest_checkpoint(tmp_path):
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
-    proc = run_cli(["run", "--workers", "1", "--out", out, SCRIPTS / "ledger_train.py"],
-                   check=True)
+    # the same command line again: the kill it already fired does not fire again
+    proc = run_cli(["run", "--workers", "1", "--out", out, "--events", "step=45:kill=all",
+                    SCRIPTS / "ledger_train.py", "--step-delay", "0.002"], check=True)
+    assert "not firing again 1 event(s) that an earlier launch fired" in proc.stdout
     assert f"skipping checkpoint {newest.name}" in proc.stdout
     resume = [e for e in read_jsonl(out / "events.jsonl") if e["event"] == "resume"]
     assert resume[-1]["start_step"] == int(previous.stem.split("-")[1])

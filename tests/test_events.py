@@ -204,6 +204,17 @@ def test_schedule_does_not_mutate_input() -> None:
     assert len(events) == 2
 
 
+def test_a_resumed_schedule_skips_the_prefix_an_earlier_launch_fired() -> None:
+    events = parse_events("step=30:kill=all,t=0:join=2,step=50:leave=1")
+    schedule = EventSchedule(events)
+    assert schedule.skip_fired(["step=30:kill=all", "t=0:join=2"]) == events[:2]
+    assert schedule.pending == events[2:]
+    # another schedule in the same folder: nothing matches, nothing is skipped
+    other = EventSchedule(events)
+    assert other.skip_fired(["step=20:kill=all"]) == [] and other.pending == events
+    assert EventSchedule(events).skip_fired([]) == []
+
+
 def test_can_add_workers_only_when_a_join_can_still_fire() -> None:
     schedule = EventSchedule(parse_events("step=1:leave=1,step=2:join=2,step=3:kill=1"))
     assert schedule.can_add_workers(step=5)

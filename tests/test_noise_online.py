@@ -22,11 +22,11 @@ from conftest import read_jsonl, run_cli
 from dyntrain.elastic import trainer as trainer_module
 from dyntrain.elastic.checkpoint import dumps, loads, read_checkpoint, save_checkpoint
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.noise import noise_estimates
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import TAIL, ChunkStepper, StepResult
 from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.errors import ConfigError
-from dyntrain.lab.noise import noise_estimates
 from dyntrain.workloads import digits
 from test_stepper import BNDropNet
 
@@ -140,7 +140,7 @@ def test_smoothed_estimates_converge_to_the_full_data_set_values():
     mean = g.mean(0)
     g2_true = float(mean.pow(2).sum())
     # Batches come from epoch permutations (no replacement): trace_sigma then estimates the
-    # covariance with denominator N - 1, and population=N makes g2 unbiased (lab/noise.py).
+    # covariance with denominator N - 1, and population=N makes g2 unbiased (elastic/noise.py).
     trace_true = float((g - mean).pow(2).sum(1).mean()) * N / (N - 1)
     config = TrainConfig(global_batch=128, chunk_size=8, epochs=200, noise_scale=True,
                          noise_ema=0.995, noise_every=1)

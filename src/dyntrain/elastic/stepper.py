@@ -5,7 +5,7 @@ buffer: the chunk-gradient sum, the per-chunk BatchNorm rows, the loss, and two 
 ``apply`` unpacks the summed buffer and takes the optimizer step, identically on every worker.
 
 With ``TrainConfig.noise_scale`` on, the stepper also estimates the gradient noise scale B_simple
-(McCandlish et al. 2018, App. A.1; see ``dyntrain.lab.noise``) in the same all-reduce: after
+(McCandlish et al. 2018, App. A.1; see ``dyntrain.elastic.noise``) in the same all-reduce: after
 each chunk's backward a worker takes the norm of what that chunk added to the gradient,
 (chunk_size / global_batch) * g_chunk with g_chunk the chunk's mean gradient (one reduction per
 chunk), and the buffer gets one slot per chunk for these norms, between the BatchNorm rows and
@@ -28,11 +28,11 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from dyntrain.elastic.buffers import BatchNormChunkStats
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.noise import NoiseScale, NoiseScaleTracker
 from dyntrain.elastic.plan import assign_chunks
 from dyntrain.elastic.sampler import chunk_indices, chunk_seed, epoch_permutation
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.errors import ConfigError
-from dyntrain.lab.noise import NoiseScale, NoiseScaleTracker
 
 LossFn = Callable[[torch.nn.Module, object], torch.Tensor]
 

@@ -130,7 +130,11 @@ class ElasticTrainer:
     def report(self, **values) -> None:
         """Send final results (e.g. validation accuracy) to the launcher; the leader's count."""
         if self._channel is not None and self.is_leader:
+            # fit() has returned and the process may exit right after this call: the message
+            # must reach the store before (the sender thread dies with the process), and the
+            # launcher reads it once this worker has exited.
             self._channel.send("result", **values)
+            self._channel.flush()
         elif self._channel is None:
             log.info("result: %s", values)
 

@@ -100,6 +100,19 @@ class EventSchedule:
             return self._pending.pop(0)
         return None
 
+    def skip_fired(self, fired: Sequence[str]) -> list[Event]:
+        """Drop the events that an earlier launch of the same run already fired and return them.
+
+        ``fired`` holds the texts of the events fired before, in firing order. Events fire in
+        order, so they are a prefix of the schedule; the matching prefix is dropped (a different
+        schedule matches no prefix and is kept whole)."""
+        skipped = []
+        for text in fired:
+            if not self._pending or self._pending[0].text != text:
+                break
+            skipped.append(self._pending.pop(0))
+        return skipped
+
     @property
     def pending(self) -> list[Event]:
         return list(self._pending)

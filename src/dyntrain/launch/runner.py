@@ -18,9 +18,11 @@ from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
-from dyntrain.launch.local import LocalWorkers
+from dyntrain.launch.local import SIGNALS, LocalWorkers
 
 TICK_SECONDS = 0.01
+# Each injected event as it fires (one JSON line), so that a resumed run skips those.
+FIRED_FILE = "fired_events.jsonl"
 # Workers started by one join event are admitted together if they all arrive within this.
 JOIN_BATCH_SECONDS = 60.0
 
@@ -102,6 +104,19 @@ class RunSink:
         (self.out_dir / "result.json").write_text(json.dumps(self.results, indent=2) + "\n")
         self._say("result: " + ", ".join(f"{k}={v}" for k, v in record.items()))
 
+    def fired(self, event: Event, step: int) -> None:
+        """Record an injected event, so that a resumed run does not fire it again."""
+        with open(self.out_dir / FIRED_FILE, "a") as f:
+            f.write(json.dumps({"event": event.text, "step": step, "time": time.time()}) + "\n")
+
+    def fired_before(self) -> list[str]:
+        """The events that earlier launches into this run folder fired, in order."""
+        path = self.out_dir / FIRED_FILE
+        if not path.exists():
+            return []
+        return [json.loads(line)["event"] for line in path.read_text().splitlines()
+                if line.strip()]
+
     def close(self) -> None:
         self.events_file.close()
         self.metrics_file.close()
@@ -133,6 +148,10 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
         sink, find_checkpoint)
     workers = LocalWorkers(opts.command, address, out)
     schedule = EventSchedule(opts.events)
+    skipped = schedule.skip_fired(sink.fired_before())
+    if skipped:
+        sink.log(f"resuming: not firing again {len(skipped)} event(s) that an earlier launch "
+                 f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
     sink.log(f"coordinator listening on {address}; join with: dyntrain worker --coordinator "
              f"{socket.gethostname() if opts.host == '0.0.0.0' else opts.host}:{store.port} "
              f"{' '.join(opts.command)}")
@@ -174,6 +193,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
         event = schedule.pop_next(coord.highest_step, elapsed) if _settled(coord, last_fired) \
             else None
         if event is not None:
+            sink.fired(event, coord.highest_step)
             last_fired = (event.action, _fire(event, coord, workers, sink))
         if (not workers.alive() and not coord.live_workers()
                 and not schedule.can_add_workers(coord.highest_step)):
@@ -224,6 +244,5 @@ def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink
             else:
                 sink.log(f"event {event.text}: {worker_id} is not a local process; not killed")
                 continue
-    sink.log(f"event {event.text}: {'SIGTERM' if event.action == 'leave' else 'SIGKILL'} "
-             f"to {', '.join(targets)}")
+    sink.log(f"event {event.text}: {SIGNALS[event.action].name} to {', '.join(targets)}")
     return targets
