@@ -348,7 +348,7 @@ def test_blocked_writer_sees_the_winners_commit(store):
     """A transition racing an open transaction waits for it, then finds the status moved."""
     setup_basics(store)
     (job_id,) = runnable_jobs(store, 1)
-    from dyntrain.service.store import jobs
+    from dyntrain.service.store.schema import jobs
     result = []
     with store.engine.connect() as conn:
         tx = conn.begin()
@@ -576,3 +576,38 @@ def test_events(store):
     assert [e.id for e in mine] == [e2, e3] and mine[1].payload["nested"] == {"k": [1, 2]}
     assert [e.id for e in store.list_events(job.id, after_id=e2)] == [e3]
     assert [e.id for e in store.list_events(after_id=e1, limit=1)] == [e2]
+
+
+# ------------------------------------------------------------------------------ schema upgrade
+
+
+def test_opening_an_older_database_adds_what_it_lacks(store):
+    """A state dir from before a table, a nullable column and an index existed still opens."""
+    setup_basics(store)
+    job = store.submit(queue="q", command=["true"])
+    assert store.transition(job.id, S.SUBMITTED, S.FAILED, "done", stopped_at=12.5)
+    with store.engine.begin() as conn:  # make it look like an older release's database
+        conn.execute(sa.text("DROP TABLE capacity_traces"))
+        conn.execute(sa.text("DROP INDEX ix_events_job"))
+        conn.execute(sa.text("ALTER TABLE jobs DROP COLUMN stopped_at"))
+    assert sorted(store.create_all()) == ["added column jobs.stopped_at",
+                                          "created index ix_events_job",
+                                          "created table capacity_traces"]
+    assert store.create_all() == []  # idempotent
+    old = store.get_job(job.id)
+    assert old.status_reason == "done" and old.stopped_at is None  # kept; the new column empty
+    store.set_capacity_trace("od", "offset_s,slots\n0,1\n", started_at=1.0)
+    assert store.capacity_traces() == {"od": ("offset_s,slots\n0,1\n", 1.0, False)}
+
+
+def test_upgrade_refuses_a_not_null_column_and_changes_nothing(store):
+    setup_basics(store)
+    job = store.submit(queue="q", command=["true"])
+    with store.engine.begin() as conn:
+        conn.execute(sa.text("DROP TABLE capacity_traces"))
+        conn.execute(sa.text("ALTER TABLE jobs DROP COLUMN log_seq"))
+    with pytest.raises(RuntimeError, match="jobs: its new column log_seq is NOT NULL"):
+        store.create_all()
+    assert "capacity_traces" not in sa.inspect(store.engine).get_table_names()
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT id FROM jobs")).scalars().all() == [job.id]

@@ -1,0 +1,16 @@
+"""``dyntrain server`` and the commands that talk to it.
+
+``server`` runs the job service in the foreground; ``submit``, ``status``, ``logs``, ``cancel``,
+``terminate`` and the ``ce``, ``queue`` and ``jobdef`` groups are thin clients of its REST API.
+Every client command takes ``--url`` and ``--token`` (on the command, or on its group), which
+default to ``$DYNTRAIN_URL`` (else http://127.0.0.1:8642) and ``$DYNTRAIN_TOKEN``. One module per
+command group: ``server``, ``jobs``, ``compute`` (ce), ``queues``, ``definitions`` (jobdef).
+"""
+
+from dyntrain.cli.service.compute import ce
+from dyntrain.cli.service.definitions import jobdef
+from dyntrain.cli.service.jobs import cancel, logs, status, submit, terminate
+from dyntrain.cli.service.queues import queue
+from dyntrain.cli.service.server import server
+
+COMMANDS = (server, submit, status, logs, cancel, terminate, ce, queue, jobdef)

@@ -1,0 +1,107 @@
+"""``dyntrain server``: the job service in the foreground."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import click
+
+from dyntrain.cli.service.common import DEFAULT_PORT, one_line
+from dyntrain.errors import DyntrainError
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise DyntrainError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise DyntrainError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _url_for(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@click.command()
+@click.option("--state-dir", default=".dyntrain", show_default=True,
+              type=click.Path(file_okay=False), help="Database, run folders and worker logs.")
+@click.option("--db", "db_url", default=None,
+              help="Database URL (sqlite:///... or postgresql+psycopg://...) "
+                   "[default: sqlite in the state dir].")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; anything but loopback needs --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int,
+              help="Port to listen on (0: any free port).")
+@click.option("--token", default=None, help="Token clients must send [default: $DYNTRAIN_TOKEN].")
+@click.option("--grace-seconds", default=120.0, show_default=True, type=float,
+              help="Seconds a preempted worker gets between SIGTERM and SIGKILL.")
+def server(state_dir, db_url, host, port, token, grace_seconds):
+    """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
+    import uvicorn
+
+    from dyntrain.service.api.app import create_app
+    from dyntrain.service.server import Service, ServiceConfig
+
+    if not 0 <= port <= 65535:
+        raise DyntrainError(f"--port must be 0-65535, got {port}")
+    if grace_seconds < 0:
+        raise DyntrainError(f"--grace-seconds must be >= 0, got {grace_seconds}")
+    token = token or os.environ.get("DYNTRAIN_TOKEN") or None
+    config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
+                           grace_seconds=grace_seconds)
+    sock = _bind(host, port)
+    config.port = sock.getsockname()[1]
+    try:
+        try:
+            service = Service(config)
+        except DyntrainError:
+            raise
+        except Exception as e:  # a bad --db URL, an unreadable state dir, ...
+            raise DyntrainError(f"cannot start the service: {one_line(e)[:300]}") from None
+        try:
+            app = create_app(service)
+            userver = uvicorn.Server(uvicorn.Config(
+                app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
+            service.start()
+            url = _url_for(host, config.port)
+            click.echo(f"dyntrain service listening on {url} (state: {config.state_dir})")
+            for note in service.recovered:
+                click.echo(f"recovered: {note}")
+            click.echo("Press Ctrl-C to stop.", err=True)
+            _serve(userver, sock)
+        finally:
+            service.stop()
+    finally:
+        sock.close()
+    click.echo("dyntrain service stopped")
+
+
+def _serve(userver, sock: socket.socket) -> None:
+    """Run uvicorn until SIGINT/SIGTERM; the signal stops it instead of killing the process."""
+    if threading.current_thread() is not threading.main_thread():
+        userver.run(sockets=[sock])
+        return
+    # uvicorn handles both signals while it serves and re-raises them once it has stopped;
+    # these handlers catch the re-raised ones, so the service below still shuts down cleanly.
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda s, _f: caught.append(s))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        userver.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,55 @@
+"""Persistence of the job service: SQLAlchemy Core over SQLite (embedded) or PostgreSQL.
+
+``Store(url)`` takes ``sqlite:///path.db`` (WAL, busy timeout and foreign keys are switched on for
+every connection; write transactions start with ``BEGIN IMMEDIATE`` so writers queue on the busy
+timeout instead of failing mid-transaction) or ``postgresql+psycopg://user@host:port/db``.
+
+Every public method runs in one transaction of its own: it either commits everything or, on any
+error, nothing. Bad requests raise ``ValidationError`` with a one-line message. Methods return
+frozen dataclasses (never rows or ORM objects), so callers hold no session.
+
+Times are float seconds since the epoch. Children of an array job have ids ``<parent>:<index>``
+(as in AWS Batch) and carry the parent's resolved command, environment and settings; the parent's
+dependencies are stored on the parent only (the controller applies them to the children, child i
+following child i of an ``N_TO_N`` dependency and child i-1 for ``SEQUENTIAL``).
+
+One module per aggregate: ``schema`` (tables and the upgrade on open), ``records`` (what is
+returned), ``environments`` (compute environments, queues, capacity traces), ``definitions``,
+``jobs`` (jobs, dependencies, attempts), ``workers`` (workers, usage), ``logs`` (log lines,
+events); ``Store`` is all of them over one engine.
+"""
+
+from dyntrain.service.store.definitions import DefinitionStore
+from dyntrain.service.store.environments import EnvironmentStore
+from dyntrain.service.store.jobs import JobStore
+from dyntrain.service.store.logs import LogStore
+from dyntrain.service.store.records import (
+    ACTIVE,
+    INACTIVE,
+    MUTABLE_JOB_FIELDS,
+    WORKER_EXITED,
+    WORKER_LEAVING,
+    WORKER_RUNNING,
+    Attempt,
+    ComputeEnvironment,
+    Event,
+    Job,
+    JobDefinition,
+    JobQueue,
+    LogLine,
+    Usage,
+    WorkerRecord,
+)
+from dyntrain.service.store.schema import metadata
+from dyntrain.service.store.workers import WorkerStore
+
+
+class Store(EnvironmentStore, DefinitionStore, JobStore, WorkerStore, LogStore):
+    """The service's database. Thread-safe: each call takes a pooled connection of its own."""
+
+
+__all__ = [
+    "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "WORKER_EXITED", "WORKER_LEAVING",
+    "WORKER_RUNNING", "Attempt", "ComputeEnvironment", "Event", "Job", "JobDefinition",
+    "JobQueue", "LogLine", "Store", "Usage", "WorkerRecord", "metadata",
+]

@@ -1,0 +1,113 @@
+"""The store's engine, transactions and row helpers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Self
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError
+
+from dyntrain.service.model import JobStatus, ValidationError
+from dyntrain.service.store.schema import upgrade
+
+_UNSET: Any = object()
+
+_TERMINAL = [s.value for s in JobStatus if s.is_terminal()]
+
+
+class StoreBase:
+    """The engine and the transaction every part of the store runs its calls in."""
+
+    def __init__(self, url: str, *, echo: bool = False, busy_timeout_ms: int = 30_000,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.url = url
+        self.clock = clock
+        self._sqlite = url.startswith("sqlite")
+        kw: dict[str, Any] = {"echo": echo}
+        if self._sqlite and url in ("sqlite://", "sqlite:///:memory:"):
+            kw["poolclass"] = sa.pool.StaticPool  # one shared in-memory database
+            kw["connect_args"] = {"check_same_thread": False}
+        elif not self._sqlite:
+            kw["pool_pre_ping"] = True
+        self.engine: Engine = sa.create_engine(url, **kw)
+        if self._sqlite:
+            _sqlite_setup(self.engine, busy_timeout_ms)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def create_all(self) -> list[str]:
+        """Create or upgrade the schema (see ``schema.upgrade``); returns what changed."""
+        with self._tx() as conn:
+            return upgrade(conn)
+
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Connection]:
+        """One transaction; a constraint violation (a racing writer) becomes a ValidationError."""
+        with self.engine.connect() as conn:
+            if self._sqlite:
+                conn.execution_options(dyntrain_write=write)
+            try:
+                with conn.begin():
+                    yield conn
+            except IntegrityError as e:
+                first = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
+                raise ValidationError(f"conflicting write, nothing was changed: {first}") from e
+
+
+def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        # writers take the write lock up front: waiting on busy_timeout beats failing later
+        write = conn.get_execution_options().get("dyntrain_write", True)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _enum(kind: type, value: Any, what: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise ValidationError(f"unknown {what} {value!r}; expected one of "
+                              f"{', '.join(m.value for m in kind)}") from None
+
+
+def _where(table: sa.Table, keys: dict[str, Any]) -> list:
+    return [table.c[k] == v for k, v in keys.items()]
+
+
+def _exists(conn: Connection, table: sa.Table, **keys: Any) -> bool:
+    return conn.execute(sa.select(sa.literal(1)).select_from(table)
+                        .where(*_where(table, keys)).limit(1)).first() is not None
+
+
+def _one(conn: Connection, table: sa.Table, kind: str, for_update: bool = False,
+         **keys: Any) -> sa.Row:
+    q = sa.select(table).where(*_where(table, keys))
+    if for_update:
+        q = q.with_for_update()  # PostgreSQL: row lock; SQLite: ignored (writers serialise)
+    row = conn.execute(q).first()
+    if row is None:
+        raise ValidationError(f"unknown {kind} {':'.join(str(v) for v in keys.values())!r}")
+    return row
+

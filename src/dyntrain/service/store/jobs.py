@@ -1,0 +1,327 @@
+"""Jobs, their dependencies and their attempts."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dyntrain.service.model import (
+    Dependency,
+    DependencyType,
+    ElasticSettings,
+    JobStatus,
+    Resources,
+    RetryStrategy,
+    State,
+    ValidationError,
+    check_array_size,
+    check_name,
+    substitute,
+)
+from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
+from dyntrain.service.store.definitions import _definition_from_row, _find_definition
+from dyntrain.service.store.records import (
+    ACTIVE,
+    MUTABLE_JOB_FIELDS,
+    Attempt,
+    Job,
+    _retry_from_json,
+    _retry_to_json,
+)
+from dyntrain.service.store.schema import attempts, job_dependencies, job_queues, jobs
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+class JobStore(StoreBase):
+    """Jobs, their dependencies and their attempts."""
+
+    def submit(self, *, queue: str, definition: str | None = None,
+               command: Sequence[str] | None = None, name: str | None = None,
+               parameters: dict[str, Any] | None = None,
+               environment: dict[str, str] | None = None, resources: Resources | None = None,
+               array_size: int | None = None, depends_on: Iterable[Dependency] = (),
+               workers: tuple[int, int] | None = None, retry_attempts: int | None = None,
+               timeout_seconds: float | None = None, job_id: str | None = None) -> Job:
+        """Create a job (and, for an array job, its ``array_size`` children) as SUBMITTED.
+
+        ``definition`` is ``name`` (latest active revision) or ``name:revision``; ``command``
+        alone makes an inline job, and with a definition overrides its command. ``parameters``
+        and ``environment`` are merged over the definition's; ``Ref::x`` in the command is
+        resolved now. ``workers=(min, max)`` makes the job elastic. A ``SEQUENTIAL`` dependency
+        names the job itself (``job_id`` or ``""``).
+        """
+        array_size = check_array_size(array_size)
+        if definition is None and command is None:
+            raise ValidationError("submit needs a job definition or a command")
+        if job_id is not None and not (isinstance(job_id, str) and _JOB_ID.match(job_id)):
+            raise ValidationError(f"job id {job_id!r} must be 1-64 letters, digits, '-' or '_' "
+                                  "and start with a letter or digit")
+        explicit_id, job_id = job_id is not None, job_id or uuid.uuid4().hex
+        deps = _normalise_deps(job_id, depends_on, array_size)
+        elastic = ElasticSettings(*workers) if workers is not None else None
+        if timeout_seconds is not None and not timeout_seconds > 0:
+            raise ValidationError(f"timeout must be positive, got {timeout_seconds}")
+        now = self.clock()
+        with self._tx() as conn:
+            if explicit_id and _exists(conn, jobs, id=job_id):
+                raise ValidationError(f"job id {job_id!r} already exists")
+            qrow = _one(conn, job_queues, "job queue", name=queue)
+            if qrow.state != State.ENABLED.value:
+                raise ValidationError(f"job queue {queue!r} is {qrow.state} and takes no jobs")
+            if definition is not None:
+                dname, _, drev = definition.partition(":")
+                if drev and not drev.isdigit():
+                    raise ValidationError(f"job definition {definition!r}: revision must be a "
+                                          "number")
+                d = _definition_from_row(_find_definition(conn, dname,
+                                                          int(drev) if drev else None))
+                if d.status != ACTIVE:
+                    raise ValidationError(f"job definition {d.ref} is deregistered")
+                spec, ref = d.spec, (d.name, d.revision)
+            else:
+                spec, ref = None, (None, None)
+            base_cmd = tuple(command) if command is not None else spec.command
+            if not base_cmd or not all(isinstance(a, str) and a for a in base_cmd):
+                raise ValidationError("command must be a non-empty list of non-empty strings")
+            params = {**dict(spec.parameters if spec else ()),
+                      **{str(k): str(v) for k, v in (parameters or {}).items()}}
+            env = {**dict(spec.environment if spec else ()),
+                   **{str(k): str(v) for k, v in (environment or {}).items()}}
+            retry = spec.retry_strategy if spec else RetryStrategy()
+            if retry_attempts is not None:
+                retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)
+            elastic = elastic or (spec.elastic if spec else None)
+            job_name = check_name("job", name or (spec.name if spec else "inline"))
+            res = resources or (spec.resources if spec else Resources())
+            timeout = timeout_seconds or (spec.timeout_seconds if spec else None)
+            _check_deps(conn, job_id, deps, array_size)
+            row = {
+                "id": job_id, "name": job_name, "queue": queue, "definition_name": ref[0],
+                "definition_revision": ref[1], "command": substitute(base_cmd, params),
+                "environment": env, "parameters": params, "cpus": res.cpus, "gpus": res.gpus,
+                "memory_mib": res.memory_mib, "retry_strategy": _retry_to_json(retry),
+                "timeout_seconds": timeout,
+                "min_workers": elastic.min_workers if elastic else None,
+                "max_workers": elastic.max_workers if elastic else None,
+                "array_parent_id": None, "array_index": None, "array_size": array_size,
+                "status": JobStatus.SUBMITTED.value, "status_reason": None, "attempts": 0,
+                "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
+                "created_at": now, "updated_at": now, "started_at": None, "stopped_at": None,
+            }
+            conn.execute(jobs.insert(), [row])
+            if deps:
+                conn.execute(job_dependencies.insert(), [
+                    {"job_id": job_id, "depends_on": d.job_id, "type": d.type.value}
+                    for d in deps])
+            if array_size:
+                conn.execute(jobs.insert(), [
+                    {**row, "id": f"{job_id}:{i}", "array_parent_id": job_id, "array_index": i}
+                    for i in range(array_size)])
+        return _job_from_row(row, deps)
+
+    def get_job(self, job_id: str) -> Job:
+        with self._tx(write=False) as conn:
+            row = _one(conn, jobs, "job", id=job_id)
+            return _job_from_row(row._mapping, _deps_of(conn, [job_id]).get(job_id, ()))
+
+    def list_jobs(self, queue: str | None = None,
+                  status: JobStatus | str | Iterable[JobStatus | str] | None = None,
+                  parent: str | None = None, *, top_level: bool = False, limit: int = 100,
+                  offset: int = 0) -> list[Job]:
+        """Jobs by creation time (then array index, then id); ``top_level`` hides children."""
+        if limit < 1 or offset < 0:
+            raise ValidationError(f"need limit >= 1 and offset >= 0, got {limit} and {offset}")
+        q = sa.select(jobs)
+        if queue is not None:
+            q = q.where(jobs.c.queue == queue)
+        if status is not None:
+            wanted = [status] if isinstance(status, str) else list(status)
+            q = q.where(jobs.c.status.in_([_enum(JobStatus, s, "status").value
+                                           for s in wanted]))
+        if parent is not None:
+            q = q.where(jobs.c.array_parent_id == parent)
+        if top_level:
+            q = q.where(jobs.c.array_parent_id.is_(None))
+        q = q.order_by(jobs.c.created_at, jobs.c.array_index.nulls_first(), jobs.c.id)
+        with self._tx(write=False) as conn:
+            rows = conn.execute(q.limit(limit).offset(offset)).all()
+            deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+            return [_job_from_row(r._mapping, deps.get(r.id, ())) for r in rows]
+
+    def child_statuses(self, parent_id: str) -> list[JobStatus]:
+        """The statuses of an array job's children, by index."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(jobs.c.status).where(jobs.c.array_parent_id == parent_id)
+                                .order_by(jobs.c.array_index))
+            return [JobStatus(r.status) for r in rows]
+
+    def count_jobs_by_status(self, queue: str | None = None) -> dict[JobStatus, int]:
+        """Every status, with 0 where there are none."""
+        q = sa.select(jobs.c.status, sa.func.count()).group_by(jobs.c.status)
+        if queue is not None:
+            q = q.where(jobs.c.queue == queue)
+        with self._tx(write=False) as conn:
+            counts = dict(conn.execute(q).all())
+        return {s: counts.get(s.value, 0) for s in JobStatus}
+
+    def list_dependents(self, job_id: str) -> list[Dependency]:
+        """Jobs that depend on ``job_id`` (each as a Dependency naming the dependent job)."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(job_dependencies.c.job_id, job_dependencies.c.type)
+                                .where(job_dependencies.c.depends_on == job_id)
+                                .order_by(job_dependencies.c.job_id))
+            return [Dependency(r.job_id, DependencyType(r.type)) for r in rows]
+
+    def update_job(self, job_id: str, *, expected_status: JobStatus | str | None = None,
+                   **changes: Any) -> bool:
+        """Set ``changes`` if the job's status is ``expected_status`` (compare-and-set).
+
+        Returns False, changing nothing, when the status differs (someone else moved the job
+        first); with ``expected_status=None`` the update is unconditional.
+        """
+        bad = sorted(set(changes) - MUTABLE_JOB_FIELDS)
+        if bad:
+            raise ValidationError(f"job field(s) {', '.join(bad)} cannot be updated")
+        if "status" in changes:
+            changes["status"] = _enum(JobStatus, changes["status"], "status").value
+        if changes.get("min_workers") is not None and changes.get("max_workers") is not None:
+            ElasticSettings(changes["min_workers"], changes["max_workers"])
+        cond = [jobs.c.id == job_id]
+        if expected_status is not None:
+            cond.append(jobs.c.status == _enum(JobStatus, expected_status, "status").value)
+        with self._tx() as conn:
+            done = conn.execute(jobs.update().where(*cond).values(
+                **changes, updated_at=self.clock())).rowcount
+            if not done and not _exists(conn, jobs, id=job_id):
+                raise ValidationError(f"unknown job {job_id!r}")
+        return bool(done)
+
+    def transition(self, job_id: str, from_status: JobStatus | str, to_status: JobStatus | str,
+                   reason: str | None = None, **changes: Any) -> bool:
+        """Move ``from_status`` -> ``to_status`` (status_reason := reason) if still there."""
+        return self.update_job(job_id, expected_status=from_status, status=to_status,
+                               status_reason=reason, **changes)
+
+    # -------------------------------------------------------------------------------- attempts
+
+    def add_attempt(self, job_id: str, attempt_no: int, started_at: float) -> Attempt:
+        with self._tx() as conn:
+            _one(conn, jobs, "job", id=job_id)
+            if _exists(conn, attempts, job_id=job_id, attempt_no=attempt_no):
+                raise ValidationError(f"job {job_id!r} already has attempt {attempt_no}")
+            conn.execute(attempts.insert().values(job_id=job_id, attempt_no=attempt_no,
+                                                  started_at=started_at))
+        return Attempt(job_id, attempt_no, started_at, None, None, None)
+
+    def finish_attempt(self, job_id: str, attempt_no: int, exit_code: int | None,
+                       reason: str | None, stopped_at: float) -> Attempt:
+        with self._tx() as conn:
+            _one(conn, jobs, "job", id=job_id)
+            row = conn.execute(sa.select(attempts).where(
+                attempts.c.job_id == job_id, attempts.c.attempt_no == attempt_no)).first()
+            if row is None:
+                raise ValidationError(f"job {job_id!r} has no attempt {attempt_no}")
+            if row.stopped_at is not None:
+                raise ValidationError(f"attempt {attempt_no} of job {job_id!r} already finished")
+            conn.execute(attempts.update().where(attempts.c.job_id == job_id,
+                                                 attempts.c.attempt_no == attempt_no)
+                         .values(exit_code=exit_code, reason=reason, stopped_at=stopped_at))
+        return Attempt(job_id, attempt_no, row.started_at, stopped_at, exit_code, reason)
+
+    def list_attempts(self, job_id: str) -> list[Attempt]:
+        with self._tx(write=False) as conn:
+            _one(conn, jobs, "job", id=job_id)
+            rows = conn.execute(sa.select(attempts).where(attempts.c.job_id == job_id)
+                                .order_by(attempts.c.attempt_no))
+            return [Attempt(r.job_id, r.attempt_no, r.started_at, r.stopped_at, r.exit_code,
+                            r.reason) for r in rows]
+
+
+def _normalise_deps(job_id: str, depends_on: Iterable[Dependency],
+                    array_size: int | None) -> list[Dependency]:
+    out: dict[str, Dependency] = {}
+    for d in depends_on:
+        if not isinstance(d, Dependency):
+            raise ValidationError(f"depends_on entries must be Dependency, got {d!r}")
+        if d.type is DependencyType.SEQUENTIAL:
+            if d.job_id not in ("", job_id):
+                raise ValidationError("a SEQUENTIAL dependency names the job itself, not "
+                                      f"{d.job_id!r}")
+            if array_size is None:
+                raise ValidationError("a SEQUENTIAL dependency needs an array job")
+            d = Dependency(job_id, DependencyType.SEQUENTIAL)
+        elif d.job_id == job_id:
+            raise ValidationError(f"dependency cycle: job {job_id!r} would depend on itself")
+        if d.job_id in out and out[d.job_id] != d:
+            raise ValidationError(f"job {d.job_id!r} is listed twice in depends_on")
+        out[d.job_id] = d
+    return sorted(out.values(), key=lambda d: d.job_id)  # the order reads give back
+
+
+def _check_deps(conn: Connection, job_id: str, deps: list[Dependency],
+                array_size: int | None) -> None:
+    """Every dependency exists, N_TO_N pairs arrays of one size, and no cycle forms."""
+    others = [d for d in deps if d.type is not DependencyType.SEQUENTIAL]
+    if not others:
+        return
+    found = {r.id: r for r in conn.execute(
+        sa.select(jobs.c.id, jobs.c.array_parent_id, jobs.c.array_size)
+        .where(jobs.c.id.in_([d.job_id for d in others])))}
+    missing = [d.job_id for d in others if d.job_id not in found]
+    if missing:
+        raise ValidationError(f"depends on unknown job(s) {', '.join(missing)}")
+    for d in others:
+        r = found[d.job_id]
+        if d.type is DependencyType.N_TO_N and (
+                array_size is None or r.array_parent_id is not None
+                or r.array_size != array_size):
+            raise ValidationError(f"an N_TO_N dependency on {d.job_id!r} needs both jobs to be "
+                                  f"array jobs of one size (got {array_size} and {r.array_size})")
+    # Walk everything the new job would (transitively) wait for; meeting the new job again is a
+    # cycle. A child waits for what its parent waits for, so a child leads to its parent.
+    seen = {d.job_id for d in others}
+    frontier = set(seen)
+    while frontier:
+        edges = conn.execute(
+            sa.select(job_dependencies.c.depends_on).where(
+                job_dependencies.c.job_id.in_(frontier),
+                job_dependencies.c.type != DependencyType.SEQUENTIAL.value)
+            .union(sa.select(jobs.c.array_parent_id).where(
+                jobs.c.id.in_(frontier), jobs.c.array_parent_id.is_not(None)))).scalars()
+        nxt = set(edges) - seen
+        if job_id in nxt:
+            raise ValidationError(f"dependency cycle: job {job_id!r} would wait for itself")
+        seen |= nxt
+        frontier = nxt
+
+
+def _deps_of(conn: Connection, ids: list[str]) -> dict[str, tuple[Dependency, ...]]:
+    if not ids:
+        return {}
+    out: dict[str, list[Dependency]] = {}
+    for r in conn.execute(sa.select(job_dependencies).where(job_dependencies.c.job_id.in_(ids))
+                          .order_by(job_dependencies.c.job_id, job_dependencies.c.depends_on)):
+        out.setdefault(r.job_id, []).append(Dependency(r.depends_on, DependencyType(r.type)))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
+    return Job(
+        id=r["id"], name=r["name"], queue=r["queue"], status=JobStatus(r["status"]),
+        status_reason=r["status_reason"], definition_name=r["definition_name"],
+        definition_revision=r["definition_revision"], command=tuple(r["command"]),
+        environment=dict(r["environment"]), parameters=dict(r["parameters"]),
+        resources=Resources(r["cpus"], r["gpus"], r["memory_mib"]),
+        retry_strategy=_retry_from_json(r["retry_strategy"]),
+        timeout_seconds=r["timeout_seconds"], min_workers=r["min_workers"],
+        max_workers=r["max_workers"], array_parent_id=r["array_parent_id"],
+        array_index=r["array_index"], array_size=r["array_size"], depends_on=tuple(deps),
+        attempts=r["attempts"], preemptions=r["preemptions"], exit_code=r["exit_code"],
+        current_workers=r["current_workers"], created_at=r["created_at"],
+        updated_at=r["updated_at"], started_at=r["started_at"], stopped_at=r["stopped_at"])

@@ -1,0 +1,191 @@
+"""What the store returns: frozen records, never rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dyntrain.service.model import (
+    CapacityType,
+    CEStatus,
+    ComputeEnvironmentSpec,
+    Dependency,
+    ElasticSettings,
+    JobDefinitionSpec,
+    JobQueueSpec,
+    JobStatus,
+    Resources,
+    RetryAction,
+    RetryRule,
+    RetryStrategy,
+)
+
+ACTIVE, INACTIVE = "ACTIVE", "INACTIVE"  # job definition revisions
+WORKER_RUNNING, WORKER_LEAVING, WORKER_EXITED = "RUNNING", "LEAVING", "EXITED"
+
+
+class _NamedBySpec:
+    """Records whose name is their spec's."""
+
+    spec: ComputeEnvironmentSpec | JobQueueSpec | JobDefinitionSpec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class ComputeEnvironment(_NamedBySpec):
+    spec: ComputeEnvironmentSpec
+    status: CEStatus
+    status_reason: str | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class JobQueue(_NamedBySpec):
+    spec: JobQueueSpec
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class JobDefinition(_NamedBySpec):
+    spec: JobDefinitionSpec
+    revision: int
+    status: str  # ACTIVE or INACTIVE (deregistered)
+    created_at: float
+
+    @property
+    def ref(self) -> str:
+        return f"{self.spec.name}:{self.revision}"
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    name: str
+    queue: str
+    status: JobStatus
+    status_reason: str | None
+    definition_name: str | None  # None for an inline command
+    definition_revision: int | None
+    command: tuple[str, ...]  # resolved: no Ref:: left
+    environment: dict[str, str]
+    parameters: dict[str, str]  # the merged values the command was resolved with
+    resources: Resources  # per worker
+    retry_strategy: RetryStrategy
+    timeout_seconds: float | None
+    min_workers: int | None  # both None unless the job is elastic
+    max_workers: int | None
+    array_parent_id: str | None
+    array_index: int | None
+    array_size: int | None  # on the parent and on each child
+    depends_on: tuple[Dependency, ...]
+    attempts: int
+    preemptions: int
+    exit_code: int | None
+    current_workers: int
+    created_at: float
+    updated_at: float
+    started_at: float | None
+    stopped_at: float | None
+
+    @property
+    def elastic(self) -> ElasticSettings | None:
+        if self.min_workers is None or self.max_workers is None:
+            return None
+        return ElasticSettings(self.min_workers, self.max_workers)
+
+    @property
+    def is_array_parent(self) -> bool:
+        return self.array_size is not None and self.array_parent_id is None
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One worker process of a job attempt, where it runs, and how to find it again."""
+
+    id: str
+    job_id: str
+    attempt_no: int
+    compute_environment: str
+    capacity_type: str
+    price_per_slot_hour: float
+    handle: dict | None
+    state: str
+    started_at: float
+    leave_reason: str | None = None
+    exit_code: int | None = None
+    leave_at: float | None = None
+    stopped_at: float | None = None
+
+
+_WORKER_FIELDS = [f.name for f in dataclasses.fields(WorkerRecord)]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    job_id: str
+    attempt_no: int
+    started_at: float
+    stopped_at: float | None
+    exit_code: int | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class Usage:
+    id: int
+    job_id: str
+    attempt_no: int
+    compute_environment: str
+    capacity_type: CapacityType
+    worker_seconds: float
+    price_per_slot_hour: float
+    wasted: bool
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class LogLine:
+    seq: int
+    attempt_no: int
+    worker: str | None
+    line: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    job_id: str | None
+    kind: str
+    payload: dict[str, Any]
+    at: float
+
+
+# Columns update_job may change; everything else about a job is fixed at submit.
+MUTABLE_JOB_FIELDS = frozenset({
+    "status", "status_reason", "attempts", "preemptions", "started_at", "stopped_at",
+    "exit_code", "current_workers", "min_workers", "max_workers",
+})
+
+
+def _retry_to_json(r: RetryStrategy) -> dict:
+    return {"attempts": r.attempts,
+            "evaluate_on_exit": [{"action": rule.action.value, "on_exit_code": rule.on_exit_code,
+                                  "on_reason": rule.on_reason} for rule in r.evaluate_on_exit]}
+
+
+def _retry_from_json(d: dict) -> RetryStrategy:
+    return RetryStrategy(d["attempts"], tuple(
+        RetryRule(RetryAction(x["action"]), x.get("on_exit_code"), x.get("on_reason"))
+        for x in d.get("evaluate_on_exit", ())))
+
+
+def _elastic(min_w: int | None, max_w: int | None) -> ElasticSettings | None:
+    return None if min_w is None or max_w is None else ElasticSettings(min_w, max_w)
+
