@@ -75,9 +75,20 @@ def test_compare_rejects_a_file_that_is_not_a_state_dict(tmp_path):
     assert_one_line_error(proc, "not a loadable state dict")
 
 
-def test_unknown_option_is_a_one_line_error():
-    proc = run_cli(["run", "--bogus", "x.py"])
-    assert_one_line_error(proc, "--bogus")
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--wrokers", "2", "x.py"], "No such option '--wrokers'. Did you mean '--workers'?"),
+    (["run", "--bogus=3", "x.py"], "No such option '--bogus'."),
+    (["worker", "--coordinator", "h:1", "--connect-timeot", "3", "x.py"],
+     "Did you mean '--connect-timeout'?")])
+def test_unknown_option_is_called_one(args, needle, capsys):
+    """Not 'script not found: --wrokers': SCRIPT takes the first word that is not an option."""
+    from dyntrain.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and needle in err, err
+    assert err.count("\n") == 1 and err.startswith("dyntrain: error: No such option"), err
 
 
 def test_compare_reports_match_and_difference(tmp_path):

@@ -373,6 +373,22 @@ def test_cli_workload_that_never_reaches_target(tmp_path, capsys):
     assert data["workloads"][0]["learning_rate"] is None
 
 
+def test_cli_says_no_finished_trials_instead_of_target_never_reached(tmp_path, capsys):
+    """A sweep interrupted before its first trial, or a batch size still waiting for one."""
+    root = tmp_path / "s"
+    for b in (32, 64):
+        study = synthetic_study(b, None)
+        write_study(root, Study(study.dataset, study.model, study.optimizer, b, [],
+                                study.metric, study.target))
+    code, stdout, err = invoke(["lab", "report", root], capsys)
+    assert_one_line_error(code, err, "no finished trials yet (2 studies planned)", "to resume")
+    assert "never reached" not in err and not (root / "report").exists()
+    write_study(root, synthetic_study(128, None))
+    code, stdout, err = invoke(["lab", "report", root], capsys)
+    assert code == 0, err
+    assert "B=32      no finished trials" in stdout and "B=128     not reached (" in stdout
+
+
 def test_cli_bad_inputs_are_one_line_errors(tmp_path, capsys):
     code, _, err = invoke(["lab", "report", tmp_path / "missing"], capsys)
     assert_one_line_error(code, err, "no such folder")

@@ -29,10 +29,12 @@ from dyntrain.lab.sweep import (
     SweepConfig,
     TrialTask,
     config_from,
+    describe,
     geometric_grid,
     parse_batch_sizes,
     plan,
     prepare,
+    read_outcome,
     run_sweep,
     write_trial,
 )
@@ -212,6 +214,23 @@ def test_unfinished_trials_are_invisible_and_rerun(tmp_path):
     assert [t.trial_id for t in read_studies(tmp_path)[0].trials] == ["trial_0000"]
 
 
+def test_progress_line_of_a_trial_read_back_from_disk_shows_the_best_value(tmp_path):
+    """The service path prints trials as read from their folders: the best value reached, not
+    'best nan'."""
+    w = toy_workload()
+    sweep = plan(tmp_path, SweepConfig(batch_sizes=(16,), trials=1, budget_steps=3,
+                                       lr_range=(1e-5, 2e-5), optimizers=("sgd",)), w)
+    prepare(sweep)
+    task = sweep.tasks[0]
+    outcome = run_trial(w, task.spec)
+    assert outcome.steps_to_result is None
+    write_trial(task, outcome, "valid_error")
+    best = min(m.metric_value for m in outcome.measurements)
+    line = describe(task, read_outcome(task, "valid_error"))
+    assert line == describe(task, outcome) and f"(best {best:.4g})" in line, line
+    assert "nan" not in line
+
+
 def test_run_sweep_inline_writes_the_batch_science_layout_and_resumes(tmp_path, capsys):
     cfg = SweepConfig(batch_sizes=(8, 32, 128), optimizers=("sgd", "nesterov"), trials=3,
                       budget_steps=150, lr_range=(0.01, 3.0), workload=TOY)
@@ -342,14 +361,17 @@ def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
 def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
     """Ctrl-C or SIGTERM: exit 130 with a one-line hint, no traceback, no stray processes, only
     whole trial folders; the same command then runs only what is missing."""
-    out = tmp_path / "sweep"
-    args = [*DYNTRAIN, "lab", "sweep", "--workload", TOY, "--batch-sizes", "8:64",
-            "--trials", "4", "--budget-steps", "1500", "--lr-range", "1e-5:1e-4",
-            "--jobs", "2", "--service", "none", "--out", str(out)]
+    out, gate = tmp_path / "sweep", tmp_path / "gate"
+    # every trial but the first waits for the gate: the sweep is surely running when stopped
+    args = [*DYNTRAIN, "lab", "sweep", "--workload",
+            f"{SCRIPTS / 'toy_workload.py'}:gated_toy_workload", "--workload-arg",
+            f"gate={gate}", "--batch-sizes", "8:64", "--trials", "4", "--budget-steps", "200",
+            "--lr-range", "1e-5:1e-4", "--jobs", "2", "--service", "none", "--out", str(out)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     deadline = time.monotonic() + 120
-    while not list(out.rglob("trial_*/metadata.json")) and time.monotonic() < deadline:
+    while not (list(out.rglob("trial_*/metadata.json")) and list(tmp_path.glob("gate.waiting-*"))):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     os.killpg(proc.pid, sig)
     _, err = proc.communicate(timeout=60)
@@ -367,6 +389,7 @@ def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
         assert time.monotonic() < deadline, "processes of the sweep outlived it"
         time.sleep(0.2)
     # the same command again runs only the pending trials
+    gate.touch()
     again = run_cli([*args[3:], "--quiet"], timeout=600)
     assert again.returncode == 0, again.stderr
     assert len(list(out.rglob("trial_*/metadata.json"))) == 32

@@ -34,7 +34,8 @@ def main():
     ap.add_argument("--step-delay", type=float, default=0.0)
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
-    ap.add_argument("--raise-in", default=None, help="worker id that raises after some chunks")
+    ap.add_argument("--raise-in", default=None,
+                    help="worker id (or 'all') that raises after some chunks")
     ap.add_argument("--raise-after", type=int, default=50, help="chunks before it raises")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -59,7 +60,7 @@ def main():
     def loss_fn(model, batch):
         idx, x = batch
         calls[0] += 1
-        if args.raise_in and args.raise_in == os.environ.get("DYNTRAIN_WORKER_ID") \
+        if args.raise_in in ("all", os.environ.get("DYNTRAIN_WORKER_ID")) \
                 and calls[0] > args.raise_after:
             raise RuntimeError("simulated device failure")
         if args.step_delay:

@@ -56,6 +56,9 @@ def report(root: Path, out: Path | None, noise_specs: tuple[str, ...], target: f
         studies = read_studies(root, target=target, metric=metric)
     except LabError as e:
         raise LabError(_hint(str(e))) from None
+    if not any(s.trials for s in studies):
+        raise LabError(f"{root}: no finished trials yet ({len(studies)} studies planned); "
+                       "let `dyntrain lab sweep` finish, or run it again to resume")
     noise = []
     names: set[str] = set()
     for spec in noise_specs:

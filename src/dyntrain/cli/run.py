@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import sys
@@ -21,6 +22,14 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
         if not args:
             raise DyntrainError("-m needs a module name")
         return ["-m", *args]
+    if script.startswith("-"):
+        # SCRIPT takes the first word that is not one of our options: a typo lands here
+        ctx = click.get_current_context()
+        known = [o for param in ctx.command.params for o in getattr(param, "opts", ())
+                 if o.startswith("--")]
+        name = script.split("=")[0]
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        raise click.NoSuchOption(name, ctx=ctx, possibilities=close)
     if not Path(script).is_file():
         raise DyntrainError(f"script not found: {script}")
     return [script, *args]

@@ -91,6 +91,7 @@ class Coordinator:
         self.gone: set[str] = set()  # left gracefully or dead; never admitted again
         self.dead: set[str] = set()  # declared dead (exit, exception, lost heartbeat)
         self.last_error: str | None = None
+        self.errors: dict[str, str] = {}  # worker -> the exception it reported (it exits itself)
         self.fingerprint: str | None = None
         self.job_config: dict = {}
         self.highest_step = 0
@@ -337,6 +338,7 @@ class Coordinator:
         # An exception is one worker's crash (a bad GPU, an OOM): the others carry on. A bug that
         # fails everywhere ends the job once every worker is gone; last_error then says why.
         self.last_error = f"{worker}: {f.get('message')}"
+        self.errors[worker] = str(f.get("message"))
         self.mark_dead(worker, f"raised {f.get('message')}")
 
     def _end_generation(self, ctl: str) -> None:

@@ -49,7 +49,13 @@ from dyntrain.lab.fit import (
     fit_steps_curve,
     scaling_heuristics,
 )
-from dyntrain.lab.results import LabError, Study, group_studies, steps_curve
+from dyntrain.lab.results import (
+    NO_FINISHED_TRIALS,
+    LabError,
+    Study,
+    group_studies,
+    steps_curve,
+)
 
 __all__ = [
     "LR_KEYS",
@@ -261,7 +267,9 @@ def find_hyperparameter(hparams: Mapping[str, Any], names: Sequence[str], *,
 # analysis
 
 
-def _fit_note(reached: int, total: int) -> str:
+def _fit_note(reached: int, total: int, trials: int) -> str:
+    if trials == 0:
+        return f"{NO_FINISHED_TRIALS} ({total} batch size{'s' if total != 1 else ''} planned)"
     if reached == 0:
         return f"target never reached at any batch size ({total} measured)"
     return (f"target reached at only {reached} of {total} batch size"
@@ -283,7 +291,7 @@ def _analyse_workload(studies: list[Study]) -> WorkloadReport:
         except LabError as e:
             fit_note = str(e)
     else:
-        fit_note = _fit_note(reached, len(curve))
+        fit_note = _fit_note(reached, len(curve), sum(len(s.trials) for s in studies))
     if fit is not None:
         regimes: list[str | None] = list(classify_regimes(batches, steps, fit))
     else:
@@ -743,7 +751,8 @@ def summary_lines(reports: Sequence[WorkloadReport], noise: Sequence[NoiseSeries
             lines.append(f"  no fit: {r.fit_note}")
         for p in r.points:
             if p.steps is None:
-                what = f"not reached ({p.reason})" if p.reason else NOT_REACHED
+                what = (p.reason if p.trials == 0 else
+                        f"not reached ({p.reason})" if p.reason else NOT_REACHED)
                 lines.append(f"  B={p.batch_size:<7} {what}")
             else:
                 lines.append(f"  B={p.batch_size:<7} S={p.steps:<8} {p.regime or ''}".rstrip())

@@ -37,6 +37,8 @@ from typing import Any, NamedTuple
 
 from dyntrain.errors import DyntrainError
 
+NO_FINISHED_TRIALS = "no finished trials"
+
 
 class LabError(DyntrainError):
     """Study files are missing or malformed, or a lab computation has too little data."""
@@ -152,7 +154,7 @@ def infeasible_reason(study: Study) -> str:
     if best_steps(study)[0] is not None:
         return ""
     if not study.trials:
-        return "no trials"
+        return NO_FINISHED_TRIALS
     diverged = sum(t.diverged for t in study.trials)
     if diverged == len(study.trials):
         return f"all {diverged} trials diverged"

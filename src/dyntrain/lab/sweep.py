@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dyntrain.lab.results import LabError
+from dyntrain.lab.results import LabError, read_measurements
 from dyntrain.lab.search import OPTIMIZERS, search_space, trial_points
 from dyntrain.lab.trial import TrialOutcome, TrialSpec, run_trial
 from dyntrain.lab.workload import LabWorkload, load_workload
@@ -275,14 +275,16 @@ def write_trial(task: TrialTask, outcome: TrialOutcome, metric: str) -> Path:
     return final
 
 
-def read_outcome(task: TrialTask) -> TrialOutcome | None:
-    """A finished trial's summary from its metadata.json (without its measurements); None
-    while the trial has not finished."""
+def read_outcome(task: TrialTask, metric: str | None = None) -> TrialOutcome | None:
+    """A finished trial's summary from its metadata.json, with its measurements when
+    ``metric`` names their column; None while the trial has not finished."""
     try:
         meta = json.loads((task.folder() / "metadata.json").read_text())
     except (OSError, ValueError):
         return None
-    return TrialOutcome(diverged=meta.get("status") == "diverged",
+    measurements = (read_measurements(task.folder() / "measurements.csv", metric)
+                    if metric is not None else [])
+    return TrialOutcome(measurements=measurements, diverged=meta.get("status") == "diverged",
                         reason=meta.get("reason", ""), steps_run=meta.get("steps_run", 0),
                         steps_to_result=meta.get("steps_to_result"),
                         seconds=meta.get("seconds", 0.0))
@@ -305,9 +307,11 @@ def describe(task: TrialTask, outcome: TrialOutcome | None) -> str:
     elif outcome.steps_to_result is not None:
         result = f"{outcome.steps_to_result} steps"
     else:
-        values = [m.metric_value for m in outcome.measurements]
-        best = (max if task.spec.higher_is_better else min)(values) if values else float("nan")
-        result = f"not reached in {outcome.steps_run} (best {best:.4g})"
+        values = [m.metric_value for m in outcome.measurements
+                  if not math.isnan(m.metric_value)]
+        best = (f"best {(max if task.spec.higher_is_better else min)(values):.4g}" if values
+                else "not evaluated")
+        result = f"not reached in {outcome.steps_run} ({best})"
     return f"{text:<60} -> {result} ({outcome.seconds:.1f}s)"
 
 
@@ -471,7 +475,7 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
             status = client.get_job(job_id)["status"]
             for task in [t for t in waiting if t.done()]:
                 waiting.remove(task)
-                progress(task, read_outcome(task))
+                progress(task, read_outcome(task, sweep.metric))
             if status in ("SUCCEEDED", "FAILED"):
                 break
             time.sleep(poll)

@@ -39,7 +39,7 @@ class LocalWorkers:
         env = {**os.environ, **self.extra_env, ENV_COORDINATOR: self.coordinator,
                ENV_WORKER_ID: worker_id, ENV_OUT: str(self.out_dir), "PYTHONUNBUFFERED": "1",
                "LOCAL_RANK": str(self._next - 1)}
-        log_path = self.out_dir / "logs" / f"worker-{worker_id}.log"
+        log_path = self.log_path(worker_id)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen([sys.executable, *self.command], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -78,9 +78,13 @@ class LocalWorkers:
                 w.proc.kill()
                 w.proc.wait()
 
+    def log_path(self, worker_id: str) -> Path:
+        """Where a local worker's stdout and stderr go (its traceback, when it failed)."""
+        return self.out_dir / "logs" / f"worker-{worker_id}.log"
+
     def last_line(self, worker_id: str) -> str:
         """The last non-empty line a worker wrote (its error, when it failed)."""
-        path = self.out_dir / "logs" / f"worker-{worker_id}.log"
+        path = self.log_path(worker_id)
         try:
             lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:

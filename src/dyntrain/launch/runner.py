@@ -23,6 +23,9 @@ from dyntrain.launch.local import SIGNALS, LocalWorkers
 TICK_SECONDS = 0.01
 # Each injected event as it fires (one JSON line), so that a resumed run skips those.
 FIRED_FILE = "fired_events.jsonl"
+# A worker that reported an exception exits by itself, printing its traceback into its log;
+# it is killed only if it is still there after this.
+ERROR_EXIT_SECONDS = 10.0
 # Workers started by one join event are admitted together if they all arrive within this.
 JOIN_BATCH_SECONDS = 60.0
 
@@ -117,6 +120,13 @@ class RunSink:
         return [json.loads(line)["event"] for line in path.read_text().splitlines()
                 if line.strip()]
 
+    def unfired(self, events: list[str], why: str) -> None:
+        """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""
+        self.results["events_not_fired"] = events
+        (self.out_dir / "result.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        print(f"[{time.time() - self.started:7.2f}s] {len(events)} event(s) never fired: "
+              f"{', '.join(events)} ({why})", file=self.stream, flush=True)
+
     def close(self) -> None:
         self.events_file.close()
         self.metrics_file.close()
@@ -155,10 +165,17 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     sink.log(f"coordinator listening on {address}; join with: dyntrain worker --coordinator "
              f"{socket.gethostname() if opts.host == '0.0.0.0' else opts.host}:{store.port} "
              f"{' '.join(opts.command)}")
+    if opts.nproc > opts.max_workers:
+        sink.log(f"{opts.nproc - opts.max_workers} of the {opts.nproc} workers wait on standby "
+                 f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
+                 f"{opts.max_workers}); they join when a member leaves")
+    scheduled = len(schedule.pending)
     for _ in range(opts.nproc):
         workers.start()
     try:
-        return _loop(opts, coord, workers, schedule, sink)
+        code = _loop(opts, coord, workers, schedule, sink)
+        _report_unfired(schedule, scheduled, coord, sink)
+        return code
     finally:
         workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
         sink.close()
@@ -168,17 +185,26 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
           sink: RunSink) -> int:
     last_fired: tuple[str, list[str]] | None = None
     startup_failure = ""
+    errored_at: dict[str, float] = {}
     while True:
         for worker_id, code in workers.reap():
             if code != 0 and worker_id not in coord.workers and code > 0:
                 # it never reached the coordinator: its own error is the most useful thing to say
-                startup_failure = workers.last_line(worker_id) or f"exit code {code}"
+                startup_failure = (f"{workers.last_line(worker_id) or f'exit code {code}'} "
+                                   f"(see {workers.log_path(worker_id)})")
                 sink.log(f"worker {worker_id} exited with code {code} before joining: "
                          f"{startup_failure}")
             elif code != 0:
                 coord.mark_dead(worker_id, f"exit code {code}")
+                if worker_id in coord.errors:
+                    sink.log(f"worker {worker_id} exited with code {code}; its traceback is in "
+                             f"{workers.log_path(worker_id)}")
         phase = coord.tick()
+        now = time.monotonic()
         for worker_id in coord.dead & set(workers.alive()):
+            if worker_id in coord.errors and \
+                    now - errored_at.setdefault(worker_id, now) < ERROR_EXIT_SECONDS:
+                continue  # it is writing its traceback and exiting
             workers.signal(worker_id, "kill")  # declared dead (e.g. hung): make sure it is
         if phase is Phase.DONE:
             workers.stop_all(timeout=30.0)
@@ -200,7 +226,12 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             ckpt = coord.find_checkpoint()
             hint = (f"; the newest checkpoint is at step {ckpt[0]}: run the same command again "
                     "to resume" if ckpt else "")
-            last = f" (last error: {coord.last_error})" if coord.last_error else ""
+            last = ""
+            if coord.last_error:
+                culprit = list(coord.errors)[-1]
+                log_file = workers.log_path(culprit)
+                where = f"; its traceback: {log_file}" if log_file.is_file() else ""
+                last = f" (last error: {coord.last_error}{where})"
             reason = f"every worker is gone{last}{hint}"
             if startup_failure and coord.current is None:
                 reason = f"no worker could start: {startup_failure}"
@@ -208,6 +239,25 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             sink.log(f"job failed: {coord.failure}")
             return 1
         time.sleep(TICK_SECONDS)
+
+
+def _report_unfired(schedule: EventSchedule, scheduled: int, coord: Coordinator,
+                    sink: RunSink) -> None:
+    """Say which events never fired, and why the first of them did not."""
+    pending = schedule.pending
+    if not pending:
+        return
+    first, step = pending[0], coord.highest_step
+    if first.trigger == "step" and first.at > step:
+        why = f"the job ended at step {step}, before step {first.at:g}"
+    elif first.trigger == "t" and first.at > coord.clock() - coord.started_at:
+        why = f"the job ended before t={first.at:g} s"
+    elif len(pending) < scheduled:
+        why = (f"the job ended at step {step} while the event before it was still taking "
+               "effect")
+    else:
+        why = f"the job ended at step {step}"
+    sink.unfired([e.text for e in pending], f"{why}; a longer run lets them fire")
 
 
 def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
