@@ -152,6 +152,7 @@ _BASE = dict(
     noise_scale=False,
     noise_ema=0.95,
     noise_every=4,
+    grad_clip_norm=None,
 )
 
 # One changed value per field; every field of TrainConfig must be listed here.
@@ -169,6 +170,7 @@ _CHANGES = {
     "noise_scale": True,
     "noise_ema": 0.9,
     "noise_every": 2,
+    "grad_clip_norm": 1.0,
 }
 
 

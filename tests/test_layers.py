@@ -10,7 +10,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "dyntrain"
 # package -> packages it must not import (at module level or inside a function)
 FORBIDDEN = {
     "elastic": ("dyntrain.lab", "dyntrain.service", "dyntrain.launch", "dyntrain.cli",
-                "dyntrain.workloads"),
+                "dyntrain.workloads", "dyntrain.data"),
+    "data": ("dyntrain.lab", "dyntrain.service", "dyntrain.launch", "dyntrain.cli",
+             "dyntrain.workloads", "dyntrain.recipes"),
 }
 
 

@@ -7,3 +7,7 @@ class DyntrainError(Exception):
 
 class ConfigError(DyntrainError, ValueError):
     """A configuration value is invalid or inconsistent with another."""
+
+
+class DataError(DyntrainError):
+    """A data file is missing, unreadable or not an image; the message names the file."""

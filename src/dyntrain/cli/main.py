@@ -7,6 +7,7 @@ import sys
 import click
 
 from dyntrain.cli.compare import compare
+from dyntrain.cli.data import data
 from dyntrain.cli.lab import lab
 from dyntrain.cli.run import run, worker
 from dyntrain.cli.service import COMMANDS as SERVICE_COMMANDS
@@ -22,6 +23,7 @@ def cli() -> None:
 cli.add_command(run)
 cli.add_command(worker)
 cli.add_command(compare)
+cli.add_command(data)
 cli.add_command(lab)
 for _command in SERVICE_COMMANDS:
     cli.add_command(_command)

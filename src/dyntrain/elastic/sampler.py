@@ -32,6 +32,25 @@ def chunk_indices(batch_indices: torch.Tensor, chunk: int, chunk_size: int) -> t
     return batch_indices[chunk * chunk_size : (chunk + 1) * chunk_size]
 
 
+class BatchOrder:
+    """The sample indices of any global step, epochs back to back (caches one permutation)."""
+
+    def __init__(self, seed: int, dataset_size: int, global_batch: int) -> None:
+        self.seed, self.dataset_size, self.global_batch = seed, dataset_size, global_batch
+        self.steps_per_epoch = dataset_size // global_batch
+        self._epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+
+    def indices(self, step: int) -> torch.Tensor:
+        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        if epoch != self._epoch:
+            self._perm, self._epoch = epoch_permutation(self.seed, epoch, self.dataset_size), epoch
+        g = self.global_batch
+        return self._perm[in_epoch * g : (in_epoch + 1) * g]
+
+    def chunk(self, step: int, chunk: int, chunk_size: int) -> torch.Tensor:
+        return chunk_indices(self.indices(step), chunk, chunk_size)
+
+
 def chunk_seed(seed: int, step: int, chunk: int) -> int:
     """The RNG seed for dropout and augmentation of one chunk, whoever computes it."""
     return derive_seed(seed, "chunk", step, chunk)

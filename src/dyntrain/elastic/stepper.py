@@ -30,7 +30,7 @@ from dyntrain.elastic.buffers import BatchNormChunkStats
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.noise import NoiseScale, NoiseScaleTracker
 from dyntrain.elastic.plan import assign_chunks
-from dyntrain.elastic.sampler import chunk_indices, chunk_seed, epoch_permutation
+from dyntrain.elastic.sampler import BatchOrder, chunk_indices, chunk_seed
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.errors import ConfigError
 
@@ -50,15 +50,18 @@ class StepResult:
     # This step's gradient noise scale estimates (TrainConfig.noise_scale); None when it is off
     # or the step's gradients were not finite (a loss-scaler overflow step).
     noise: NoiseScale | None = None
+    # The global norm of the reduced gradient before clipping (TrainConfig.grad_clip_norm).
+    grad_norm: float | None = None
 
 
 class ChunkStepper:
     """Computes a worker's share of one step and applies the summed result."""
 
     def __init__(self, config: TrainConfig, parts: TrainingParts, dataset: Dataset,
-                 loss_fn: LossFn, device: torch.device) -> None:
+                 loss_fn: LossFn, device: torch.device, loader=None) -> None:
         self.config, self.parts, self.dataset = config, parts, dataset
         self.loss_fn, self.device = loss_fn, device
+        self.loader = loader  # a dyntrain.data.ChunkLoader, or None: load in this process
         self.dataset_size = len(dataset)
         self.steps_per_epoch = config.steps_per_epoch(self.dataset_size)
         self.params = [q for q in parts.model.parameters() if q.requires_grad]
@@ -71,7 +74,7 @@ class ChunkStepper:
         # Gradients live in one flat buffer: backward accumulates into views of it.
         self._grads = torch.zeros(numel, dtype=param_dtype, device=device)
         self.reduce_dtype = torch.float64 if config.exact_reduction else torch.float32
-        self._perm_epoch, self._perm = -1, torch.empty(0, dtype=torch.long)
+        self.order = BatchOrder(config.seed, self.dataset_size, config.global_batch)
         self.noise: NoiseScaleTracker | None = None
         if config.noise_scale:
             self.noise = NoiseScaleTracker(config.chunk_size, config.global_batch,
@@ -82,12 +85,7 @@ class ChunkStepper:
 
     def batch_indices(self, step: int) -> torch.Tensor:
         """The sample indices of global step ``step`` (epochs run back to back)."""
-        epoch, in_epoch = divmod(step, self.steps_per_epoch)
-        if epoch != self._perm_epoch:
-            self._perm = epoch_permutation(self.config.seed, epoch, self.dataset_size)
-            self._perm_epoch = epoch
-        g = self.config.global_batch
-        return self._perm[in_epoch * g : (in_epoch + 1) * g]
+        return self.order.indices(step)
 
     def my_chunks(self, rank: int, world_size: int) -> range:
         return assign_chunks(self.config.num_chunks, world_size)[rank]
@@ -115,6 +113,8 @@ class ChunkStepper:
         norms: list[torch.Tensor] | None = [] if measure else None
         if norms is not None and not isinstance(chunks, range):
             chunks = list(chunks)  # iterated twice
+        if self.loader is not None:
+            self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
         self.bn.begin_step()
         table = torch.zeros(cfg.num_chunks, self.bn.width, device=self.device,
@@ -123,7 +123,7 @@ class ChunkStepper:
         for chunk in chunks:
             # Randomness (dropout, augmentation) depends on (seed, step, chunk), not on the worker.
             self._seed(chunk_seed(cfg.seed, step, chunk))
-            batch = self._fetch(chunk_indices(batch_idx, chunk, cfg.chunk_size))
+            batch = self._fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
             self.bn.before_chunk()
             # loss_fn returns the chunk mean; each .backward() adds to .grad, so weighting by
             # chunk/global makes the sum over all chunks of all workers the global-batch mean.
@@ -201,6 +201,11 @@ class ChunkStepper:
         # Before the optimizer step: the scaler unscales the gradients in place.
         big = _row_norm(self._grads_row) if measured else None
         self.bn.finish_step(flat[offset : offset + width].view(self.config.num_chunks, -1))
+        grad_norm = None
+        if self.config.grad_clip_norm is not None:
+            if scaler is not None:
+                scaler.unscale_(opt)  # clip the true gradient; the scaler knows it is unscaled
+            grad_norm = clip_flat_(self._grads, self.config.grad_clip_norm)
         if scaler is not None:
             scaler.step(opt)
             scaler.update()
@@ -214,7 +219,8 @@ class ChunkStepper:
         else:
             *chunk_norms, loss, reform, leavers = flat[-TAIL - self.config.num_chunks :].tolist()
             noise = self._update_noise(chunk_norms, big.item(), loss_scale)
-        return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers), noise=noise)
+        return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers), noise=noise,
+                          grad_norm=grad_norm)
 
     def _update_noise(self, chunk_norms: list[float], big_norm: float,
                       loss_scale: float) -> NoiseScale | None:
@@ -233,13 +239,24 @@ class ChunkStepper:
             return None  # an overflow step, which the scaler skips as well
         return self.noise.update(small, big)
 
-    def _fetch(self, idx: torch.Tensor):
+    def _fetch(self, step: int, chunk: int, idx: torch.Tensor):
+        if self.loader is not None:
+            return self.loader.fetch(step, chunk, idx)
         ds = self.dataset
         if isinstance(ds, TensorDataset):
             batch = tuple(t[idx] for t in ds.tensors)
         else:
             batch = default_collate([ds[i] for i in idx.tolist()])
         return _to_device(batch, self.device)
+
+
+def clip_flat_(grads: torch.Tensor, max_norm: float) -> float:
+    """Scale the flat reduced gradient in place so its global L2 norm is at most ``max_norm``;
+    returns the norm before clipping. Every worker holds the same reduced gradient, so every
+    worker clips alike, whatever the world size."""
+    norm = torch.linalg.vector_norm(grads, dtype=torch.float32)
+    grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads.dtype))
+    return float(norm)
 
 
 def _row_norm(row: torch.Tensor) -> torch.Tensor:

@@ -26,9 +26,11 @@ from dyntrain.elastic.checkpoint import (
 )
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
-from dyntrain.errors import DyntrainError
+from dyntrain.elastic.validation import Validation
+from dyntrain.errors import DataError, DyntrainError
 
 log = logging.getLogger("dyntrain.trainer")
 
@@ -73,6 +75,8 @@ class ElasticTrainer:
         coordinator: str | None = None,
         worker_id: str | None = None,
         collective_timeout: float = 300.0,
+        loader=None,
+        validation: Validation | None = None,
     ) -> None:
         self.config = config
         self.device = torch.device(device) if device is not None else _default_device(config)
@@ -81,6 +85,12 @@ class ElasticTrainer:
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
+        if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
+            order = BatchOrder(config.seed, len(dataset), config.global_batch)
+            self.stepper.loader = loader.build(dataset, order, config.chunk_size,
+                                               self.total_steps, config.seed, self.device)
+        self.validation = validation
+        self.validations: list[dict] = []  # this worker's validation results, with their step
         self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
         out = out_dir or os.environ.get(ENV_OUT)
@@ -108,7 +118,15 @@ class ElasticTrainer:
 
     def fit(self) -> None:
         """Train to the end. A worker that leaves the job (preemption notice, drain, or not needed
-        at the end) raises ``SystemExit(0)`` once its part is handed over."""
+        at the end) raises ``SystemExit(0)`` once its part is handed over. The loader processes
+        (if any) stop when it returns."""
+        try:
+            self._fit()
+        finally:
+            if self.stepper.loader is not None:
+                self.stepper.loader.close()
+
+    def _fit(self) -> None:
         if self.coordinator is None:
             self._fit_alone()
             return
@@ -118,10 +136,13 @@ class ElasticTrainer:
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self._fit_elastic()
-        except (DyntrainError, SystemExit, KeyboardInterrupt):
+        except (SystemExit, KeyboardInterrupt):
             raise
         except Exception as exc:
-            self._channel.send("error", message=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            # the runtime's own errors (job over, coordinator lost) are known to the launcher
+            if not isinstance(exc, DyntrainError) or isinstance(exc, DataError):
+                self._channel.send("error",
+                                   message=f"{type(exc).__name__}: {exc}".splitlines()[0])
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -150,6 +171,7 @@ class ElasticTrainer:
             group.allreduce_sum(flat, lambda: False)
             self.last_result = self.stepper.apply(flat)
             self.step += 1
+            self._maybe_validate()
             self._maybe_checkpoint(force=self.step == self.total_steps)
         self._write_final()
 
@@ -238,13 +260,16 @@ class ElasticTrainer:
                 self._maybe_checkpoint(force=result.leavers == gen.world_size
                                        or self.step == self.total_steps)
                 now = time.perf_counter()
+                extra = self._noise_metrics(result)
+                if result.grad_norm is not None:
+                    extra["grad_norm"] = _metric(result.grad_norm)
                 ch.send("metrics", gen=gen.number, step=self.step,
                         epoch=(self.step - 1) // stepper.steps_per_epoch,
                         world_size=gen.world_size, total_steps=self.total_steps,
                         loss=round(result.loss, 6),
                         samples_per_s=round(self.config.global_batch / (now - last), 1),
-                        time=time.time(), **self._noise_metrics(result))
-                last = now
+                        time=time.time(), **extra, **self._maybe_validate())
+                last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break
             if result.reform:
@@ -266,6 +291,16 @@ class ElasticTrainer:
         raw = result.noise.b_simple if result.noise is not None else None
         return {"b_simple": _metric(tracker.b_simple), "b_simple_raw": _metric(raw),
                 "g2": _metric(tracker.g2_ema), "trace_sigma": _metric(tracker.trace_ema)}
+
+    def _maybe_validate(self) -> dict:
+        """Run the validation hook if it is due after this step; its ``val_*`` fields."""
+        v = self.validation
+        if v is None or not v.due(self.step, self.stepper.steps_per_epoch, self.total_steps):
+            return {}
+        fields = v.run(self.parts.model)
+        self.validations.append({"step": self.step, **fields})
+        log.info("validation after step %d: %s", self.step, fields)
+        return fields
 
     # ---- files ---------------------------------------------------------------------------------
 

@@ -1,0 +1,229 @@
+"""Decoding and the article's augmentations, as a map-style image data set.
+
+Training: random resized crop (area in ``scale``, aspect ratio in [3/4, 4/3]), horizontal flip,
+then MXNet's colour jitter (brightness, saturation, hue by a YIQ rotation), AlexNet's PCA lighting
+noise with the ImageNet eigenvalues/eigenvectors, and normalisation by the data set mean/std.
+Validation: resize the shorter side, centre crop, normalise.
+
+The colour steps are linear in RGB (MXNet applies them to float pixels without clipping), so
+together with the lighting offset and the normalisation they fold into one affine map per sample,
+``x -> M x + b``, applied in a single matrix product: the same numbers as applying them one by
+one, at a fraction of the cost. Crop, resize and flip run on uint8 images with torch's
+antialiased bilinear kernel; where ``torchvision.transforms.v2`` imports, its functional kernels
+run instead (they call the same torch kernel, so results agree).
+
+All randomness comes from torch's global generator, which the chunk loader seeds per sample from
+(seed, step, chunk, position): the same image gets the same augmentation in any process.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from dyntrain.data.sources import DataError, ImageFolder, PackedShards, open_source
+from dyntrain.errors import ConfigError
+
+# AlexNet's PCA of ImageNet RGB pixels (0-255 scale), as used by fb.resnet.torch and MXNet.
+IMAGENET_EIGVAL = (55.46, 4.794, 1.148)
+IMAGENET_EIGVEC = ((-0.5675, 0.7192, 0.4009),
+                   (-0.5808, -0.0045, -0.8140),
+                   (-0.5836, -0.6948, 0.4203))
+IMAGENET_MEAN = (123.68, 116.779, 103.939)
+IMAGENET_STD = (58.393, 57.12, 57.375)
+_GRAY = (0.299, 0.587, 0.114)
+_TYIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.321), (0.211, -0.523, 0.311))
+_ITYIQ = ((1.0, 0.956, 0.621), (1.0, -0.272, -0.647), (1.0, -1.107, 1.705))
+
+
+@dataclass(frozen=True)
+class ImageTransform:
+    """The augmentation settings (defaults: the ResNet-50 article's MXNet pipeline)."""
+
+    size: int = 224
+    train: bool = True
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = True
+    brightness: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.4
+    pca_noise: float = 0.1
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    val_resize: int | None = None  # shorter side before the centre crop; default size * 256/224
+
+    def __post_init__(self) -> None:
+        if self.size <= 0:
+            raise ConfigError(f"image size must be positive, got {self.size}")
+        if not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise ConfigError(f"crop scale must satisfy 0 < min <= max <= 1, got {self.scale}")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            raise ConfigError(f"aspect ratio range must be positive and ordered: {self.ratio}")
+        for name in ("brightness", "saturation", "hue", "pca_noise"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.hue > 1:
+            raise ConfigError(f"hue must be in [0, 1] (a fraction of half a turn), got {self.hue}")
+
+    def evaluation(self) -> ImageTransform:
+        """The validation transform of the same size and normalisation."""
+        return ImageTransform(size=self.size, train=False, mean=self.mean, std=self.std,
+                              val_resize=self.val_resize)
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        """uint8 [3, H, W] -> float32 [3, size, size], normalised."""
+        if not self.train:
+            return self._evaluate(img)
+        u = torch.rand(23, dtype=torch.float64).tolist()
+        top, left, h, w = crop_box(img.shape[1], img.shape[2], self.scale, self.ratio, u)
+        out = resized_crop(img, top, left, h, w, self.size)
+        if self.flip and u[22] < 0.5:
+            out = horizontal_flip(out)
+        m, b = self.color_affine()
+        return apply_affine(out, m, b)
+
+    def color_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A random colour jitter + lighting + normalisation as (M [3, 3], b [3]), float32."""
+        u = torch.rand(3, dtype=torch.float64).tolist()
+        noise = torch.randn(3, dtype=torch.float64)
+        m = torch.eye(3, dtype=torch.float64)
+        if self.brightness:
+            m = m * (1 + self.brightness * (2 * u[0] - 1))
+        if self.saturation:
+            a = 1 + self.saturation * (2 * u[1] - 1)
+            gray = torch.tensor(_GRAY, dtype=torch.float64).expand(3, 3)
+            m = (a * torch.eye(3, dtype=torch.float64) + (1 - a) * gray) @ m
+        if self.hue:
+            m = hue_matrix(self.hue * (2 * u[2] - 1)) @ m
+        offset = lighting_offset(noise * self.pca_noise)
+        return _normalised(m, offset, self.mean, self.std)
+
+    def _evaluate(self, img: torch.Tensor) -> torch.Tensor:
+        h, w = img.shape[1], img.shape[2]
+        short = self.val_resize or round(self.size * 256 / 224)
+        nh, nw = (short, max(1, round(w * short / h))) if h <= w else (
+            max(1, round(h * short / w)), short)
+        out = resize(img, nh, nw)
+        top, left = int(round((nh - self.size) / 2)), int(round((nw - self.size) / 2))
+        if top < 0 or left < 0:
+            raise ConfigError(f"val_resize {short} is smaller than the crop {self.size}")
+        out = out[:, top:top + self.size, left:left + self.size]
+        m, b = _normalised(torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
+                           self.mean, self.std)
+        return apply_affine(out, m, b)
+
+
+def crop_box(h: int, w: int, scale, ratio, u: list[float]) -> tuple[int, int, int, int]:
+    """RandomResizedCrop's box (top, left, height, width) from uniforms ``u`` (>= 22 values):
+    up to 10 tries of (area, log-aspect), then the centre crop clamped to ``ratio``."""
+    area, lo, hi = h * w, math.log(ratio[0]), math.log(ratio[1])
+    for k in range(10):
+        target = area * (scale[0] + (scale[1] - scale[0]) * u[2 * k])
+        aspect = math.exp(lo + (hi - lo) * u[2 * k + 1])
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return int(u[20] * (h - ch + 1)), int(u[21] * (w - cw + 1)), ch, cw
+    if w / h < ratio[0]:
+        cw, ch = w, int(round(w / ratio[0]))
+    elif w / h > ratio[1]:
+        ch, cw = h, int(round(h * ratio[1]))
+    else:
+        ch, cw = h, w
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def hue_matrix(alpha: float) -> torch.Tensor:
+    """MXNet's hue jitter: rotate the I/Q plane of YIQ by ``alpha`` half turns."""
+    c, s = math.cos(alpha * math.pi), math.sin(alpha * math.pi)
+    rot = torch.tensor(((1.0, 0.0, 0.0), (0.0, c, -s), (0.0, s, c)), dtype=torch.float64)
+    return torch.tensor(_ITYIQ, dtype=torch.float64) @ rot @ torch.tensor(_TYIQ,
+                                                                          dtype=torch.float64)
+
+
+def lighting_offset(alpha: torch.Tensor) -> torch.Tensor:
+    """AlexNet's PCA lighting: the RGB offset eigvec @ (alpha * eigval), 0-255 scale."""
+    vec = torch.tensor(IMAGENET_EIGVEC, dtype=torch.float64)
+    return vec @ (alpha.to(torch.float64) * torch.tensor(IMAGENET_EIGVAL, dtype=torch.float64))
+
+
+def _normalised(m, offset, mean, std) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / torch.tensor(std, dtype=torch.float64)
+    b = (offset - torch.tensor(mean, dtype=torch.float64)) * inv
+    return (inv[:, None] * m).to(torch.float32), b.to(torch.float32)
+
+
+def apply_affine(img: torch.Tensor, m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """uint8 [3, H, W] -> float32 ``M x + b`` per pixel, one matrix product."""
+    c, h, w = img.shape
+    x = img.permute(1, 2, 0).reshape(h * w, c).to(torch.float32)
+    out = torch.addmm(b, x, m.t())  # [HW, 3], rows are pixels
+    return out.view(h, w, c).permute(2, 0, 1).contiguous()
+
+
+@lru_cache(maxsize=1)
+def _tv():
+    """torchvision.transforms.v2.functional where it imports beside this torch, else None."""
+    try:
+        from torchvision.transforms.v2 import functional
+    except Exception:  # not installed, or built for another torch: the tensor kernels serve
+        return None
+    return functional
+
+
+def resize(img: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """uint8 [3, H, W] -> [3, h, w], antialiased bilinear."""
+    tv = _tv()
+    if tv is not None:
+        return tv.resize(img, [h, w], antialias=True)
+    x = img.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    return F.interpolate(x, size=(h, w), mode="bilinear", antialias=True,
+                         align_corners=False)[0]
+
+
+def resized_crop(img: torch.Tensor, top: int, left: int, h: int, w: int,
+                 size: int) -> torch.Tensor:
+    tv = _tv()
+    if tv is not None:
+        return tv.resized_crop(img, top, left, h, w, [size, size], antialias=True)
+    return resize(img[:, top:top + h, left:left + w], size, size)
+
+
+def horizontal_flip(img: torch.Tensor) -> torch.Tensor:
+    tv = _tv()
+    return tv.horizontal_flip(img) if tv is not None else img.flip(-1)
+
+
+def decode(data: bytes, name: str) -> torch.Tensor:
+    """JPEG/PNG bytes -> uint8 [3, H, W] (RGB; a channels-last view of the decoded pixels)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            arr = np.array(im.convert("RGB"))  # writable, as torch wants
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DataError(f"cannot decode image {name}: {exc}") from None
+    return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+class ImageDataset(torch.utils.data.Dataset):
+    """A map-style data set of (normalised float image, label) from an image source."""
+
+    def __init__(self, source: str | ImageFolder | PackedShards,
+                 transform: ImageTransform) -> None:
+        self.source = open_source(source) if isinstance(source, str) else source
+        self.transform = transform
+        self.classes = self.source.classes
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        rec = self.source.read(index)
+        return self.transform(decode(rec.data, rec.name)), rec.label

@@ -1,0 +1,245 @@
+"""This worker's chunks, produced ahead of time by DataLoader worker processes.
+
+The trainer tells the loader which chunks it will compute next (``expect(step, chunks)``, at the
+start of every step); the loader predicts that the following steps keep the same chunks and keeps
+``prefetch`` chunks in flight in a ``torch.utils.data.DataLoader`` with persistent worker
+processes. Every request is keyed by (step, chunk) and carries its sample indices; the loader
+process seeds torch's generator (and Python's ``random``) from (seed, step, chunk, position)
+before each sample, so a chunk's content is a pure function of its key: it does not depend on
+which loader process or training worker produced it, and prefetching cannot change the result.
+
+When the plan changes (a membership change, a re-balanced assignment, a step recomputed after a
+failure) ``expect`` is told different chunks or a step out of sequence: chunks already prefetched
+that are still in the plan are kept, the others are discarded as they arrive, and requests for
+the new plan follow. The loader processes stay up the whole time.
+
+A failing sample (missing, unreadable or corrupt file) comes back as a one-line ``DataError``
+naming the file, raised in the training process.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
+
+from dyntrain.data.sources import DataError
+from dyntrain.elastic.sampler import BatchOrder, derive_seed
+from dyntrain.elastic.stepper import _to_device
+from dyntrain.errors import ConfigError
+
+Key = tuple[int, int]  # (step, chunk)
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Loader processes per training worker and how many chunks they keep in flight.
+
+    ``workers`` 0 loads in the training process (same results, no parallelism). ``pin_memory``
+    None pins when the device is CUDA. ``start_method`` is the multiprocessing context of the
+    loader processes (None: the platform default, ``fork`` on Linux). ``timeout`` (seconds) turns
+    a loader process that stops answering into an error instead of a hang."""
+
+    workers: int = 2
+    prefetch: int = 4
+    pin_memory: bool | None = None
+    start_method: str | None = None
+    timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ConfigError(f"loader workers must be >= 0, got {self.workers}")
+        if self.prefetch < 1:
+            raise ConfigError(f"loader prefetch must be >= 1 chunk, got {self.prefetch}")
+        if self.timeout <= 0:
+            raise ConfigError(f"loader timeout must be positive, got {self.timeout}")
+
+    def build(self, dataset: Dataset, order: BatchOrder, chunk_size: int, total_steps: int,
+              seed: int, device: torch.device) -> ChunkLoader:
+        """The loader the trainer uses (the runtime does not import this package)."""
+        return ChunkLoader(dataset, order, chunk_size, total_steps, seed, device, self)
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """What a loader process loads: the samples of chunk ``chunk`` of step ``step``."""
+
+    step: int
+    chunk: int
+    indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Failure:
+    message: str
+
+
+def sample_seed(seed: int, step: int, chunk: int, position: int) -> int:
+    """The generator seed for one sample's augmentation, whoever loads it."""
+    return derive_seed(seed, "sample", step, chunk, position)
+
+
+class SeededChunks(Dataset):
+    """Loads whole chunks: seeds the generators per sample, then ``dataset[i]``, collated."""
+
+    def __init__(self, dataset: Dataset, seed: int) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, request: ChunkRequest | None):
+        if request is None:  # nothing to load yet: an idle slot in the pipeline
+            return None, None
+        key = (request.step, request.chunk)
+        # In the training process the generators belong to the step: leave them as they were.
+        guard = torch.random.fork_rng(devices=[]) if get_worker_info() is None else nullcontext()
+        state = random.getstate() if get_worker_info() is None else None
+        try:
+            with guard:
+                samples = []
+                for pos, index in enumerate(request.indices):
+                    s = sample_seed(self.seed, request.step, request.chunk, pos)
+                    torch.default_generator.manual_seed(s)
+                    random.seed(s)
+                    samples.append(self.dataset[index])
+                return key, default_collate(samples)
+        except Exception as exc:  # sent back as data: DataLoader would wrap it in a traceback
+            return key, _Failure(f"{exc}" if isinstance(exc, DataError)
+                                 else f"{type(exc).__name__}: {exc}".splitlines()[0])
+        finally:
+            if state is not None:
+                random.setstate(state)
+
+
+def _identity(batch):
+    return batch
+
+
+class _PlanSampler:
+    """The DataLoader's batch sampler: an endless stream of requests from the loader's plan."""
+
+    def __init__(self, loader: ChunkLoader) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[ChunkRequest | None]:
+        while True:
+            yield self.loader._next_request()
+
+
+class ChunkLoader:
+    """Prefetches this worker's chunks in DataLoader processes; ``fetch`` returns one on
+    ``device``. Used by the ``ChunkStepper`` when ``ElasticTrainer(loader=...)`` is given."""
+
+    def __init__(self, dataset: Dataset, order: BatchOrder, chunk_size: int, total_steps: int,
+                 seed: int, device: torch.device, config: LoaderConfig | None = None) -> None:
+        self.config = config or LoaderConfig()
+        self.order, self.chunk_size, self.total_steps = order, chunk_size, total_steps
+        self.device = device
+        self.plan_step, self.plan_chunks = -2, ()  # nothing expected yet
+        self._cursor: tuple[int, int] = (total_steps, 0)
+        self._in_flight: set[Key] = set()
+        self._ready: dict[Key, object] = {}
+        self.discarded = 0  # prefetched chunks the plan no longer needed
+        cfg = self.config
+        pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
+        extra = {}
+        if cfg.workers:
+            extra = {"prefetch_factor": max(1, math.ceil(cfg.prefetch / cfg.workers)),
+                     "persistent_workers": True, "timeout": cfg.timeout,
+                     "multiprocessing_context": cfg.start_method}
+        self._loader = DataLoader(SeededChunks(dataset, seed), batch_sampler=_PlanSampler(self),
+                                  collate_fn=_identity, num_workers=cfg.workers, pin_memory=pin,
+                                  **extra)
+        # Start the loader processes now (before the trainer starts its own threads); the
+        # pipeline holds idle requests until the first ``expect``.
+        self._it = iter(self._loader)
+
+    def expect(self, step: int, chunks: Sequence[int]) -> None:
+        """This worker computes ``chunks`` of ``step`` now, and (presumably) the same chunks of
+        the following steps."""
+        chunks = tuple(chunks)
+        if chunks != self.plan_chunks or step != self.plan_step + 1:
+            self._replan(step, chunks)
+            return
+        self.plan_step = step
+        self._cursor = max(self._cursor, (step, 0))
+        self._purge()
+
+    def _replan(self, step: int, chunks: tuple[int, ...]) -> None:
+        """Request from (step, first chunk) on again; in-flight and ready keys are skipped, so
+        only chunks never requested or already consumed (a recomputed step) load again."""
+        self.plan_step, self.plan_chunks, self._cursor = step, chunks, (step, 0)
+        self._purge()
+
+    def _purge(self) -> None:
+        for key in [k for k in self._ready if not self._useful(k)]:
+            del self._ready[key]
+            self.discarded += 1
+
+    def fetch(self, step: int, chunk: int, indices: torch.Tensor):
+        """The batch of (``step``, ``chunk``) on the device; ``indices`` must be its samples."""
+        key = (step, chunk)
+        if key not in self._ready and key not in self._in_flight:
+            # next in the plan but not requested yet (no loader processes), consumed before (a
+            # recomputed step) or outside the plan: request from it on
+            if chunk in self.plan_chunks and step >= self.plan_step:
+                self._cursor = (step, self.plan_chunks.index(chunk))
+            else:
+                self._replan(step, (chunk,))
+        while key not in self._ready:
+            got, batch = self._next()
+            if got is None:
+                continue
+            self._in_flight.discard(got)
+            if self._useful(got):
+                self._ready[got] = batch
+            else:
+                self.discarded += 1
+        batch = self._ready.pop(key)
+        if isinstance(batch, _Failure):
+            raise DataError(f"loading step {step} chunk {chunk}: {batch.message}")
+        expected = self.order.chunk(step, chunk, self.chunk_size)
+        if not torch.equal(expected, indices):
+            raise RuntimeError(f"loader and stepper disagree on the samples of chunk {key}")
+        return _to_device(batch, self.device)
+
+    def close(self) -> None:
+        """Stop the loader processes."""
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+
+    # ---- the request stream (called by the DataLoader on this thread) --------------------------
+
+    def _next(self):
+        try:
+            return next(self._it)
+        except StopIteration:  # cannot happen with an endless sampler; restart to be safe
+            self._it = iter(self._loader)
+            return None, None
+
+    def _useful(self, key: Key) -> bool:
+        return key[0] >= self.plan_step and key[1] in self.plan_chunks
+
+    def _next_request(self) -> ChunkRequest | None:
+        step, i = self._cursor
+        while step < self.total_steps and self.plan_chunks:
+            if i >= len(self.plan_chunks):
+                step, i = step + 1, 0
+                continue
+            key = (step, self.plan_chunks[i])
+            i += 1
+            if key in self._in_flight or key in self._ready:
+                continue
+            self._cursor = (step, i)
+            self._in_flight.add(key)
+            idx = self.order.chunk(step, key[1], self.chunk_size)
+            return ChunkRequest(step, key[1], tuple(idx.tolist()))
+        self._cursor = (step, i)
+        return None

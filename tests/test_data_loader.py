@@ -1,0 +1,127 @@
+"""The chunk loader: per-sample seeding, plan changes, discards, no respawn, clear errors."""
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from dyntrain import ElasticTrainer, TrainConfig
+from dyntrain.data import (
+    ChunkLoader,
+    DataError,
+    ImageDataset,
+    ImageTransform,
+    LoaderConfig,
+    sample_seed,
+)
+from dyntrain.elastic.sampler import BatchOrder
+from dyntrain.workloads.digits_images import write_digits_images
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def digits_train(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits")
+    write_digits_images(root, size=12, per_class=4)
+    return ImageDataset(str(root / "train"), ImageTransform(size=10, scale=(0.3, 1.0)))
+
+
+# (step, chunks) as a trainer would ask: steady, a join (fewer chunks), a step recomputed after a
+# crash with other chunks, a re-balanced assignment, and a step skipped ahead (a joiner).
+PLAN = [(0, [0, 1, 2, 3]), (1, [0, 1, 2, 3]), (2, [0, 1]), (2, [0, 1, 2]), (3, [2, 3, 4]),
+        (4, [2, 3, 4]), (6, [1])]
+
+
+def run_plan(dataset, workers):
+    order = BatchOrder(0, len(dataset), 20)
+    loader = ChunkLoader(dataset, order, 4, 8, 7, CPU, LoaderConfig(workers=workers))
+    pids = [w.pid for w in loader._it._workers] if workers else []
+    got = {}
+    for step, chunks in PLAN:
+        loader.expect(step, chunks)
+        for c in chunks:
+            got[(step, c)] = loader.fetch(step, c, order.chunk(step, c, 4))
+    assert [w.pid for w in loader._it._workers] == pids if workers else True  # no respawn
+    assert all(w.is_alive() for w in loader._it._workers) if workers else True
+    discarded = loader.discarded
+    loader.close()
+    return got, discarded, order
+
+
+def test_chunks_do_not_depend_on_loader_processes_or_plan_changes(digits_train):
+    inproc, _, order = run_plan(digits_train, 0)
+    procs, discarded, _ = run_plan(digits_train, 2)
+    assert discarded > 0  # prefetched chunks that the changed plan no longer needed
+    assert inproc.keys() == procs.keys()
+    for key, (x, y) in inproc.items():
+        assert torch.equal(x, procs[key][0]) and torch.equal(y, procs[key][1]), key
+        # the content is a pure function of the key: seeded per sample, whoever loads it
+        step, chunk = key
+        for pos, i in enumerate(order.chunk(step, chunk, 4).tolist()):
+            torch.manual_seed(sample_seed(7, step, chunk, pos))
+            sample, label = digits_train[i]
+            assert torch.equal(sample, x[pos]) and label == y[pos]
+
+
+def test_loading_in_process_leaves_the_generators_alone(digits_train):
+    order = BatchOrder(0, len(digits_train), 20)
+    loader = ChunkLoader(digits_train, order, 4, 2, 0, CPU, LoaderConfig(workers=0))
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    loader.expect(0, [0])
+    loader.fetch(0, 0, order.chunk(0, 0, 4))
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_corrupt_file_is_a_clear_error_not_a_hang(tmp_path):
+    write_digits_images(tmp_path, size=12, per_class=2)
+    victim = sorted((tmp_path / "train" / "0").iterdir())[1]
+    victim.write_bytes(b"garbage")
+    ds = ImageDataset(str(tmp_path / "train"), ImageTransform(size=8))
+    order = BatchOrder(0, len(ds), 20)
+    loader = ChunkLoader(ds, order, 20, 1, 0, CPU, LoaderConfig(workers=1, timeout=60))
+    loader.expect(0, [0])
+    start = time.monotonic()
+    with pytest.raises(DataError, match=rf"step 0 chunk 0: cannot decode image .*{victim.name}"):
+        loader.fetch(0, 0, order.chunk(0, 0, 20))
+    assert time.monotonic() - start < 30
+    loader.close()
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.drop = nn.Dropout(0.3)
+        self.fc = nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.fc(self.drop(torch.relu(self.bn(self.conv(x))).mean((2, 3))))
+
+
+def _loss(model, batch):
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def fit(dataset, workers):
+    torch.manual_seed(0)
+    model = TinyNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    config = TrainConfig(global_batch=20, chunk_size=5, epochs=3, grad_clip_norm=0.5)
+    trainer = ElasticTrainer(config, model, opt, dataset, _loss, device="cpu",
+                             loader=LoaderConfig(workers=workers) if workers is not None else None)
+    trainer.fit()
+    return model, trainer
+
+
+def test_training_through_loader_processes_equals_loading_in_process(digits_train):
+    a, ta = fit(digits_train, 0)
+    b, tb = fit(digits_train, 2)
+    for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(va, vb), k
+    assert tb.stepper.loader._it is None  # fit() stopped the loader processes
+    assert ta.last_result.grad_norm is not None
