@@ -4,6 +4,8 @@ changes, suspension and resumption, timeouts, grace periods and a service restar
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,7 @@ import torch
 
 from dyntrain.elastic.sampler import epoch_permutation
 from dyntrain.service.controller import Controller, ControllerConfig
+from dyntrain.service.executors.base import WorkerSpec
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.model import (
     CapacityType,
@@ -23,7 +26,7 @@ from dyntrain.service.model import (
     JobStatus,
     Resources,
 )
-from dyntrain.service.store import WORKER_EXITED, Store
+from dyntrain.service.store import WORKER_EXITED, Store, WorkerRecord
 
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")
 SMALL = Resources(0.25, 0, 256)
@@ -222,40 +225,137 @@ def test_worker_ignoring_the_notice_is_killed_after_the_grace_period(tmp_path):
     drive(c, lambda: any(x.line == "ignored" for x in store.read_log(job.id)[0]), timeout=10)
 
 
-def test_restart_adopts_plain_workers_and_requeues_elastic_jobs(tmp_path):
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    store = Store(url)
-    store.create_all()
-    setup_env(store)
-    c = make_controller(store, tmp_path)
-    plain = store.submit(queue="q", command=[PY, "-c", "import time; print('run'); "
-                                             "time.sleep(10); print('done')"], resources=SMALL)
-    elastic = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "20", "--step-delay",
-                                               "0.004"], resources=SMALL, workers=(1, 1))
-    metrics = c.run_dir(elastic.id) / "metrics.jsonl"
-    drive(c, lambda: store.get_job(plain.id).status is JobStatus.RUNNING and metrics.exists()
-          and len(metrics.read_text().splitlines()) > 30)
-    # the service dies: its coordinator threads with it; worker processes live on
+def restarted(tmp_path: Path, c: Controller, store: Store) -> tuple[Store, Controller]:
+    """The service dies (its coordinator threads with it; workers live on) and starts again."""
     c.executor.shutdown()
     for attempt in c.attempts.values():
         if attempt.host is not None:
             attempt.host.tcp = None
     store.close()
+    store2 = Store(store.url)
+    return store2, make_controller(store2, tmp_path)
 
-    store2 = Store(url)
-    c2 = make_controller(store2, tmp_path)
+
+WAIT_FOR_GO = ("import os, sys, time; name = sys.argv[1]; m = open(name + '.marks', 'a'); "
+               "m.write('start\\n'); m.flush(); "
+               "[time.sleep(0.02) for _ in iter(lambda: os.path.exists(name + '.go'), True)]; "
+               "m.write('end\\n'); sys.exit(int(sys.argv[2]))")
+
+
+def test_restart_adopts_plain_workers_and_reads_the_exits_it_missed(tmp_path):
+    store, c = spot_setup(tmp_path, slots=4)
+    base = {name: str(tmp_path / name) for name in ("runs", "killed", "bad")}
+    jobs = {name: store.submit(queue="q", name=name, resources=SMALL, retry_attempts=2 if
+                               name == "killed" else 1,
+                               command=[PY, "-c", WAIT_FOR_GO, base[name], str(rc)])
+            for name, rc in (("runs", 0), ("killed", 0), ("bad", 3))}
+
+    def marks(name: str) -> str:
+        path = Path(base[name] + ".marks")
+        return path.read_text() if path.exists() else ""
+
+    drive(c, lambda: all(marks(n) == "start\n" for n in jobs))
+    killed_pid = int(store.list_workers(jobs["killed"].id)[0].handle["ref"].split(":")[0])
+    store2, c2 = restarted(tmp_path, c, store)
+    # while no service runs: one worker dies of a signal, one exits 3
+    os.kill(killed_pid, signal.SIGUSR1)
+    Path(base["bad"] + ".go").touch()
+    drive(c, lambda: marks("bad").endswith("end\n"))
     notes = c2.recover()
-    assert any(plain.id in n and "re-adopted" in n for n in notes), notes
+    assert f"{jobs['runs'].id}: re-adopted 1 running worker(s)" in notes
+    Path(base["runs"] + ".go").touch()
+    Path(base["killed"] + ".go").touch()
+    drive(c2, terminal(store2, *(j.id for j in jobs.values())))
+    runs, killed, bad = (store2.get_job(jobs[n].id) for n in ("runs", "killed", "bad"))
+    assert (runs.status, runs.attempts, marks("runs")) == (JobStatus.SUCCEEDED, 1,
+                                                          "start\nend\n")
+    assert (killed.status, killed.attempts, killed.preemptions) == (JobStatus.SUCCEEDED, 2, 0)
+    assert "killed by SIGUSR1" in store2.list_attempts(killed.id)[0].reason
+    assert marks("killed") == "start\nstart\nend\n"  # the retry its rules asked for, no more
+    assert (bad.status, bad.attempts, bad.exit_code) == (JobStatus.FAILED, 1, 3)
+    assert marks("bad") == "start\nend\n"
+
+
+def test_restart_ends_a_job_whose_worker_finished_while_the_service_was_down(tmp_path):
+    store, c = spot_setup(tmp_path, slots=1)
+    flag = tmp_path / "flag"
+    job = store.submit(queue="q", resources=SMALL, command=[
+        PY, "-c", f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)\n"
+        "print('done', flush=True)"])
+    drive(c, lambda: store.get_job(job.id).status is JobStatus.RUNNING)
+    [w] = store.list_workers(job.id)
+    store2, c2 = restarted(tmp_path, c, store)
+    flag.touch()
+    status = c.executor.status_path(w.id)
+    drive(c, lambda: '"exit_code": 0' in status.read_text())  # the old supervisor records it
+    assert c2.recover() == [f"{job.id}: 1 worker(s) exited while the service was down"]
+    drive(c2, terminal(store2, job.id))
+    final = store2.get_job(job.id)
+    assert (final.status, final.attempts, final.preemptions) == (JobStatus.SUCCEEDED, 1, 0)
+    assert final.stopped_at == pytest.approx(json.loads(status.read_text())["ended_at"])
+    assert [x.line for x in store2.read_log(job.id)[0]] == ["done"]
+
+
+def test_restart_finds_a_worker_whose_handle_was_not_stored_or_requeues_one_never_started(
+        tmp_path):
+    store, c = spot_setup(tmp_path, slots=2)
+    jobs = [store.submit(queue="q", resources=SMALL, command=[PY, "-c", "print('ran')"])
+            for _ in range(2)]
+    for job in jobs:  # a service that died inside _start_workers, before storing the handle
+        assert store.transition(job.id, JobStatus.SUBMITTED,
+                                JobStatus.STARTING, "starting workers", started_at=1.0)
+        store.add_attempt(job.id, 1, 1.0)
+        store.add_worker(WorkerRecord(f"{job.id}-a1-w0", job.id, 1, "spot", "SPOT", 0.3, None,
+                                      "RUNNING", 1.0))
+    started = jobs[0]  # ... after its worker started
+    log = c._log_path(started.id, f"{started.id}-a1-w0")
+    log.parent.mkdir(parents=True)
+    c.executor.start(WorkerSpec(started.id, 1, f"{started.id}-a1-w0", [PY, "-c", "print('ran')"],
+                                {}, SMALL, None, str(log)))
+    store2, c2 = restarted(tmp_path, c, store)
+    notes = c2.recover()
+    assert f"{jobs[1].id}: its worker never started: queued again" in notes
+    drive(c2, terminal(store2, *(j.id for j in jobs)))
+    for job in jobs:
+        final = store2.get_job(job.id)
+        assert final.status is JobStatus.SUCCEEDED and final.attempts == 1
+        assert [x.line for x in store2.read_log(job.id)[0]] == ["ran"]  # once each
+    assert store2.get_job(jobs[1].id).preemptions == 1
+    assert store2.get_job(started.id).preemptions == 0
+
+
+def test_restart_requeues_elastic_jobs(tmp_path):
+    store, c = spot_setup(tmp_path, slots=1)
+    elastic = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "20", "--step-delay",
+                                               "0.004"], resources=SMALL, workers=(1, 1))
+    metrics = c.run_dir(elastic.id) / "metrics.jsonl"
+    drive(c, lambda: metrics.exists() and len(metrics.read_text().splitlines()) > 30)
+    store2, c2 = restarted(tmp_path, c, store)
+    notes = c2.recover()
     assert any(elastic.id in n and "resumes from its newest checkpoint" in n for n in notes)
     assert store2.get_job(elastic.id).status is JobStatus.RUNNABLE
-    drive(c2, terminal(store2, plain.id, elastic.id), timeout=180)
-    assert store2.get_job(plain.id).status is JobStatus.SUCCEEDED
-    assert len(store2.list_attempts(plain.id)) == 1  # ran once, never twice
-    log = [x.line for x in store2.read_log(plain.id)[0]]
-    assert log.count("run") <= 1
+    drive(c2, terminal(store2, elastic.id), timeout=180)
     assert store2.get_job(elastic.id).status is JobStatus.SUCCEEDED
     counts = torch.load(c2.run_dir(elastic.id) / "final.pt", weights_only=True)["counts"]
     assert torch.equal(counts, expected_counts(20))
+
+
+def test_commands_that_cannot_start_fail_counted_with_the_cause(store, tmp_path):
+    setup_env(store)
+    c = make_controller(store, tmp_path)
+    missing = store.submit(queue="q", command=["/nonexistent/cmd"], resources=SMALL,
+                           retry_attempts=3)
+    too_long = store.submit(queue="q", command=["/bin/echo"] + ["x" * 65_536] * 40,
+                            resources=SMALL)
+    drive(c, terminal(store, missing.id, too_long.id))
+    missing, too_long = store.get_job(missing.id), store.get_job(too_long.id)
+    assert (missing.status, missing.attempts, missing.preemptions) == (JobStatus.FAILED, 3, 0)
+    assert missing.status_reason == ("CannotStartContainerError: no executable "
+                                     "'/nonexistent/cmd': no such file (attempt 3 of 3)")
+    assert too_long.status is JobStatus.FAILED and too_long.attempts == 1
+    assert too_long.status_reason.startswith("CannotStartContainerError: cannot start "
+                                             "'/bin/echo': Argument list too long")
+    assert not store.list_workers(active=True)
 
 
 @pytest.mark.parametrize("kind", ["cancel", "terminate"])

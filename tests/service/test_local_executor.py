@@ -6,6 +6,7 @@ readiness in their log before they are signalled.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 
 from dyntrain.service.executors import (
     ExecutorError,
+    StartError,
     WorkerExit,
     WorkerHandle,
     WorkerSpec,
@@ -135,7 +137,7 @@ def test_exit_code_reported_once_with_log_and_resources_freed(executor, tmp_path
     assert status.exists() and not list(status.parent.glob("*.tmp*"))
 
 
-def test_term_reaches_the_worker_through_the_wrapper(executor, tmp_path):
+def test_term_reaches_the_worker(executor, tmp_path):
     spec = make_spec(tmp_path, "j2-a1-w0", TRAP_TERM.replace("CODE", "0"))
     executor.start(spec)
     wait_log(spec, "ready")
@@ -162,7 +164,7 @@ def test_worker_killed_by_a_signal_of_its_own(executor, tmp_path):
     spec = make_spec(tmp_path, "j3b-a1-w0", "import os, signal\nos.kill(os.getpid(), 9)")
     executor.start(spec)
     e = collect(executor, spec.worker_id)[spec.worker_id]
-    assert (e.exit_code, e.signal) == (None, 9)  # from the wrapper's status file
+    assert (e.exit_code, e.signal) == (None, 9)
 
 
 def test_kill_takes_the_whole_process_group(executor, tmp_path):
@@ -266,22 +268,62 @@ def test_adopt_of_a_finished_worker_reports_its_recorded_exit(state, tmp_path):
     assert b.adopt(handle, spec) is False
     assert not b.alive(spec.worker_id)
     assert b.free() == b.capacity()
-    assert b.poll() == [WorkerExit(spec.worker_id, 0, None, "exited with code 0")]
+    [e] = b.poll()
+    assert (e.worker_id, e.exit_code, e.signal, e.reason) == (spec.worker_id, 0, None,
+                                                              "exited with code 0")
     assert b.poll() == []
 
 
-def test_adopt_of_a_killed_worker_reports_unknown_status(state, tmp_path):
+def test_a_worker_that_exits_while_no_service_watches_is_read_from_its_status(state, tmp_path):
     a = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
-    spec = make_spec(tmp_path, "j10-a1-w0", LONG)
+    spec = make_spec(tmp_path, "j10-a1-w0", TRAP_TERM.replace("CODE", "5"))
     handle = a.start(spec)
     wait_log(spec, "ready")
-    a.signal(spec.worker_id, "KILL")  # the whole group: no status file is written
-    collect(a, spec.worker_id)
+    a.shutdown()  # the service dies; the worker and its supervisor live on
+    os.killpg(int(handle.ref.split(":")[0]), 15)  # it ends while nobody watches
+    status = a.status_path(spec.worker_id)
+    wait_for(lambda: '"exit_code": 5' in status.read_text(), "the exit in the status file")
     b = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
+    ended = json.loads(status.read_text())["ended_at"]
     assert b.adopt(handle, spec) is False
-    [e] = b.poll()
+    assert b.poll() == [WorkerExit(spec.worker_id, 5, None, "exited with code 5", ended)]
+
+
+def test_a_worker_whose_handle_was_never_stored_is_found_by_its_id(state, tmp_path):
+    a = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
+    spec = make_spec(tmp_path, "j10b-a1-w0", LONG)
+    handle = a.start(spec)
+    wait_log(spec, "ready")
+    a.shutdown()
+    b = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
+    try:
+        assert b.find("j10b-a1-w1") is None  # never started
+        assert b.find(spec.worker_id) == WorkerHandle(spec.worker_id, "local", handle.ref)
+        assert b.adopt(b.find(spec.worker_id), spec) is True
+        b.signal(spec.worker_id, "KILL")
+        assert collect(b, spec.worker_id)[spec.worker_id].signal == 9
+    finally:
+        cleanup(b)
+
+
+def test_exit_status_is_unknown_only_when_the_supervisor_died_too(state, tmp_path):
+    a = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
+    spec = make_spec(tmp_path, "j10c-a1-w0", LONG)
+    handle = a.start(spec)
+    wait_log(spec, "ready")
+    supervisor = a._link.proc
+    supervisor.kill()
+    supervisor.wait()
+    a.signal(spec.worker_id, "KILL")
+    [e] = collect(a, spec.worker_id).values()
     assert (e.exit_code, e.signal) == (None, None)
     assert "exit status unknown" in e.reason
+    b = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
+    assert b.adopt(handle, spec) is False
+    assert "exit status unknown" in b.poll()[0].reason
+    again = make_spec(tmp_path, "j10c-a2-w0", "print('fine')")
+    a.start(again)  # a new supervisor takes over
+    assert collect(a, again.worker_id)[again.worker_id].exit_code == 0
 
 
 def test_adopt_refuses_a_reused_pid(state, tmp_path):
@@ -311,15 +353,21 @@ def test_adopt_rejects_foreign_or_malformed_handles(executor, tmp_path):
 
 def test_start_errors_are_one_line_and_leave_nothing(executor, tmp_path):
     spec = make_spec(tmp_path, "j13-a1-w0", LONG)
-    bad_exe = WorkerSpec(**{**spec.__dict__, "argv": ["no-such-program-xyz"]})
-    with pytest.raises(ExecutorError, match="no executable 'no-such-program-xyz'"):
-        executor.start(bad_exe)
+    script = tmp_path / "not-executable.sh"
+    script.write_text("echo hi\n")
+    for argv, cause in [(["no-such-program-xyz"], "no executable 'no-such-program-xyz' on PATH"),
+                        (["/nonexistent/cmd"], "no executable '/nonexistent/cmd': no such file"),
+                        ([str(script)], "is not executable"),
+                        (["/bin/echo", "x" * 200_000] * 20, "Argument list too long")]:
+        with pytest.raises(StartError, match=cause) as err:
+            executor.start(WorkerSpec(**{**spec.__dict__, "argv": argv}))
+        assert "\n" not in str(err.value)
     bad_cwd = WorkerSpec(**{**spec.__dict__, "cwd": str(tmp_path / "missing")})
-    with pytest.raises(ExecutorError, match="no directory"):
+    with pytest.raises(StartError, match="no working directory"):
         executor.start(bad_cwd)
     with pytest.raises(ExecutorError, match="worker id"):
         executor.start(WorkerSpec(**{**spec.__dict__, "worker_id": "../evil"}))
-    assert executor.free() == executor.capacity()
+    assert executor.free() == executor.capacity() and executor.poll() == []
     executor.start(spec)
     with pytest.raises(ExecutorError, match="already exists"):
         executor.start(spec)
@@ -354,7 +402,7 @@ def test_registry(state):
 
 
 def test_term_kills_a_worker_that_does_not_trap_it(executor, tmp_path):
-    # the wrapper swallows TERM, but the worker must still get the default action
+    # the supervisor swallows TERM, but the worker must still get the default action
     spec = make_spec(tmp_path, "j15-a1-w0", LONG)
     executor.start(spec)
     wait_log(spec, "ready")

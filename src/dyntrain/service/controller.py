@@ -27,7 +27,14 @@ from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
 from dyntrain.service import lifecycle
 from dyntrain.service.capacity import parse_trace
 from dyntrain.service.elastic_host import ElasticHost
-from dyntrain.service.executors.base import Executor, ExecutorError, WorkerExit, WorkerSpec
+from dyntrain.service.executors.base import (
+    Executor,
+    ExecutorError,
+    StartError,
+    WorkerExit,
+    WorkerHandle,
+    WorkerSpec,
+)
 from dyntrain.service.model import JobStatus
 from dyntrain.service.scheduler import (
     EnvView,
@@ -87,16 +94,21 @@ class Controller:
         self.waiting: dict[str, WaitInfo] = {}
         self._last_schedule = 0.0
         self._logs: dict[str, _LogTail] = {}  # worker -> the part of its log not yet stored
+        self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        """After a (re)start: adopt running workers of plain jobs; re-queue elastic jobs.
+        """After a (re)start: adopt the workers of plain jobs; re-queue elastic jobs.
 
-        An elastic job's coordinator died with the previous service, so its workers cannot go on;
-        they are stopped and the job is queued again to resume from its newest checkpoint.
-        Returns one line per job touched.
+        A plain job's attempt goes on where it was: its running workers are adopted, and a worker
+        that exited while no service watched is reported by the executor from what it left
+        behind (exit code or signal, end time), so the job ends as that exit dictates and never
+        runs twice. A worker whose handle was never stored is looked up by its id; one that was
+        never started re-queues the attempt (it did not run). An elastic job's coordinator died
+        with the previous service, so its workers are stopped and the job is queued again to
+        resume from its newest checkpoint. Returns one line per job touched.
         """
         notes = []
         by_job: dict[str, list[WorkerRecord]] = defaultdict(list)
@@ -108,19 +120,23 @@ class Controller:
                 continue
             workers = by_job.get(job.id, [])
             number = len(self.store.list_attempts(job.id))
-            attempt = Attempt(job.id, number, job.started_at or self.clock())
-            adopted = [w for w in workers if w.handle and self._adopt(w)]
-            if job.elastic is None and adopted:
+            ever = [w for w in self.store.list_workers(job.id, active=False)
+                    if w.attempt_no == number]
+            attempt = Attempt(job.id, number, job.started_at or self.clock(),
+                              workers_started=len(ever))
+            if job.elastic is None:
                 self.attempts[job.id] = attempt
-                notes.append(f"{job.id}: re-adopted {len(adopted)} worker(s)")
+                notes.append(f"{job.id}: {self._recover_plain(attempt, workers)}")
                 continue
+            adopted = [w for w in workers if self._adopt(attempt, w)]
             for w in adopted:
                 self.executor.signal(w.id, "KILL")
             self._wait_gone([w.id for w in adopted])
             for w in workers:
                 self.store.update_worker(w.id, state=WORKER_EXITED, stopped_at=self.clock())
-            reason = "service restarted: resumes from its newest checkpoint" \
-                if job.elastic else "service restarted while it ran: queued again"
+                if w.id in self._logs:
+                    self._logs[w.id].exited = True
+            reason = "service restarted: resumes from its newest checkpoint"
             if number:
                 self.store.finish_attempt(job.id, number, None, reason, self.clock())
             self.store.update_job(job.id, status=JobStatus.RUNNABLE, status_reason=reason,
@@ -128,27 +144,63 @@ class Controller:
             notes.append(f"{job.id}: {reason}")
         return notes
 
-    def _adopt(self, w: WorkerRecord) -> bool:
-        from dyntrain.service.executors.base import WorkerHandle
+    def _recover_plain(self, attempt: Attempt, workers: list[WorkerRecord]) -> str:
+        found = [self._adopt(attempt, w) for w in workers]
+        running, exited = found.count(True), found.count(False)
+        if not running and not exited:
+            attempt.preempted = True
+            attempt.stop_reason = "the service stopped before its worker started"
+            return "its worker never started: queued again"
+        return ", ".join(part for part in (
+            f"re-adopted {running} running worker(s)" if running else "",
+            f"{exited} worker(s) exited while the service was down" if exited else "") if part)
 
+    def _adopt(self, attempt: Attempt, w: WorkerRecord) -> bool | None:
+        """Watch ``w`` again: True while it runs, False when it ended (the executor reports its
+        exit), None when it never started.
+
+        A worker without a stored handle was being started when the service stopped: the
+        executor finds it by its id, or it never started (it is then marked so).
+        """
+        handle = None
+        try:
+            handle = WorkerHandle.from_dict(w.handle) if w.handle else self.executor.find(w.id)
+        except ExecutorError as e:
+            reason = f"exit status lost: the service stopped while starting it ({e})"
+            attempt.last_exit = WorkerExit(w.id, None, None, reason)
+            self.store.update_worker(w.id, state=WORKER_EXITED, stopped_at=self.clock(),
+                                     leave_reason=reason)
+            return False
+        if handle is None:
+            self.store.update_worker(w.id, state=WORKER_EXITED, stopped_at=self.clock(),
+                                     leave_reason="never started")
+            return None
+        if not w.handle:
+            self.store.update_worker(w.id, handle=handle.to_dict())
         spec = WorkerSpec(w.job_id, w.attempt_no, w.id, ["true"], {}, self._resources_of(w),
                           None, str(self._log_path(w.job_id, w.id)))
-        ok = self.executor.adopt(WorkerHandle.from_dict(w.handle), spec)
-        if ok:
-            path = self._log_path(w.job_id, w.id)
-            offset = path.stat().st_size if path.exists() else 0
-            self._logs[w.id] = _LogTail(path, w.job_id, w.attempt_no, offset)
-        return ok
+        path = self._log_path(w.job_id, w.id)
+        offset = _after_lines(path, self.store.count_log_lines(w.job_id, w.id))
+        self._logs[w.id] = _LogTail(path, w.job_id, w.attempt_no, offset)
+        if self.executor.adopt(handle, spec):
+            return True
+        self._logs[w.id].exited = True  # its exit comes with the next poll()
+        return False
 
     def _resources_of(self, w: WorkerRecord):
         return self.store.get_job(w.job_id).resources
 
     def _wait_gone(self, worker_ids: list[str], timeout: float = 10.0) -> None:
+        """Wait for these workers' exits; the exits of others are kept for the next step."""
         deadline = time.monotonic() + timeout
         pending = set(worker_ids)
         while pending and time.monotonic() < deadline:
-            pending -= {e.worker_id for e in self.executor.poll()}
-            time.sleep(0.02)
+            for e in self.executor.poll():
+                if e.worker_id in pending:
+                    pending.discard(e.worker_id)
+                else:
+                    self._early_exits.append(e)
+            self.executor.wait(0.02)
 
     def run(self, stop) -> None:
         """Loop until ``stop()`` is true."""
@@ -158,7 +210,8 @@ class Controller:
 
     def step(self) -> None:
         now = self.clock()
-        for exit_ in self.executor.poll():
+        exits, self._early_exits = self._early_exits + self.executor.poll(), []
+        for exit_ in exits:
             self._on_exit(exit_, now)
         for attempt in list(self.attempts.values()):
             self._tick_attempt(attempt, now)
@@ -268,7 +321,10 @@ class Controller:
             attempt = self.attempts.get(grow.job)
             if attempt is not None and attempt.stop_reason is None:
                 job = self.store.get_job(grow.job)
-                self._start_workers(job, attempt, {grow.env: grow.count})
+                try:
+                    self._start_workers(job, attempt, {grow.env: grow.count})
+                except ExecutorError as exc:  # the job goes on with the workers it has
+                    self.store.add_event(job.id, "grow.failed", {"error": str(exc)})
 
     # ---- starting --------------------------------------------------------------------------------
 
@@ -288,7 +344,10 @@ class Controller:
         self.attempts[job_id] = attempt
         try:
             self._start_workers(job, attempt, placement)
-        except ExecutorError as exc:
+        except StartError as exc:  # the command's fault: a failed attempt, counted
+            self._stop_all(attempt, f"CannotStartContainerError: {exc}")
+            return
+        except ExecutorError as exc:  # no room after all: not the job's fault
             attempt.preempted = True
             self._stop_all(attempt, f"could not start: {exc}")
             return
@@ -311,11 +370,18 @@ class Controller:
                 spec = WorkerSpec(job.id, attempt.number, worker_id, list(job.command),
                                   self._worker_env(job, attempt, worker_id), job.resources, None,
                                   str(log_path))
-                handle = self.executor.start(spec)
-                self._logs[worker_id] = _LogTail(log_path, job.id, attempt.number)
+                # Recorded before it starts: a restarted service then knows to look for it.
                 self.store.add_worker(WorkerRecord(
                     worker_id, job.id, attempt.number, env_name, ce.spec.capacity_type.value,
-                    ce.spec.price_per_slot_hour, handle.to_dict(), WORKER_RUNNING, self.clock()))
+                    ce.spec.price_per_slot_hour, None, WORKER_RUNNING, self.clock()))
+                try:
+                    handle = self.executor.start(spec)
+                except ExecutorError:
+                    self.store.update_worker(worker_id, state=WORKER_EXITED,
+                                             stopped_at=self.clock(), leave_reason="never started")
+                    raise
+                self.store.update_worker(worker_id, handle=handle.to_dict())
+                self._logs[worker_id] = _LogTail(log_path, job.id, attempt.number)
         if attempt.host is not None and first > 0:
             # workers added together join together: the group re-forms once
             started = [_worker_id(job.id, attempt.number, i)
@@ -391,6 +457,8 @@ class Controller:
     # ---- exits and attempts ----------------------------------------------------------------------
 
     def _on_exit(self, exit_: WorkerExit, now: float) -> None:
+        if exit_.ended_at is not None:
+            now = min(now, exit_.ended_at)  # it may have ended while no service watched
         workers = {w.id: w for w in self.store.list_workers(active=True)}
         w = workers.get(exit_.worker_id)
         if w is None:
@@ -451,6 +519,8 @@ class Controller:
         attempt.priced_events = len(events)
 
     def _finish_attempt(self, attempt: Attempt, now: float) -> None:
+        if attempt.last_exit is not None and attempt.last_exit.ended_at is not None:
+            now = min(now, attempt.last_exit.ended_at)
         job = self.store.get_job(attempt.job_id)
         del self.attempts[attempt.job_id]
         exit_ = attempt.last_exit
@@ -551,10 +621,25 @@ class Controller:
             complete = data[: data.rfind(b"\n") + 1]
             if complete:
                 tail.offset += len(complete)
-                lines = complete.decode(errors="replace").splitlines()
+                lines = [x.decode(errors="replace") for x in complete[:-1].split(b"\n")]
                 self.store.append_log(tail.job_id, tail.attempt_no, worker_id, lines)
             if tail.exited and len(complete) == len(data):
                 del self._logs[worker_id]
+
+
+def _after_lines(path: Path, n: int) -> int:
+    """The byte offset just past the first ``n`` lines of a log file (its size if shorter)."""
+    offset = 0
+    try:
+        with open(path, "rb") as f:
+            for _ in range(n):
+                line = f.readline()
+                if not line.endswith(b"\n"):
+                    break
+                offset += len(line)
+    except OSError:
+        pass
+    return offset
 
 
 def _worker_id(job_id: str, attempt: int, index: int) -> str:

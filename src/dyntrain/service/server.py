@@ -84,7 +84,8 @@ class Service:
                 except Exception as exc:  # one bad step must not stop scheduling for good
                     log.exception("controller step failed: %s", exc)
                     self._record_failure(exc)
-                self._stop.wait(self.controller.config.tick_seconds)
+                # wakes early when a worker exits, so the next start follows at once
+                self.executor.wait(self.controller.config.tick_seconds)
 
         self._thread = threading.Thread(target=loop, daemon=True, name="dyntrain-controller")
         self._thread.start()

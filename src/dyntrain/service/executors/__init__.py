@@ -3,6 +3,7 @@
 from dyntrain.service.executors.base import (
     Executor,
     ExecutorError,
+    StartError,
     WorkerExit,
     WorkerHandle,
     WorkerSpec,
@@ -13,6 +14,7 @@ from dyntrain.service.executors.base import (
 __all__ = [
     "Executor",
     "ExecutorError",
+    "StartError",
     "WorkerExit",
     "WorkerHandle",
     "WorkerSpec",

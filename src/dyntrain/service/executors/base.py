@@ -7,7 +7,8 @@ line in ``_REGISTRY``; nothing in the scheduler changes.
 Contract, for every implementation:
 
 * ``start(spec)`` either returns a handle of a running worker or raises ``ExecutorError`` with a
-  one-line message (does not fit, cannot start); it never leaves a half-started worker behind.
+  one-line message (does not fit; ``StartError`` when the command itself cannot be executed); it
+  never leaves a half-started worker behind.
 * ``poll()`` returns the workers that ended since the last call; each one is reported exactly once,
   and its resources are free again once it is reported.
 * Workers outlive the service. After a restart a new executor ``adopt()``-s the stored handles;
@@ -17,6 +18,7 @@ Contract, for every implementation:
 from __future__ import annotations
 
 import importlib
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -28,6 +30,11 @@ SIGNALS = ("TERM", "KILL")
 
 class ExecutorError(DyntrainError):
     """A worker cannot be started, found or signalled; the message is one line."""
+
+
+class StartError(ExecutorError):
+    """The worker's command cannot be executed: not found, not executable, argument list too
+    long, no such working directory. The job's fault, not the capacity's: the attempt fails."""
 
 
 @dataclass(frozen=True)
@@ -65,12 +72,14 @@ class WorkerHandle:
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """How a worker ended. ``exit_code`` is None when it was killed by a signal or is unknown."""
+    """How a worker ended. ``exit_code`` is None when it was killed by a signal or is unknown;
+    ``ended_at`` (epoch seconds) when the executor knows it, e.g. for an exit nobody watched."""
 
     worker_id: str
     exit_code: int | None
     signal: int | None
     reason: str
+    ended_at: float | None = None
 
 
 def make_resources(cpus: float, gpus: int, memory_mib: int) -> Resources:
@@ -124,6 +133,16 @@ class Executor(ABC):
         True: it runs and is watched (and accounted) from now on. False: it is gone; ``poll()``
         will still report its exit once (from what the worker left behind, else as unknown).
         """
+
+    def find(self, worker_id: str) -> WorkerHandle | None:
+        """The handle of a worker started under ``worker_id`` whose handle the service did not
+        get to store (it died between ``start()`` and the write), or None when no worker was
+        started under that id. An executor that cannot tell raises ``ExecutorError``."""
+        raise ExecutorError(f"executor {self.name!r} cannot find worker {worker_id} by its id")
+
+    def wait(self, timeout: float) -> None:
+        """Block up to ``timeout`` seconds; an executor may return early once a worker exited."""
+        time.sleep(timeout)
 
     @abstractmethod
     def shutdown(self) -> None:

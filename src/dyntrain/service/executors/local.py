@@ -1,15 +1,18 @@
 """The local executor: worker processes on this machine, within a fixed cpu/gpu/memory budget.
 
-Each worker runs as ``python wrap.py STATUS_FILE -- ARGV...`` in a new session, so the wrapper
-is the leader of the worker's process group and ``os.killpg`` reaches every process the worker
-started. The wrapper writes the exit status to ``<state_dir>/workers/<worker_id>.status.json``;
-that file is how a restarted service learns how a worker it did not start itself ended.
+Workers are started by one supervisor process per executor (``supervisor.py``, started on the
+first ``start()``, in a session of its own so that it outlives a killed service). Each worker is
+the leader of a new session, so ``os.killpg`` reaches every process it started. The supervisor
+reaps each worker and writes its exit status (exit code or signal, end time) to
+``<state_dir>/workers/<worker_id>.status.json`` before the pid goes away; that file is how a
+restarted service learns how a worker it did not start itself ended, and, while the worker runs,
+where it is. No Python interpreter starts per worker: a worker costs one fork and exec.
 
 A handle's ref is ``"<pid>:<start time>"`` (field 22 of ``/proc/<pid>/stat``, clock ticks since
 boot): a pid alone may have been reused by an unrelated process by the time it is adopted.
 
-When a worker's exit is reported, processes it left behind in its group are killed, so that the
-resources it is released from really are free.
+When a worker exits, processes it left behind in its group are killed, so that the resources it
+is released from really are free.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import signal as _signal
-import subprocess
-import sys
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,17 +33,19 @@ from dyntrain.service.executors.base import (
     SIGNALS,
     Executor,
     ExecutorError,
+    StartError,
     WorkerExit,
     WorkerHandle,
     WorkerSpec,
     describe,
     make_resources,
 )
+from dyntrain.service.executors.supervisor import SupervisorGone, SupervisorLink
 from dyntrain.service.model import Resources
 
-_WRAP = str(Path(__file__).with_name("wrap.py"))
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 _EPS = 1e-9
+PREDECESSOR_WAIT_S = 30.0  # how long a restarted service waits for an old supervisor to read on
 
 
 def proc_stat(pid: int) -> tuple[str, int] | None:
@@ -96,13 +101,24 @@ def _signal_name(n: int) -> str:
         return f"signal {n}"
 
 
+def exit_from_record(worker_id: str, record: dict | None) -> WorkerExit | None:
+    """The exit a status file records, None when it records none (yet)."""
+    if record is None or ("exit_code" not in record and "signal" not in record):
+        return None
+    sig, code, ended = record.get("signal"), record.get("exit_code"), record.get("ended_at")
+    if sig is not None:
+        return WorkerExit(worker_id, None, int(sig), f"killed by {_signal_name(int(sig))}", ended)
+    code = None if code is None else int(code)
+    return WorkerExit(worker_id, code, None, f"exited with code {code}", ended)
+
+
 @dataclass
 class _Worker:
     spec: WorkerSpec
     handle: WorkerHandle
     pid: int
     start_time: int
-    proc: subprocess.Popen | None  # None when adopted: not our child, cannot wait() on it
+    supervised: bool  # by this executor's supervisor, which reports its exit
     exit: WorkerExit | None = None  # set when known to be over but not reported yet
     holds: bool = True  # counts against capacity until reported
 
@@ -137,6 +153,8 @@ class LocalExecutor(Executor):
         self._workers: dict[str, _Worker] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._link: SupervisorLink | None = None
+        self._settled = False
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -158,7 +176,7 @@ class LocalExecutor(Executor):
             return make_resources(max(cpus, 0.0), len(self._free_gpus()), max(memory, 0))
 
     def status_path(self, worker_id: str) -> Path:
-        """Where the wrapper of ``worker_id`` leaves its exit status."""
+        """Where the supervisor of ``worker_id`` records where it runs and how it ended."""
         return self._dir / f"{worker_id}.status.json"
 
     # -- starting ---------------------------------------------------------------------------
@@ -179,107 +197,80 @@ class LocalExecutor(Executor):
             env = dict(os.environ) if self._inherit_env else {}
             env.update(spec.env)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-            self._check_runnable(spec, env)
-
+            _check_runnable(spec, env)
             status = self.status_path(wid)
-            for stale in (status, *self._dir.glob(f"{wid}.status.json.tmp*")):
-                stale.unlink(missing_ok=True)
+            status.unlink(missing_ok=True)
             try:
                 Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-                log = open(spec.log_path, "ab")  # closed right after Popen
             except OSError as e:
-                raise ExecutorError(f"worker {wid}: cannot open log {spec.log_path}: "
-                                    f"{e.strerror or e}") from None
+                raise ExecutorError(f"worker {wid}: cannot create the folder of its log "
+                                    f"{spec.log_path}: {e.strerror or e}") from None
+            if self._link is None or not self._link.open:
+                self._orphan_supervised()
+                self._link = SupervisorLink(self._dir)
             try:
-                proc = subprocess.Popen(
-                    [sys.executable, _WRAP, str(status), "--", *spec.argv],
-                    start_new_session=True, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env=env, cwd=spec.cwd, close_fds=True)
-            except (OSError, ValueError) as e:  # ValueError: NUL bytes, '=' in an env name
-                raise ExecutorError(f"worker {wid} cannot start: "
-                                    f"{getattr(e, 'strerror', None) or e}") from None
-            finally:
-                log.close()
-            try:
-                st = proc_stat(proc.pid)  # our unreaped child: readable even once it exited
-                if st is None:
-                    raise ExecutorError(f"worker {wid}: cannot read /proc/{proc.pid}/stat")
-                handle = WorkerHandle(worker_id=wid, executor=self.name,
-                                      ref=f"{proc.pid}:{st[1]}", gpus=gpus)
-                self._workers[wid] = _Worker(spec, handle, proc.pid, st[1], proc)
-            except BaseException:
-                _killpg(proc.pid, _signal.SIGKILL)
-                proc.wait()
-                raise
+                answer = self._link.request({"op": "start", "id": wid, "argv": list(spec.argv),
+                                             "env": env, "cwd": spec.cwd,
+                                             "log": spec.log_path, "status": str(status)})
+            except SupervisorGone as e:
+                raise ExecutorError(f"worker {wid} cannot start: {e}") from None
+            if answer["op"] == "failed":
+                raise StartError(f"cannot start {spec.argv[0]!r}: {answer['error']}")
+            handle = WorkerHandle(worker_id=wid, executor=self.name,
+                                  ref=f"{answer['pid']}:{answer['start_time']}", gpus=gpus)
+            self._workers[wid] = _Worker(spec, handle, answer["pid"], answer["start_time"],
+                                         supervised=True)
             return handle
 
-    @staticmethod
-    def _check_runnable(spec: WorkerSpec, env: dict[str, str]) -> None:
-        wid = spec.worker_id
-        if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
-            raise ExecutorError(f"worker {wid}: argv must be a non-empty list of strings")
-        if spec.cwd is not None and not os.path.isdir(spec.cwd):
-            raise ExecutorError(f"worker {wid} cannot start: no directory {spec.cwd}")
-        exe = spec.argv[0]
-        if "/" in exe:
-            path = os.path.join(spec.cwd or os.getcwd(), exe)
-            found = os.path.isfile(path) and os.access(path, os.X_OK)
-        else:
-            found = shutil.which(exe, path=env.get("PATH", os.defpath)) is not None
-        if not found:
-            raise ExecutorError(f"worker {wid} cannot start: no executable {exe!r}")
-
     # -- watching ---------------------------------------------------------------------------
+
+    def _take_exits(self, timeout: float = 0.0) -> None:
+        """Move the supervisor's exit events onto their workers."""
+        link = self._link
+        if link is None:
+            return
+        link.drain(timeout)
+        for event in link.exits:
+            w = self._workers.get(event["id"])
+            if w is not None and w.supervised and w.exit is None:
+                w.exit = exit_from_record(w.spec.worker_id, event)
+        link.exits.clear()
+        if not link.open:
+            self._orphan_supervised()
+
+    def _orphan_supervised(self) -> None:
+        """The supervisor is gone: watch its workers by pid, like adopted ones."""
+        for w in self._workers.values():
+            w.supervised = False
 
     def _running(self, w: _Worker) -> bool:
         if w.exit is not None:
             return False
-        if w.proc is not None:
-            if w.proc.returncode is not None:
-                return False
-            try:  # WNOWAIT: leave the zombie, which keeps the pid (and group id) from reuse
-                return os.waitid(os.P_PID, w.pid,
-                                 os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
-            except ChildProcessError:
-                return False
+        if w.supervised:
+            return True  # its supervisor reports the exit
+        # A zombie still runs for us: its supervisor writes the status file before reaping it.
         st = proc_stat(w.pid)
-        return st is not None and st[1] == w.start_time and st[0] not in ("Z", "X")
+        return st is not None and st[1] == w.start_time
 
     def _finish(self, w: _Worker) -> WorkerExit:
-        """The exit of a worker known to be over: kill leftovers of its group, reap, read."""
-        if w.proc is not None:
-            _killpg(w.pid, _signal.SIGKILL)  # the unreaped leader still holds the group id
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:  # cannot happen for an exited child
-                pass
-        else:
-            st = proc_stat(w.pid)
-            # Only when the pid is not someone else's by now; a live group keeps its id unused.
-            if st is None or st[1] == w.start_time:
-                _killpg(w.pid, _signal.SIGKILL)
+        """The exit of an unsupervised worker known to be over: kill leftovers, read its file."""
+        st = proc_stat(w.pid)
+        # Only when the pid is not someone else's by now; a live group keeps its id unused.
+        if st is None or st[1] == w.start_time:
+            _killpg(w.pid, _signal.SIGKILL)
         record = _read_status(self.status_path(w.spec.worker_id))
-        wid = w.spec.worker_id
-        if record is not None:
-            code, sig = record.get("exit_code"), record.get("signal")
-            if sig is not None:
-                return WorkerExit(wid, None, int(sig), f"killed by {_signal_name(int(sig))}")
-            code = None if code is None else int(code)
-            reason = f"exited with code {code}"
-            if record.get("error"):
-                reason += f": {record['error']}"
-            return WorkerExit(wid, code, None, reason)
-        rc = None if w.proc is None else w.proc.returncode
-        if rc is not None and rc < 0:
-            return WorkerExit(wid, None, -rc, f"killed by {_signal_name(-rc)}")
-        if rc is not None:
-            return WorkerExit(wid, None, None,
-                              f"wrapper exited with code {rc} without a status; "
-                              "exit status unknown")
-        return WorkerExit(wid, None, None, "killed; exit status unknown")
+        if record is not None and record.get("start_time") not in (None, w.start_time):
+            record = None  # the file of another worker under this id
+        found = exit_from_record(w.spec.worker_id, record)
+        if found is not None:
+            return found
+        return WorkerExit(w.spec.worker_id, None, None,
+                          "exit status unknown: the worker ended while nothing recorded its "
+                          "exit (its supervisor was killed too)")
 
     def poll(self) -> list[WorkerExit]:
         with self._lock:
+            self._take_exits()
             out = []
             for wid, w in list(self._workers.items()):
                 if w.exit is None and self._running(w):
@@ -288,8 +279,23 @@ class LocalExecutor(Executor):
                 del self._workers[wid]
             return out
 
+    def wait(self, timeout: float) -> None:
+        with self._lock:
+            link = self._link
+            if link is None or not link.open or any(w.exit for w in self._workers.values()):
+                pending = False
+            else:
+                pending = True
+        if pending:
+            ready, _, _ = select.select([link.fd], [], [], timeout)
+            if ready:
+                return
+        else:
+            time.sleep(timeout)
+
     def alive(self, worker_id: str) -> bool:
         with self._lock:
+            self._take_exits()
             w = self._workers.get(worker_id)
             return w is not None and self._running(w)
 
@@ -301,8 +307,9 @@ class LocalExecutor(Executor):
             if w is None:
                 raise ExecutorError(f"unknown worker {worker_id} (never started, or its exit "
                                     "was reported already)")
-            if w.exit is not None or (w.proc is None and not self._running(w)):
-                return  # over; an adopted pid may belong to someone else by now
+            self._take_exits()
+            if not self._running(w):
+                return  # over; its pid may belong to someone else by now
             try:
                 os.killpg(w.pid, getattr(_signal, f"SIG{sig}"))
             except ProcessLookupError:
@@ -333,7 +340,7 @@ class LocalExecutor(Executor):
                 pid, start_time = int(pid_s), int(start_s)
             except ValueError:
                 raise ExecutorError(f"worker {wid}: bad local ref {handle.ref!r}") from None
-            w = _Worker(spec, handle, pid, start_time, proc=None)
+            w = _Worker(spec, handle, pid, start_time, supervised=False)
             if self._running(w):
                 self._workers[wid] = w
                 return True
@@ -342,15 +349,73 @@ class LocalExecutor(Executor):
             self._workers[wid] = w  # reported by the next poll()
             return False
 
+    def find(self, worker_id: str) -> WorkerHandle | None:
+        """The handle of the worker started under ``worker_id`` by any supervisor of this state
+        dir, from its status file; None when none was started (after waiting for a previous
+        service's supervisor to have started all it was asked to)."""
+        with self._lock:
+            _check_worker_id(worker_id)
+            self._settle_predecessors()
+            record = _read_status(self.status_path(worker_id))
+            if record is None or record.get("pid") is None:
+                return None
+            return WorkerHandle(worker_id, self.name,
+                                f"{record['pid']}:{record.get('start_time')}")
+
+    def _settle_predecessors(self) -> None:
+        """Wait until the supervisors of earlier services have read all their requests."""
+        if self._settled:
+            return
+        own = self._link.proc.pid if self._link is not None else None
+        deadline = time.monotonic() + PREDECESSOR_WAIT_S
+        for live in self._dir.glob("supervisor-*.live"):
+            try:
+                pid = int(live.name.split("-")[1].split(".")[0])
+                started = int(live.read_text() or "-1")
+            except (ValueError, OSError):
+                continue
+            if pid == own:
+                continue
+            while live.exists():
+                st = proc_stat(pid)
+                if st is None or st[1] != started or st[0] in ("Z", "X"):
+                    live.unlink(missing_ok=True)  # it died before it read everything
+                    break
+                if time.monotonic() > deadline:
+                    raise ExecutorError(f"the worker supervisor {pid} of an earlier service "
+                                        f"still reads requests after {PREDECESSOR_WAIT_S:g} s")
+                time.sleep(0.01)
+        self._settled = True
+
     def shutdown(self) -> None:
         """Stop watching; the workers keep running (and a later executor can adopt them)."""
         with self._lock:
             self._closed = True
+            if self._link is not None:
+                self._link.close()
             self._workers.clear()
 
     def _check_open(self) -> None:
         if self._closed:
             raise ExecutorError("local executor is shut down")
+
+
+def _check_runnable(spec: WorkerSpec, env: dict[str, str]) -> None:
+    """Refuse, with the cause, a command that cannot run here (before anything starts)."""
+    wid = spec.worker_id
+    if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
+        raise ExecutorError(f"worker {wid}: argv must be a non-empty list of strings")
+    if spec.cwd is not None and not os.path.isdir(spec.cwd):
+        raise StartError(f"no working directory {spec.cwd}")
+    exe = spec.argv[0]
+    if "/" in exe:
+        path = os.path.join(spec.cwd or os.getcwd(), exe)
+        if not os.path.isfile(path):
+            raise StartError(f"no executable {exe!r}: no such file")
+        if not os.access(path, os.X_OK):
+            raise StartError(f"{exe!r} is not executable (permission denied)")
+    elif shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
+        raise StartError(f"no executable {exe!r} on PATH")
 
 
 def _check_worker_id(wid: str) -> None:

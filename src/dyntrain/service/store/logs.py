@@ -47,6 +47,12 @@ class LogStore(StoreBase):
             out = [LogLine(r.seq, r.attempt_no, r.worker, r.line, r.at) for r in rows]
         return out, (out[-1].seq if out else after_seq)
 
+    def count_log_lines(self, job_id: str, worker: str) -> int:
+        """How many lines of ``worker`` the job's log holds (where to go on after a restart)."""
+        with self._tx(write=False) as conn:
+            return conn.scalar(sa.select(sa.func.count()).select_from(job_logs).where(
+                job_logs.c.job_id == job_id, job_logs.c.worker == worker))
+
     # ---------------------------------------------------------------------------------- events
 
     def add_event(self, job_id: str | None, kind: str, payload: dict[str, Any] | None = None,

@@ -1,0 +1,254 @@
+"""The local executor's worker supervisor: one process that starts workers and records their exits.
+
+``python supervisor.py DIR`` reads requests from stdin and answers on stdout, one JSON object a
+line. The local executor starts one per service process, in a session of its own, so that it
+outlives a killed service:
+
+* ``{"op": "start", "id", "argv", "env", "cwd", "log", "status"}`` starts ``argv`` as the leader
+  of a new session (so a signal to its process group reaches everything it starts), stdout and
+  stderr appended to ``log``; the answer is ``{"op": "started", "id", "pid", "start_time"}`` or
+  ``{"op": "failed", "id", "error", "errno"}`` (not found, not executable, argument list too
+  long, no such working directory: whatever the exec reported).
+* Once a worker exits: processes it left in its group are killed, ``status`` is written
+  atomically (temporary file, rename) with ``{"pid", "start_time", "exit_code", "signal",
+  "ended_at"}``, ``{"op": "exit", ...}`` goes to stdout, and only then is the worker reaped. So
+  while its pid still exists (as a zombie) nothing is lost, and once it is gone the status file
+  is there: a restarted service that adopted the worker by pid reads its exit from that file.
+* When a started worker is running, ``status`` holds ``{"pid", "start_time", "started_at"}``,
+  so a worker whose handle the service never stored can still be found by its id.
+
+``DIR/supervisor-<pid>.live`` exists while the supervisor may still read requests. At the end of
+stdin (the service closed it or died) the supervisor has started everything it was asked to,
+removes that file, and keeps reaping until its last worker has exited, then exits. A restarted
+service waits for a predecessor's file to go before it decides that a worker it has no record of
+was never started.
+
+``SupervisorLink`` is the executor's end: it starts the process and exchanges the lines.
+
+Standard library only, run by path: starting it must not import the ``dyntrain`` package (and
+with it torch), and a fork of this small process is cheap, unlike a Python interpreter per worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot), None if there is no such pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def write_json(path: str, record: dict) -> None:
+    """Replace ``path`` atomically: readers see the old content or the whole new one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def _ignore(signum, frame) -> None:
+    """Swallow the signal."""
+
+
+class Supervisor:
+    """Starts workers on request and turns each exit into a status file and an event."""
+
+    def __init__(self, directory: str, out) -> None:
+        self.dir = directory
+        self.out = out
+        self.workers: dict[int, dict] = {}  # pid -> {"id", "status", "start_time", "proc"}
+        self.live_file = os.path.join(directory, f"supervisor-{os.getpid()}.live")
+        self.reading = True
+
+    def send(self, record: dict) -> None:
+        if self.out is None:
+            return
+        try:
+            self.out.write(json.dumps(record) + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # the service is gone; the status files remain
+            self.out = None
+
+    def start(self, req: dict) -> None:
+        wid = req["id"]
+        try:
+            with open(req["log"], "ab") as log:
+                proc = subprocess.Popen(
+                    req["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=req["env"], cwd=req.get("cwd"), start_new_session=True, close_fds=True)
+        except (OSError, ValueError) as e:
+            errno = getattr(e, "errno", None)
+            what = getattr(e, "strerror", None) or str(e)
+            name = getattr(e, "filename", None)
+            self.send({"op": "failed", "id": wid, "errno": errno,
+                       "error": f"{what}: {name}" if name else what})
+            return
+        start_time = proc_start_time(proc.pid)  # our unreaped child: readable even if it exited
+        self.workers[proc.pid] = {"id": wid, "status": req["status"], "start_time": start_time,
+                                  "proc": proc}
+        write_json(req["status"], {"pid": proc.pid, "start_time": start_time,
+                                   "started_at": time.time()})
+        self.send({"op": "started", "id": wid, "pid": proc.pid, "start_time": start_time})
+
+    def reap(self) -> None:
+        """Record every worker that has exited, then reap it."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            pid = info.si_pid
+            worker = self.workers.pop(pid, None)
+            if worker is not None:
+                try:
+                    os.killpg(pid, signal.SIGKILL)  # leftovers; the zombie still holds the group
+                except OSError:
+                    pass
+                killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+                record = {"pid": pid, "start_time": worker["start_time"],
+                          "exit_code": None if killed else info.si_status,
+                          "signal": info.si_status if killed else None, "ended_at": time.time()}
+                write_json(worker["status"], record)
+                self.send({"op": "exit", "id": worker["id"], **record})
+            os.waitpid(pid, 0)
+            if worker is not None:
+                worker["proc"].returncode = info.si_status  # subprocess must not wait on it
+
+    def stop_reading(self) -> None:
+        self.reading = False
+        try:
+            os.unlink(self.live_file)
+        except FileNotFoundError:
+            pass
+
+    def run(self, inp) -> None:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        # Handlers, not SIG_IGN: an exec resets handled signals to their default in the workers,
+        # while ignored ones would stay ignored there. SIGCHLD's writes the wakeup fd; the
+        # others keep the supervisor recording exits to the end.
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _ignore)
+        with open(self.live_file, "w") as f:
+            f.write(str(proc_start_time(os.getpid())))
+        buffer = b""
+        fd = inp.fileno()
+        while self.reading or self.workers:
+            self.reap()
+            if not self.reading and not self.workers:
+                break
+            watch = [wake_r] + ([fd] if self.reading else [])
+            ready, _, _ = select.select(watch, [], [], 1.0)
+            if wake_r in ready:
+                os.read(wake_r, 4096)
+            if fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    for line in buffer.split(b"\n"):
+                        if line.strip():
+                            self.start(json.loads(line))
+                    self.stop_reading()
+                    continue
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self.start(json.loads(line))
+
+
+# ------------------------------------------------------------------- the executor's end
+
+
+class SupervisorGone(Exception):
+    """The supervisor process exited (or was killed) while a request waited for its answer."""
+
+
+class SupervisorLink:
+    """This executor's end of its supervisor process: requests out, answers and exits in."""
+
+    def __init__(self, directory) -> None:
+        log = open(os.path.join(directory, "supervisor.log"), "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(directory)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True, close_fds=True)
+        finally:
+            log.close()
+        self.fd = self.proc.stdout.fileno()
+        os.set_blocking(self.fd, False)
+        self._buffer = b""
+        self.exits: list[dict] = []  # exit events not yet taken
+        self.open = True  # False once it is gone (EOF)
+
+    def request(self, record: dict) -> dict:
+        """Send one request and wait for its answer; exit events read meanwhile are kept."""
+        try:
+            self.proc.stdin.write(json.dumps(record).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            self.open = False
+        while self.open:
+            for event in self._read(timeout=5.0):
+                if event.get("id") == record["id"] and event["op"] in ("started", "failed"):
+                    return event
+        raise SupervisorGone("the worker supervisor is gone (see supervisor.log in the "
+                             "executor's state dir)")
+
+    def drain(self, timeout: float = 0.0) -> None:
+        """Take the exit events that arrived, waiting up to ``timeout`` for the first."""
+        if self.open:
+            self._read(timeout)
+
+    def _read(self, timeout: float) -> list[dict]:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return []
+        try:
+            chunk = os.read(self.fd, 1 << 20)
+        except BlockingIOError:
+            return []
+        if not chunk:
+            self.open = False
+            return []
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        events = [json.loads(line) for line in lines if line.strip()]
+        self.exits += [e for e in events if e["op"] == "exit"]
+        return events
+
+    def close(self) -> None:
+        """End of requests: the supervisor records the workers it has, then exits."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        self.open = False
+
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: supervisor.py DIR", file=sys.stderr)
+        return 2
+    Supervisor(argv[0], sys.stdout).run(sys.stdin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
