@@ -42,8 +42,15 @@ def make_dataset(samples: int, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, y)
 
 
-def make_model(width: int, seed: int = 0) -> DigitsNet:
+def make_model(width: int, seed: int = 0, hidden: int = 0) -> torch.nn.Module:
+    """DigitsNet of ``width``, or with ``hidden`` > 0 an MLP 64-hidden-hidden-hidden-10 (a model
+    whose all-reduce weighs as much as its compute: where overlapping them pays)."""
     torch.manual_seed(seed)
+    if hidden:
+        return torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(64, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
     return DigitsNet(width=width)
 
 
@@ -59,6 +66,7 @@ def cross_entropy(model: torch.nn.Module, batch) -> torch.Tensor:
 
 def add_workload_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--width", type=int, default=32, help="DigitsNet width")
+    ap.add_argument("--hidden", type=int, default=0, help="> 0: an MLP of this width instead")
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--steps", type=int, default=60, help="optimizer steps (one epoch)")
     ap.add_argument("--lr", type=float, default=0.05)
@@ -88,7 +96,7 @@ def _train(args: argparse.Namespace, rank: int, world: int) -> None:
     local = g // world
     data = make_dataset(args.steps * g, args.seed)
     xs, ys = data.tensors
-    model = make_model(args.width, args.seed)
+    model = make_model(args.width, args.seed, args.hidden)
     ddp = DistributedDataParallel(model)
     opt = make_optimizer(ddp, args.lr)
     perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(args.seed))

@@ -4,7 +4,7 @@ bench/overhead_worker.py ARGS``; the step times come from DIR/metrics.jsonl.
 
 Every worker also writes ``steps-<worker>.json`` into the run folder: the wall-clock time and the
 process's CPU time at the end of each of its steps (recorded by a wrapper around
-``ChunkStepper.apply``; the leader's wall-clock times match metrics.jsonl).
+``ChunkStepper.finish``; the leader's wall-clock times match metrics.jsonl).
 
 ``--profile PREFIX`` times the parts of a step by wrapping the runtime's methods (nothing in the
 package is edited) and writes ``PREFIX-<worker>.json`` per worker, averaged over the steps after
@@ -35,7 +35,7 @@ from ddp_worker import (  # bench/ is sys.path[0] when run as a script
 from dyntrain.elastic import stepper as stepper_module
 from dyntrain.elastic.buffers import BatchNormChunkStats
 from dyntrain.elastic.channel import WorkerChannel
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.reducer import StepReduction
 from dyntrain.elastic.stepper import ChunkStepper
 
 
@@ -93,22 +93,23 @@ class PartTimer:
 def install_timers(timer: PartTimer, trainer: dyntrain.ElasticTrainer) -> None:
     """Wrap the runtime's pieces; labels with a dot are nested inside the label before the dot."""
     st = trainer.stepper
-    # Top level of ElasticTrainer._train: compute, ctl, set_flags, allreduce, apply, metrics send.
-    timer.patch(ChunkStepper, "compute", "compute")
+    # Top level of ElasticTrainer._train: start (chunks, buckets sent during the last backward),
+    # ctl, finish (wait for the sums, apply), metrics send.
+    timer.patch(ChunkStepper, "start", "compute")
     timer.patch(WorkerChannel, "ctl", "ctl_read")
-    timer.patch(ChunkStepper, "set_flags", "set_flags")
-    timer.patch(Group, "allreduce_sum", "allreduce")
     timer.patch(WorkerChannel, "send", "send_metrics")
-    apply = ChunkStepper.apply
+    finish = ChunkStepper.finish
 
-    def apply_and_count(self, flat):
+    def finish_and_count(self, *args, **kwargs):
         try:
-            return timed_apply(self, flat)
+            return timed_finish(self, *args, **kwargs)
         finally:
             timer.step_done()
 
-    timed_apply = timer.wrap("apply", apply)
-    ChunkStepper.apply = apply_and_count
+    timed_finish = timer.wrap("finish", finish)
+    ChunkStepper.finish = finish_and_count
+    timer.patch(StepReduction, "finish", "finish.wait_sums")
+    timer.patch(ChunkStepper, "_apply_meta", "finish.apply")
     # Inside compute.
     timer.patch(st.parts.optimizer, "zero_grad", "compute.zero_grad")
     timer.patch(BatchNormChunkStats, "begin_step", "compute.bn_begin_step")
@@ -120,23 +121,23 @@ def install_timers(timer: PartTimer, trainer: dyntrain.ElasticTrainer) -> None:
     st.loss_fn = timer.wrap("compute.forward", st.loss_fn)
     timer.patch(torch.Tensor, "backward", "compute.backward")
     # Inside apply.
-    timer.patch(BatchNormChunkStats, "finish_step", "apply.bn_finish_step")
-    timer.patch(st.parts.optimizer, "step", "apply.optimizer_step")
+    timer.patch(BatchNormChunkStats, "finish_step", "finish.bn_finish_step")
+    timer.patch(st.parts.optimizer, "step", "finish.optimizer_step")
 
 
 def record_steps() -> tuple[list[float], list[float]]:
-    """Wrap ``ChunkStepper.apply`` to note wall and CPU time at the end of every step."""
+    """Wrap ``ChunkStepper.finish`` to note wall and CPU time at the end of every step."""
     times: list[float] = []
     cpu: list[float] = []
-    apply = ChunkStepper.apply
+    finish = ChunkStepper.finish
 
-    def apply_and_record(self, flat):
-        result = apply(self, flat)
+    def finish_and_record(self, *args, **kwargs):
+        result = finish(self, *args, **kwargs)
         times.append(time.time())
         cpu.append(time.process_time())
         return result
 
-    ChunkStepper.apply = apply_and_record
+    ChunkStepper.finish = finish_and_record
     return times, cpu
 
 
@@ -146,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk-size", type=int, default=None, help="default: the global batch")
     ap.add_argument("--float32-reduction", action="store_true",
                     help="TrainConfig(exact_reduction=False): all-reduce float32 like DDP")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="TrainConfig(overlap=False): sum the buckets after backward")
     ap.add_argument("--profile", default=None, metavar="PREFIX")
     ap.add_argument("--cprofile", default=None, metavar="PREFIX")
     args = ap.parse_args(argv)
@@ -153,9 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     g = args.global_batch
     config = dyntrain.TrainConfig(global_batch=g, chunk_size=args.chunk_size or g, epochs=1,
                                   max_steps=args.steps, seed=args.seed,
-                                  exact_reduction=not args.float32_reduction)
+                                  exact_reduction=not args.float32_reduction,
+                                  overlap=not args.no_overlap)
     data = make_dataset(args.steps * g, args.seed)
-    model = make_model(args.width, args.seed)
+    model = make_model(args.width, args.seed, args.hidden)
     trainer = dyntrain.ElasticTrainer(config, model, make_optimizer(model, args.lr), data,
                                       cross_entropy)
     worker = os.environ.get("DYNTRAIN_WORKER_ID", "local")

@@ -153,6 +153,8 @@ _BASE = dict(
     noise_ema=0.95,
     noise_every=4,
     grad_clip_norm=None,
+    overlap=True,
+    bucket_mb=4.0,
 )
 
 # One changed value per field; every field of TrainConfig must be listed here.
@@ -171,6 +173,8 @@ _CHANGES = {
     "noise_ema": 0.9,
     "noise_every": 2,
     "grad_clip_norm": 1.0,
+    "overlap": False,
+    "bucket_mb": 1.0,
 }
 
 

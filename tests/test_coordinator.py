@@ -62,6 +62,7 @@ class FakeWorker:
         self.send("hello", fingerprint=fingerprint, config=config or {"global_batch": 8},
                   host="hostA", pid=4242)
         self.store.append(p.ROSTER, self.id + " ")
+        self.store.add(p.ROSTER_COUNT, 1)
 
     def beat(self) -> None:
         self.store.add(p.heartbeat_key(self.id), 1)

@@ -123,7 +123,8 @@ def test_gradient_is_the_global_batch_mean():
     stepper = ChunkStepper(config, parts, ds, loss_fn, torch.device("cpu"))
     flat = stepper.compute(0, stepper.my_chunks(0, 1))
     n = parts.model.fc2.weight.numel()
-    offset = sum(q.numel() for q in stepper.params[:2] + stepper.params[2:4])  # fc1, bn
+    offset = stepper.offsets[4]  # fc1, bn, then fc2
+    assert stepper.params[4] is parts.model.fc2.weight
     got = flat[offset : offset + n].view_as(parts.model.fc2.weight).float()
 
     ref = copy.deepcopy(parts.model)

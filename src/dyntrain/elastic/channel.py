@@ -158,6 +158,7 @@ class WorkerChannel:
                   pid=os.getpid())
         self.flush()  # the roster entry must not overtake the hello message
         self.store.append(p.ROSTER, self.worker + " ")
+        self.store.add(p.ROSTER_COUNT, 1)
 
     def job_state(self) -> str:
         return self.store.get(p.JOB_STATE).decode()

@@ -65,7 +65,15 @@ class Group:
         """Sum ``tensor`` over all members, in place."""
         if self.pg is None:
             return
-        work = self.pg.allreduce([tensor])
+        self.wait(self.allreduce_async(tensor), should_abort)
+
+    def allreduce_async(self, tensor: torch.Tensor) -> dist.Work:
+        """Start summing ``tensor`` over all members, in place; ``wait`` for the returned work.
+        Every member must start its collectives in the same order."""
+        return self.pg.allreduce([tensor])
+
+    @staticmethod
+    def wait(work: dist.Work, should_abort: Callable[[], bool]) -> None:
         wait_future(work.get_future(), should_abort)
 
     def broadcast_bytes(

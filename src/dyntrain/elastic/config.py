@@ -22,6 +22,10 @@ class TrainConfig:
     identical across world sizes in practice. Without it the all-reduce moves half the bytes, and
     runs agree only up to float32 summation order, which training can amplify over many steps.
 
+    ``overlap`` sums gradient buckets of about ``bucket_mb`` MiB while backward of a worker's
+    last chunk still runs (``dyntrain.elastic.reducer``); off, the same buckets are summed after
+    backward. Either way the result is the same.
+
     ``noise_scale`` turns on the online gradient noise scale B_simple (McCandlish et al. 2018,
     App. A.1), estimated every ``noise_every`` steps from the chunk gradients (b_small =
     ``chunk_size``) and their global mean (b_big = ``global_batch``) and smoothed with
@@ -49,6 +53,8 @@ class TrainConfig:
     noise_ema: float = 0.95
     noise_every: int = 4
     grad_clip_norm: float | None = None
+    overlap: bool = True
+    bucket_mb: float = 4.0
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0 or self.chunk_size <= 0:
@@ -80,6 +86,8 @@ class TrainConfig:
             raise ConfigError(f"noise_every must be at least 1, got {self.noise_every}")
         if self.grad_clip_norm is not None and not self.grad_clip_norm > 0:
             raise ConfigError(f"grad_clip_norm must be positive, got {self.grad_clip_norm}")
+        if not self.bucket_mb > 0:
+            raise ConfigError(f"bucket_mb must be positive, got {self.bucket_mb}")
         if self.noise_scale and self.num_chunks < 2:
             raise ConfigError(
                 f"noise_scale needs at least two chunks per step to compare batch sizes, but "
@@ -111,7 +119,8 @@ class TrainConfig:
         Fields added after the first release count only when they differ from their default, so
         a configuration that does not use them keeps the fingerprint it always had.
         """
-        values = {k: float(v) if isinstance(v, (int, float)) and k.endswith("seconds") else v
+        values = {k: float(v) if isinstance(v, (int, float)) and k.endswith(("seconds", "_mb"))
+                  else v
                   for k, v in asdict(self).items()
                   if k not in _LATER_FIELDS or v != _LATER_FIELDS[k]}
         blob = json.dumps(values, sort_keys=True).encode()
@@ -120,7 +129,7 @@ class TrainConfig:
 
 # Later additions and their defaults (see ``TrainConfig.fingerprint``).
 _LATER_FIELDS = {"noise_scale": False, "noise_ema": 0.95, "noise_every": 4,
-                 "grad_clip_norm": None}
+                 "grad_clip_norm": None, "overlap": True, "bucket_mb": 4.0}
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

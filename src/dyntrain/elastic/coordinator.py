@@ -98,6 +98,7 @@ class Coordinator:
         self.last_checkpoint: tuple[int, str] | None = None
         self.failure: str | None = None
         self._roster_len = 0
+        self._roster_count = 0
         self._last_hello = 0.0
         self._hello_at: dict[str, float] = {}
         self._expected: set[str] = set()
@@ -109,6 +110,7 @@ class Coordinator:
         self._reformed_at = 0.0
         self.started_at = clock()
         store.set(p.GEN_LATEST, "-1")
+        store.add(p.ROSTER_COUNT, 0)  # exists from the start: polled with the other keys
         store.set(p.JOB_STATE, "running")
 
     # ---- inputs from the launcher -------------------------------------------------------------
@@ -163,7 +165,6 @@ class Coordinator:
         """Read what workers said, check heartbeats, and form a generation when one is due."""
         if self.phase.is_terminal():
             return self.phase
-        self._read_roster()
         self._poll_workers()
         self._admit_joiners()
         if self.phase in (Phase.WAITING, Phase.REFORMING):
@@ -199,19 +200,27 @@ class Coordinator:
             return
         names = self.store.get(p.ROSTER).decode().split()
         for worker in names[self._roster_len :]:
-            self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=self.clock()))
+            if worker not in self.workers:
+                # polled from now on with the others (multi_get waits for missing keys)
+                self.store.add(p.heartbeat_key(worker), 0)
+                self.workers[worker] = WorkerInfo(heartbeat_seen=self.clock())
         self._roster_len = len(names)
 
     def _poll_workers(self) -> None:
-        """One round trip for every live worker's inbox count and heartbeat, then new messages."""
-        watched = self.live_workers()
-        beating = [w for w in watched if self.workers[w].heartbeat >= 0
-                   or self.store.check([p.heartbeat_key(w)])]
-        keys = [p.inbox_count_key(w) for w in watched] + [p.heartbeat_key(w) for w in beating]
-        values = self.store.multi_get(keys) if keys else []
-        counts = dict(zip(watched, values[: len(watched)], strict=True))
+        """One round trip for the roster count and every live worker's inbox count and
+        heartbeat (the steady state's only store traffic), then new messages."""
+        while True:
+            watched = self.live_workers()
+            keys = [p.ROSTER_COUNT, *(p.inbox_count_key(w) for w in watched),
+                    *(p.heartbeat_key(w) for w in watched)]
+            values = self.store.multi_get(keys)
+            if int(values[0]) == self._roster_count:
+                break
+            self._roster_count = int(values[0])
+            self._read_roster()  # newcomers: poll again with them
+        counts = dict(zip(watched, values[1 : len(watched) + 1], strict=True))
         now = self.clock()
-        for worker, raw in zip(beating, values[len(watched):], strict=True):
+        for worker, raw in zip(watched, values[len(watched) + 1 :], strict=True):
             info = self.workers[worker]
             if int(raw) != info.heartbeat:
                 info.heartbeat, info.heartbeat_seen = int(raw), now

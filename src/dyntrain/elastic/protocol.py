@@ -1,8 +1,9 @@
 """The keys and messages that workers and the coordinator exchange through the TCPStore.
 
 Workers -> coordinator: each worker appends messages to its own inbox (``inbox/<id>/<k>``, then
-bumps ``inbox/<id>/n``), announces itself once on the ``roster`` list and bumps ``hb/<id>`` as a
-heartbeat. Coordinator -> workers: ``gen/latest`` and ``gen/<n>`` (the membership of generation n),
+bumps ``inbox/<id>/n``), announces itself once on the ``roster`` list (then bumps ``roster/n``,
+so that the coordinator polls one number, not the list) and bumps ``hb/<id>`` as a heartbeat.
+Coordinator -> workers: ``gen/latest`` and ``gen/<n>`` (the membership of generation n),
 ``ctl/<n>/<id>`` (run, reform, drain or abort), ``reply/<id>`` (a rejection) and ``job/state``.
 """
 
@@ -12,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 ROSTER = "roster"
+ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll, not the list
 GEN_LATEST = "gen/latest"
 JOB_STATE = "job/state"
 JOB_INFO = "job/info"

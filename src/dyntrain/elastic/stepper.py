@@ -1,8 +1,11 @@
 """One optimizer step over a fixed global batch, whatever the world size.
 
-``compute`` runs this worker's chunks and packs everything the all-reduce must add up into one flat
-buffer: the chunk-gradient sum, the per-chunk BatchNorm rows, the loss, and two control flags.
-``apply`` unpacks the summed buffer and takes the optimizer step, identically on every worker.
+``start`` runs this worker's chunks; while the backward of its last chunk runs, the gradient
+buckets that are final are already being summed over the group (``reducer``). What else the
+members must add up (the per-chunk BatchNorm rows, the loss, two control flags) travels in a
+small tail summed after backward. ``finish`` waits for the sums and takes the optimizer step,
+identically on every worker. ``compute``/``apply`` are the same step as one flat buffer
+``[gradient sum | tail]``, summed by the caller (tests simulate workers that way).
 
 With ``TrainConfig.noise_scale`` on, the stepper also estimates the gradient noise scale B_simple
 (McCandlish et al. 2018, App. A.1; see ``dyntrain.elastic.noise``) in the same all-reduce: after
@@ -19,17 +22,20 @@ training state (``TrainingParts.noise``).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
 
 from dyntrain.elastic.buffers import BatchNormChunkStats
+from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.noise import NoiseScale, NoiseScaleTracker
 from dyntrain.elastic.plan import assign_chunks
+from dyntrain.elastic.reducer import StepReduction, plan_buckets
 from dyntrain.elastic.sampler import BatchOrder, chunk_indices, chunk_seed
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.errors import ConfigError
@@ -71,7 +77,24 @@ class ChunkStepper:
         self.bn = BatchNormChunkStats(parts.model)
         numel = sum(q.numel() for q in self.params)
         param_dtype = dtypes.pop() if dtypes else torch.float32
-        # Gradients live in one flat buffer: backward accumulates into views of it.
+        # Gradients live in one flat buffer: backward accumulates into views of it. It is laid
+        # out in buckets, last parameters first (the order in which backward finishes them).
+        cap = max(1, int(config.bucket_mb * 2**20) // param_dtype.itemsize)
+        self.buckets = plan_buckets([q.numel() for q in self.params], cap)
+        self.offsets = [0] * len(self.params)  # where each parameter starts in the buffer
+        self._bucket_of = [0] * len(self.params)
+        for b, bucket in enumerate(self.buckets):
+            offset = bucket.start
+            for index in bucket.params:
+                self.offsets[index], self._bucket_of[index] = offset, b
+                offset += self.params[index].numel()
+        self._live: StepReduction | None = None  # the step whose last backward is running
+        # Parameters that the last backward did not reach would hold their bucket back until
+        # backward ends (buckets go in order): while there were any, each step finds them in
+        # its autograd graph and marks them final before backward.
+        self._look_for_unused = True
+        for index, q in enumerate(self.params):
+            q.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, index))
         self._grads = torch.zeros(numel, dtype=param_dtype, device=device)
         self.reduce_dtype = torch.float64 if config.exact_reduction else torch.float32
         self.order = BatchOrder(config.seed, self.dataset_size, config.global_batch)
@@ -94,8 +117,16 @@ class ChunkStepper:
         """Whether step ``step`` measures the noise scale (every ``noise_every``-th step)."""
         return self.noise is not None and step % self.config.noise_every == 0
 
-    def compute(self, step: int, chunks: range) -> torch.Tensor:
-        """Forward/backward over ``chunks`` of step ``step``; returns the flat buffer to sum."""
+    def compute(self, step: int, chunks: Sequence[int]) -> torch.Tensor:
+        """Forward/backward over ``chunks`` of step ``step``; returns the flat buffer to sum,
+        ``[gradient sum | tail]`` (in the reduction dtype), for ``apply``."""
+        red = self.start(step, chunks, None)
+        return torch.cat([*red.wires, red.meta])
+
+    def start(self, step: int, chunks: Sequence[int], group: Group | None) -> StepReduction:
+        """Forward/backward over ``chunks`` of step ``step``. The gradient buckets of the last
+        chunk are summed over ``group`` as backward finishes them (``TrainConfig.overlap``);
+        ``finish`` completes the step."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
         self._attach_grads()
@@ -108,11 +139,20 @@ class ChunkStepper:
         separate = exact or measure
         total = (torch.zeros_like(self._grads, dtype=self.reduce_dtype) if separate
                  else self._grads)
+        chunks = list(chunks)
+
+        def wire(b: int) -> torch.Tensor:
+            # bucket b of the last chunk is final: add it (each chunk's gradient is added once,
+            # in float64 if exact: exact for any grouping); a worker without chunks adds zeros
+            bucket = self.buckets[b]
+            if separate:
+                total[bucket.start : bucket.stop] += self._grads[bucket.start : bucket.stop]
+            return total[bucket.start : bucket.stop]
+
+        red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap)
         # |contribution| of each chunk as a 1-element tensor: one op per chunk, and they go
         # straight into the final concatenation (each op costs ~1% of a small model's step)
         norms: list[torch.Tensor] | None = [] if measure else None
-        if norms is not None and not isinstance(chunks, range):
-            chunks = list(chunks)  # iterated twice
         if self.loader is not None:
             self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
@@ -120,7 +160,8 @@ class ChunkStepper:
         table = torch.zeros(cfg.num_chunks, self.bn.width, device=self.device,
                             dtype=self.reduce_dtype)
         loss_sum = torch.zeros((), device=self.device, dtype=self.reduce_dtype)
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
             # Randomness (dropout, augmentation) depends on (seed, step, chunk), not on the worker.
             self._seed(chunk_seed(cfg.seed, step, chunk))
             batch = self._fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
@@ -128,31 +169,63 @@ class ChunkStepper:
             # loss_fn returns the chunk mean; each .backward() adds to .grad, so weighting by
             # chunk/global makes the sum over all chunks of all workers the global-batch mean.
             loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
+            scaled = scaler.scale(loss) if scaler is not None else loss
+            if last and cfg.overlap:
+                self._mark_unused(scaled, red)
+            self._live = red if last else None
+            try:
+                scaled.backward()
+            finally:
+                self._live = None
             self.bn.record_chunk(table[chunk])
             loss_sum += loss.detach()
-            if separate:
-                # Each chunk's gradient is added once (in float64 if exact: exact for any
-                # grouping).
+            if norms is not None:
+                norms.append(_row_norm(self._grads_row))
+            if separate and not last:
                 total += self._grads
-                if norms is not None:
-                    norms.append(_row_norm(self._grads_row))
                 self._grads.zero_()
         self.bn.before_chunk()
+        red.launch_all()
         tail = torch.zeros(TAIL, device=self.device, dtype=self.reduce_dtype)
         tail[0] = loss_sum
-        pieces = [total.to(self.reduce_dtype), table.reshape(-1)]
+        pieces = [table.reshape(-1)]
         if norms is not None:
             pieces += self._norm_slots(chunks, norms)
-        flat = torch.cat([*pieces, tail])
         # only float64 parameters with a float32 reduction make the norms wider
-        return flat if flat.dtype == self.reduce_dtype else flat.to(self.reduce_dtype)
+        red.meta = torch.cat([*pieces, tail]).to(self.reduce_dtype)
+        return red
 
-    def _norm_slots(self, chunks: range, norms: list[torch.Tensor]) -> list[torch.Tensor]:
+    def finish(self, red: StepReduction, reform: bool, leave: bool,
+               should_abort: Callable[[], bool]) -> StepResult:
+        """Set this worker's flags, wait for every sum of the step and take the optimizer step."""
+        self.set_flags(red.meta, reform, leave)
+        meta = red.finish(red.meta, should_abort)
+        self._attach_grads()
+        for bucket, wire in zip(self.buckets, red.wires, strict=True):
+            view = self._grads[bucket.start : bucket.stop]
+            if wire.data_ptr() != view.data_ptr():
+                view.copy_(wire)  # the one rounding back to the parameters' dtype
+        return self._apply_meta(meta)
+
+    def _mark_unused(self, loss: torch.Tensor, red: StepReduction) -> None:
+        """Mark the parameters that ``loss``'s backward cannot reach as final already."""
+        if not self._look_for_unused:
+            return
+        reached = _reachable_leaves(loss)
+        unused = [i for i, q in enumerate(self.params) if id(q) not in reached]
+        for index in unused:
+            red.param_ready(self._bucket_of[index])
+        self._look_for_unused = bool(unused)
+
+    def _grad_ready(self, index: int, param: torch.Tensor) -> None:
+        if self._live is not None:
+            self._live.param_ready(self._bucket_of[index])
+
+    def _norm_slots(self, chunks: list[int], norms: list[torch.Tensor]) -> list[torch.Tensor]:
         """This worker's chunk norms at their chunks' slots of ``num_chunks``, zeros elsewhere."""
         k = self.config.num_chunks
-        if isinstance(chunks, range) and chunks.step == 1:
-            key = (chunks.start, chunks.stop) if len(chunks) else (0, 0)
+        if not chunks or chunks == list(range(chunks[0], chunks[-1] + 1)):
+            key = (chunks[0], chunks[-1] + 1) if chunks else (0, 0)
             pads = self._pads.get(key)
             if pads is None:
                 pads = tuple(torch.zeros(n, device=self.device, dtype=self.reduce_dtype)
@@ -160,8 +233,7 @@ class ChunkStepper:
                 self._pads[key] = pads
             return [pads[0], *norms, pads[1]]
         slots = torch.zeros(k, device=self.device, dtype=self.reduce_dtype)
-        if norms:
-            slots[list(chunks)] = torch.cat(norms).to(self.reduce_dtype)
+        slots[chunks] = torch.cat(norms).to(self.reduce_dtype)
         return [slots]
 
     def _seed(self, seed: int) -> None:
@@ -173,13 +245,10 @@ class ChunkStepper:
 
     def _attach_grads(self) -> None:
         """Point every parameter's .grad at its slice of the flat buffer (again, if replaced)."""
-        offset = 0
-        for q in self.params:
-            n = q.numel()
-            view = self._grads[offset : offset + n].view_as(q)
+        for q, offset in zip(self.params, self.offsets, strict=True):
+            view = self._grads[offset : offset + q.numel()].view_as(q)
             if q.grad is None or q.grad.data_ptr() != view.data_ptr():
                 q.grad = view
-            offset += n
 
     @staticmethod
     def set_flags(flat: torch.Tensor, reform: bool, leave: bool) -> None:
@@ -187,20 +256,24 @@ class ChunkStepper:
         flat[-1] = float(leave)
 
     def apply(self, flat: torch.Tensor) -> StepResult:
-        """Unpack the all-reduced buffer, replay BatchNorm updates and take the optimizer step."""
+        """Unpack the summed flat buffer, replay BatchNorm updates and take the optimizer step."""
         self._attach_grads()
         offset = self._grads.numel()
+        self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
+        return self._apply_meta(flat[offset:])
+
+    def _apply_meta(self, meta: torch.Tensor) -> StepResult:
+        """With the summed gradient in place: replay BatchNorm, step, read the summed tail."""
         opt, scaler, sched = self.parts.optimizer, self.parts.scaler, self.parts.lr_scheduler
-        # the loss scale this step's chunks were computed with (before the scaler's update)
         # a measuring step's buffer has the norm slots (compute's ``measures``, same on all)
         width = self.bn.width * self.config.num_chunks
         measured = (self.noise is not None
-                    and flat.numel() == offset + width + self.config.num_chunks + TAIL)
+                    and meta.numel() == width + self.config.num_chunks + TAIL)
+        # the loss scale this step's chunks were computed with (before the scaler's update)
         loss_scale = scaler.get_scale() if scaler is not None and measured else 1.0
-        self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
         # Before the optimizer step: the scaler unscales the gradients in place.
         big = _row_norm(self._grads_row) if measured else None
-        self.bn.finish_step(flat[offset : offset + width].view(self.config.num_chunks, -1))
+        self.bn.finish_step(meta[:width].view(self.config.num_chunks, -1))
         grad_norm = None
         if self.config.grad_clip_norm is not None:
             if scaler is not None:
@@ -214,10 +287,10 @@ class ChunkStepper:
         if sched is not None:
             sched.step()
         if big is None:
-            loss, reform, leavers = flat[-TAIL:].tolist()
+            loss, reform, leavers = meta[-TAIL:].tolist()
             noise = None
         else:
-            *chunk_norms, loss, reform, leavers = flat[-TAIL - self.config.num_chunks :].tolist()
+            *chunk_norms, loss, reform, leavers = meta[-TAIL - self.config.num_chunks :].tolist()
             noise = self._update_noise(chunk_norms, big.item(), loss_scale)
         return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers), noise=noise,
                           grad_norm=grad_norm)
@@ -257,6 +330,23 @@ def clip_flat_(grads: torch.Tensor, max_norm: float) -> float:
     norm = torch.linalg.vector_norm(grads, dtype=torch.float32)
     grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads.dtype))
     return float(norm)
+
+
+def _reachable_leaves(loss: torch.Tensor) -> set[int]:
+    """The ids of the leaf tensors whose gradient ``loss.backward()`` accumulates."""
+    found: set[int] = set()
+    seen: set = set()
+    stack = [loss.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        variable = getattr(fn, "variable", None)  # an AccumulateGrad node
+        if variable is not None:
+            found.add(id(variable))
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return found
 
 
 def _row_norm(row: torch.Tensor) -> torch.Tensor:

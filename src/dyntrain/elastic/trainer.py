@@ -166,10 +166,8 @@ class ElasticTrainer:
         self.generation = p.Generation(0, ("local",), 0)
         self.has_state = True
         while self.step < self.total_steps:
-            flat = self.stepper.compute(self.step, self.stepper.my_chunks(0, 1))
-            self.stepper.set_flags(flat, False, False)
-            group.allreduce_sum(flat, lambda: False)
-            self.last_result = self.stepper.apply(flat)
+            red = self.stepper.start(self.step, self.stepper.my_chunks(0, 1), group)
+            self.last_result = self.stepper.finish(red, False, False, lambda: False)
             self.step += 1
             self._maybe_validate()
             self._maybe_checkpoint(force=self.step == self.total_steps)
@@ -246,14 +244,13 @@ class ElasticTrainer:
         chunks = stepper.my_chunks(self.rank, gen.world_size)
         last = time.perf_counter()
         while self.step < self.total_steps:
-            flat = stepper.compute(self.step, chunks)
+            red = stepper.start(self.step, chunks, group)
             ctl = ch.ctl(gen.number)
             if ctl == p.CTL_ABORT:
                 raise Aborted()
             leave = self._leave_requested or ctl == p.CTL_DRAIN
-            stepper.set_flags(flat, reform=leave or ctl == p.CTL_REFORM, leave=leave)
-            group.allreduce_sum(flat, aborted)
-            result = self.last_result = stepper.apply(flat)
+            result = self.last_result = stepper.finish(
+                red, reform=leave or ctl == p.CTL_REFORM, leave=leave, should_abort=aborted)
             self.step += 1
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.

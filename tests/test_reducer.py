@@ -1,0 +1,110 @@
+"""Bucketed reduction during backward: real gloo groups (one thread per worker, one process)
+give bitwise the result of the one-worker flat path, with overlap on and off.
+
+The threads share torch's global generator, which the stepper seeds per chunk, so the model's
+dropout is off here (``test_stepper`` covers dropout across world sizes)."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dyntrain.elastic.comm import Group
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.reducer import Bucket, plan_buckets
+from dyntrain.elastic.stepper import ChunkStepper
+from test_stepper import assert_same, dataset, loss_fn, make_worker
+
+CPU = torch.device("cpu")
+
+
+def test_buckets_take_parameters_last_first_within_the_cap():
+    assert plan_buckets([1, 2, 3, 4], cap=6) == [Bucket(0, 4, (3,)), Bucket(4, 10, (2, 1, 0))]
+    # a parameter larger than the cap gets a bucket of its own
+    assert plan_buckets([10, 1], cap=4) == [Bucket(0, 1, (1,)), Bucket(1, 11, (0,))]
+    assert plan_buckets([], cap=4) == []
+    with pytest.raises(ValueError):
+        plan_buckets([1], cap=0)
+
+
+def no_dropout_worker():
+    parts = make_worker()
+    parts.model.drop.p = 0.0
+    return parts
+
+
+def reference(steps: int, config: TrainConfig):
+    """The flat path on one worker: compute, apply."""
+    parts = no_dropout_worker()
+    stepper = ChunkStepper(config, parts, dataset(), loss_fn, CPU)
+    for step in range(steps):
+        stepper.apply(stepper.compute(step, stepper.my_chunks(0, 1)))
+    return parts
+
+
+def run_group(world: int, steps: int, config: TrainConfig, chunks_of=None) -> list:
+    """``steps`` steps on ``world`` thread workers over real gloo; returns each one's parts and
+    whether each all-reduce was started while backward still ran."""
+    store = dist.HashStore()
+    results: list = [None] * world
+    errors: list[BaseException] = []
+
+    def worker(rank: int) -> None:
+        try:
+            parts = no_dropout_worker()
+            stepper = ChunkStepper(config, parts, dataset(), loss_fn, CPU)
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("pg/", store), rank, world,
+                                       timedelta(seconds=60))
+            group = Group(pg, rank, world, CPU)
+            during: list[bool] = []
+            launch = group.allreduce_async
+
+            def watched(tensor):
+                during.append(stepper._live is not None)
+                return launch(tensor)
+
+            group.allreduce_async = watched
+            for step in range(steps):
+                chunks = (chunks_of(step, rank) if chunks_of
+                          else stepper.my_chunks(rank, world))
+                red = stepper.start(step, chunks, group)
+                stepper.finish(red, False, False, lambda: False)
+            results[rank] = (parts, during, len(stepper.buckets))
+        except BaseException as exc:  # reported in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_bucketed_reduction_matches_the_one_worker_flat_path(overlap):
+    # tiny buckets: several per step, and the unused layer's bucket waits for the end
+    config = TrainConfig(global_batch=40, chunk_size=5, overlap=overlap, bucket_mb=2e-4)
+    expected = reference(4, config)
+    results = run_group(3, 4, config)
+    for parts, during, buckets in results:
+        assert_same(expected, parts)
+        assert buckets >= 4
+        assert len(during) == 4 * (buckets + 1)  # one all-reduce per bucket, one for the tail
+        assert any(during) == overlap  # started while backward still ran
+
+
+def test_bucketed_reduction_with_uneven_and_empty_shares():
+    # rank 1 gets nothing on even steps; rank 0 all but one chunk on odd steps
+    config = TrainConfig(global_batch=40, chunk_size=5, bucket_mb=2e-4)
+
+    def chunks_of(step, rank):
+        split = [range(0, 8), range(8, 8)] if step % 2 == 0 else [range(0, 7), range(7, 8)]
+        return split[rank]
+
+    expected = reference(4, config)
+    for parts, _, _ in run_group(2, 4, config, chunks_of):
+        assert_same(expected, parts)
