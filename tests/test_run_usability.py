@@ -52,3 +52,82 @@ def test_readme_events_example_runs_long_enough_for_its_events():
         len(load_digits_split()[0]))
     last = max(e.at for e in events if e.trigger == "step")
     assert total >= last + 10 * 30 + 100, (total, last)
+
+
+def _launch(out, *args):
+    """`dyntrain run` in its own session (as from a terminal), reading its output lines."""
+    import subprocess
+
+    from conftest import DYNTRAIN
+
+    return subprocess.Popen([*DYNTRAIN, "run", "--workers", "2", "--out", str(out), *args,
+                             str(SCRIPTS / "ledger_train.py"), "--epochs", "40",
+                             "--step-delay", "0.003"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            start_new_session=True)
+
+
+def _interrupt_when(launcher, seen) -> tuple[list[str], str, list[int]]:
+    """Send SIGINT to the launcher's process group once a line satisfies ``seen``; returns its
+    lines before, the rest of its output and its workers' pids."""
+    import os
+    import signal
+
+    before = []
+    for line in launcher.stdout:
+        before.append(line)
+        if seen(line):
+            break
+    os.killpg(launcher.pid, signal.SIGINT)
+    rest = launcher.communicate(timeout=120)[0]
+    pids = [int(m) for m in re.findall(r"wants to join|pid (\d+)\)", "".join(before)) if m]
+    return before, rest, pids
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(tmp_path):
+    """Ctrl-C: the workers finish their step, the leader checkpoints it, every worker process is
+    gone and the launcher says how to resume (exit 130); workers that do not stop (one hung,
+    its peer blocked in the all-reduce) are killed after --grace-seconds. Re-running resumes
+    each time, and the finished run applied every global batch exactly once."""
+    import os
+
+    from conftest import read_jsonl
+    from test_elastic_e2e import assert_exactly_once
+
+    out = tmp_path / "run"
+    step = re.compile(r"step +(\d+)/")
+
+    # 1. forced: rank 1 hangs (SIGSTOP); nothing stops within the grace period
+    launcher = _launch(out, "--failure-timeout", "600", "--grace-seconds", "1",
+                       "--events", "step=12:hang=rank:1")
+    _, rest, pids = _interrupt_when(launcher, lambda line: "SIGSTOP to" in line)
+    assert launcher.returncode == 130, rest
+    last = rest.strip().splitlines()[-1]
+    assert "0 worker(s) stopped, 2 killed (still running after 1 s)" in last, rest
+    assert "run the same command again to resume" in last and "Traceback" not in rest
+
+    # 2. graceful: the same command resumes (without firing the hang again); Ctrl-C once it
+    # trained a few steps
+    launcher = _launch(out, "--failure-timeout", "600", "--events", "step=12:hang=rank:1")
+    _, rest, pids = _interrupt_when(
+        launcher, lambda line: (m := step.search(line)) is not None and int(m.group(1)) >= 25)
+    assert launcher.returncode == 130, rest
+    stopped = re.search(r"interrupted at step (\d+): 2 worker\(s\) stopped; the newest "
+                            r"checkpoint is at step (\d+): run the same command again to "
+                            r"resume", rest)
+    assert stopped, rest
+    stopped = int(stopped.group(1))
+    assert read_jsonl(out / "metrics.jsonl")[-1]["step"] == stopped  # metrics up to the stop
+    assert f"ckpt-{stopped:09d}.dtck" in os.listdir(out / "checkpoints")
+    assert len(pids) == 2
+    for pid in pids:  # every worker of the run is gone
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+    # 3. the same command again finishes; nothing was applied twice or lost
+    launcher = _launch(out, "--failure-timeout", "600", "--events", "step=12:hang=rank:1")
+    rest = launcher.communicate(timeout=240)[0]
+    assert launcher.returncode == 0, rest
+    assert f"from step {stopped} (checkpoint" in rest
+    assert_exactly_once(out)

@@ -48,10 +48,14 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")
 @click.option("--failure-timeout", default=10.0, show_default=True, type=float,
               help="Seconds without a heartbeat before a remote worker counts as dead.")
+@click.option("--grace-seconds", default=30.0, show_default=True, type=float,
+              help="After Ctrl-C, seconds the workers get to finish their step and checkpoint "
+                   "before they are killed.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(workers, nproc, events, out_dir, host, port, failure_timeout, quiet, script, args):
+def run(workers, nproc, events, out_dir, host, port, failure_timeout, grace_seconds, quiet,
+        script, args):
     """Train SCRIPT elastically with local worker processes.
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
@@ -63,7 +67,8 @@ def run(workers, nproc, events, out_dir, host, port, failure_timeout, quiet, scr
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
                       nproc=low if nproc is None else nproc, out_dir=Path(out_dir),
                       events=parse_events(events), host=host, port=port,
-                      failure_timeout=failure_timeout, quiet=quiet)
+                      failure_timeout=failure_timeout, grace_seconds=grace_seconds,
+                      quiet=quiet)
     sys.exit(run_job(opts))
 
 

@@ -20,6 +20,7 @@ from dyntrain.elastic.channel import JobOver, WorkerChannel
 from dyntrain.elastic.checkpoint import (
     atomic_write_bytes,
     dumps,
+    list_checkpoints,
     loads,
     read_checkpoint,
     save_checkpoint,
@@ -192,7 +193,11 @@ class ElasticTrainer:
                 if over.state == "done":
                     raise SystemExit(0) from None
                 raise DyntrainError(f"the job {over.state}") from None
-            if gen is None:  # asked to leave while waiting: nothing to hand over
+            if gen is None:  # asked to leave while waiting for a generation
+                # Its peers may be leaving too (Ctrl-C, a suspended job): keep the state it
+                # holds unless a checkpoint already does.
+                if self.has_state and self.step > self._newest_checkpoint_step():
+                    self._maybe_checkpoint(force=True)
                 ch.send("left", gen=after, step=self.step if self.has_state else None)
                 raise SystemExit(0)
             after = gen.number
@@ -314,6 +319,12 @@ class ElasticTrainer:
         self._last_checkpoint = time.monotonic()
         if self._channel is not None:
             self._channel.send("checkpoint", step=self.step, path=str(path))
+
+    def _newest_checkpoint_step(self) -> int:
+        if self.out_dir is None:
+            return 0
+        found = list_checkpoints(self.out_dir / "checkpoints")
+        return found[-1][0] if found else 0
 
     def _write_final(self) -> None:
         if self.out_dir is None:

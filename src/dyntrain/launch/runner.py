@@ -18,6 +18,7 @@ from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
+from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers
 
 TICK_SECONDS = 0.01
@@ -44,6 +45,7 @@ class RunOptions:
     settle_seconds: float = 2.0
     quiet: bool = False
     progress_every: float = 1.0
+    grace_seconds: float = 30.0  # after Ctrl-C, before workers that did not stop are killed
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -53,6 +55,8 @@ class RunOptions:
             raise ConfigError(f"--nproc must be at least 0, got {self.nproc}")
         if self.failure_timeout <= 0:
             raise ConfigError("--failure-timeout must be positive")
+        if self.grace_seconds < 0:
+            raise ConfigError("--grace-seconds must be at least 0")
 
 
 class RunSink:
@@ -72,7 +76,11 @@ class RunSink:
 
     def _say(self, line: str) -> None:
         if not self.quiet:
-            print(f"[{time.time() - self.started:7.2f}s] {line}", file=self.stream, flush=True)
+            self.announce(line)
+
+    def announce(self, line: str) -> None:
+        """A line said even with --quiet (how the run ended, what did not happen)."""
+        print(f"[{time.time() - self.started:7.2f}s] {line}", file=self.stream, flush=True)
 
     def event(self, record: dict) -> None:
         self.events.append(record)
@@ -124,8 +132,7 @@ class RunSink:
         """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""
         self.results["events_not_fired"] = events
         (self.out_dir / "result.json").write_text(json.dumps(self.results, indent=2) + "\n")
-        print(f"[{time.time() - self.started:7.2f}s] {len(events)} event(s) never fired: "
-              f"{', '.join(events)} ({why})", file=self.stream, flush=True)
+        self.announce(f"{len(events)} event(s) never fired: {', '.join(events)} ({why})")
 
     def close(self) -> None:
         self.events_file.close()
@@ -170,23 +177,49 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                  f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
                  f"{opts.max_workers}); they join when a member leaves")
     scheduled = len(schedule.pending)
-    for _ in range(opts.nproc):
-        workers.start()
-    try:
-        code = _loop(opts, coord, workers, schedule, sink)
-        _report_unfired(schedule, scheduled, coord, sink)
-        return code
-    finally:
-        workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
-        sink.close()
+    with StopSignals() as signals:
+        for _ in range(opts.nproc):
+            workers.start()
+        try:
+            code = _loop(opts, coord, workers, schedule, sink, signals)
+            if code is None:
+                return _interrupted(opts, coord, workers, sink, signals)
+            _report_unfired(schedule, scheduled, coord, sink)
+            return code
+        finally:
+            workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
+            sink.close()
+
+
+def _interrupted(opts: RunOptions, coord: Coordinator, workers: LocalWorkers, sink: RunSink,
+                 signals: StopSignals) -> int:
+    """Stop every worker, keep what they sent, and say where a re-run resumes."""
+    outcome = stop_workers(coord, workers, signals, opts.grace_seconds, sink.announce)
+    workers.reap()
+    coord.drain()  # the last steps' metrics rows, sent before the workers left
+    step = sink.last_metrics["step"] if sink.last_metrics else 0
+    ckpt = coord.find_checkpoint()
+    done = f"{outcome.stopped} worker(s) stopped"
+    if outcome.killed:
+        done += f", {outcome.killed} killed ({outcome.why_killed})"
+    if ckpt is None:
+        resume = "no checkpoint was written yet: the same command starts from the beginning"
+    else:
+        redo = (f" (steps {ckpt[0] + 1}-{step} will be computed again)" if ckpt[0] < step
+                else "")
+        resume = (f"the newest checkpoint is at step {ckpt[0]}{redo}: run the same command "
+                  "again to resume")
+    sink.announce(f"interrupted at step {step}: {done}; {resume}")
+    return 130
 
 
 def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedule,
-          sink: RunSink) -> int:
+          sink: RunSink, signals: StopSignals) -> int | None:
+    """Run until the job ends (its exit code) or a stop signal arrives (None)."""
     last_fired: tuple[str, list[str]] | None = None
     startup_failure = ""
     errored_at: dict[str, float] = {}
-    while True:
+    while not signals.count:
         for worker_id, code in workers.reap():
             if code != 0 and worker_id not in coord.workers and code > 0:
                 # it never reached the coordinator: its own error is the most useful thing to say
@@ -239,6 +272,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             sink.log(f"job failed: {coord.failure}")
             return 1
         time.sleep(TICK_SECONDS)
+    return None
 
 
 def _report_unfired(schedule: EventSchedule, scheduled: int, coord: Coordinator,
