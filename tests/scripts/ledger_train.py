@@ -60,7 +60,7 @@ def main():
     def loss_fn(model, batch):
         idx, x = batch
         calls[0] += 1
-        if args.raise_in in ("all", os.environ.get("DYNTRAIN_WORKER_ID")) \
+        if args.raise_in and args.raise_in in ("all", os.environ.get("DYNTRAIN_WORKER_ID")) \
                 and calls[0] > args.raise_after:
             raise RuntimeError("simulated device failure")
         if args.step_delay:
