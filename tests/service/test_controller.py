@@ -324,13 +324,17 @@ def test_restart_finds_a_worker_whose_handle_was_not_stored_or_requeues_one_neve
     assert store2.get_job(started.id).preemptions == 0
 
 
-def test_restart_requeues_elastic_jobs(tmp_path):
+def test_restart_requeues_elastic_jobs_that_do_not_reattach(tmp_path):
     store, c = spot_setup(tmp_path, slots=1)
+    # With re-attaching off the workers stop with their coordinator and the job resumes from its
+    # checkpoint; re-attaching (the default) is tests/service/test_elastic_restart.py.
+    c.config.reattach_seconds = 0
     elastic = store.submit(queue="q", command=[PY, LEDGER, "--epochs", "20", "--step-delay",
                                                "0.004"], resources=SMALL, workers=(1, 1))
     metrics = c.run_dir(elastic.id) / "metrics.jsonl"
     drive(c, lambda: metrics.exists() and len(metrics.read_text().splitlines()) > 30)
     store2, c2 = restarted(tmp_path, c, store)
+    c2.config.reattach_seconds = 0
     notes = c2.recover()
     assert any(elastic.id in n and "resumes from its newest checkpoint" in n for n in notes)
     assert store2.get_job(elastic.id).status is JobStatus.RUNNABLE

@@ -8,7 +8,9 @@ import queue
 import socket
 import threading
 import time
+from collections import deque
 from datetime import timedelta
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -61,25 +63,51 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
             time.sleep(0.1)
 
 
+class CoordinatorGone(DyntrainError):
+    """The coordinator was lost and did not come back within the re-attach bound."""
+
+
 class WorkerChannel:
     """One worker's connection to its job's coordinator.
 
     Nothing on the training step's critical path waits for the store: messages go out through a
     sender thread (consecutive metrics rows packed into one message), and the control key of
     the current generation is polled by a watcher thread that also sends the heartbeat.
+
+    With ``reattach_seconds`` > 0 a lost coordinator is not the end: the worker keeps its
+    generation's group (which does not need the store) and trains on, while the watcher
+    reconnects - to the same address, or to the one the host recorded in the run folder's
+    ``coordinator.json`` - and checks that the store belongs to the same job (``job/info``).
+    Then the sender first delivers a ``reattach`` message (``position()``: the worker's state,
+    generation and applied step), then every message that was not delivered. Whatever needs the
+    coordinator meanwhile (a new generation, the final flush) waits for it. After
+    ``reattach_seconds`` without it, ``CoordinatorGone`` is raised where the worker next asks.
     """
 
     def __init__(self, address: str, worker_id: str | None = None, connect_timeout: float = 30.0,
-                 heartbeat_interval: float = 0.5, watch_interval: float = 0.02) -> None:
+                 heartbeat_interval: float = 0.5, watch_interval: float = 0.02,
+                 reattach_seconds: float = 0.0, position=None) -> None:
         self.address = address
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.store = connect_store(address, connect_timeout)
-        # Each thread gets its own connection; group creation blocks on keys in another thread.
-        self.pg_store = connect_store(address, connect_timeout)
-        self._send_store = connect_store(address, connect_timeout)
-        self._watch_store = connect_store(address, connect_timeout)
+        self.connect_timeout = connect_timeout
+        self.reattach_seconds = reattach_seconds
+        self.position = position or (lambda: {"state": "joining"})
+        self._connect(address, connect_timeout)
+        info = self.job_info()
+        self.job, self.run_dir = info.get("job"), info.get("out_dir")
         self.lost: str | None = None
+        self._lost_at = 0.0
+        self._epoch = 0  # bumped at each reconnection: a failure on an older store is old news
+        self.gave_up = False
+        self.reattached = 0  # how many times this worker re-attached to a restarted coordinator
+        self._online = threading.Event()
+        self._online.set()
+        self._hello: dict | None = None
+        self._reattach_due = False
         self._seq = 0
+        # Rows the coordinator may not have read when it died; replayed after a re-attach (the
+        # coordinator keeps those above the last step it recorded).
+        self._recent_rows: deque[dict] = deque(maxlen=32)
         self._outbox: queue.Queue[p.Message] = queue.Queue()
         self._stop = threading.Event()
         self._watched: int | None = None
@@ -88,46 +116,158 @@ class WorkerChannel:
         threading.Thread(target=self._watch_loop, args=(heartbeat_interval, watch_interval),
                          daemon=True, name="dyntrain-watcher").start()
 
+    def _connect(self, address: str, timeout: float) -> None:
+        # Each thread gets its own connection; group creation blocks on keys in another thread.
+        stores = [connect_store(address, timeout) for _ in range(4)]
+        self.store, self.pg_store, self._send_store, self._watch_store = stores
+        self.address = address
+
+    # ---- losing and finding the coordinator ---------------------------------------------------
+
+    def _on_lost(self, exc: BaseException, epoch: int) -> None:
+        if self.lost is None and epoch == self._epoch:
+            self.lost = f"lost the coordinator at {self.address}: {str(exc).splitlines()[0]}"
+            self._lost_at = time.monotonic()
+            if self.reattach_seconds:
+                self._online.clear()
+
+    def _reconnect(self) -> bool:
+        """Find the coordinator again (bounded); False once the bound has passed."""
+        deadline = self._lost_at + self.reattach_seconds
+        while not self._stop.is_set():
+            for address in self._candidates():
+                try:
+                    left = max(0.2, min(2.0, deadline - time.monotonic()))
+                    probe = connect_store(address, left)
+                    if not probe.check([p.JOB_INFO]) or \
+                            json.loads(probe.get(p.JOB_INFO)).get("job") != self.job:
+                        continue  # someone else's store on that port
+                    self._connect(address, left)
+                    count = p.inbox_count_key(self.worker)
+                    seq = int(self.store.get(count)) if self.store.check([count]) else None
+                except Exception:
+                    continue
+                # the same coordinator (a passing failure) still holds our inbox; a restarted
+                # one does not and first needs to hear where we stand
+                self._seq, self._reattach_due = (0, True) if seq is None else (seq, False)
+                self.reattached += seq is None
+                self._epoch += 1
+                self.lost = None
+                self._online.set()
+                return True
+            if time.monotonic() >= deadline:
+                self.lost = (f"{self.lost}; it did not come back within "
+                             f"{self.reattach_seconds:g} s")
+                self.gave_up = True
+                self._online.set()  # wake up whoever waits: they raise CoordinatorGone
+                return False
+            self._stop.wait(0.2)
+        return False
+
+    def _candidates(self) -> list[str]:
+        """The address the host recorded in the run folder (it may have moved), then the old one."""
+        record = p.read_coordinator_file(Path(self.run_dir)) if self.run_dir else {}
+        found = [record["address"]] if record.get("job") == self.job and "address" in record \
+            else []
+        return found + [a for a in (self.address,) if a not in found]
+
+    def _wait_online(self, should_stop=lambda: False) -> None:
+        """Block while the coordinator is away; raise CoordinatorGone once it is given up."""
+        while not self._online.wait(0.05) and not should_stop():
+            pass
+        self._check_gone()
+
+    def _check_gone(self) -> None:
+        if self.gave_up:
+            raise CoordinatorGone(self.lost)
+        if self.lost and not self.reattach_seconds:
+            raise DyntrainError(self.lost)
+
     # ---- background threads -------------------------------------------------------------------
 
     def _watch_loop(self, heartbeat_interval: float, interval: float) -> None:
-        beat_key, last_beat = p.heartbeat_key(self.worker), 0.0
+        last_beat = 0.0
         while not self._stop.is_set():
+            epoch = self._epoch
+            if self.lost and self.reattach_seconds:  # another thread saw the store fail
+                if not self._reconnect():
+                    return
+                continue
             try:
                 now = time.monotonic()
                 if now - last_beat >= heartbeat_interval:
-                    self._watch_store.add(beat_key, 1)
+                    self._watch_store.add(p.heartbeat_key(self.worker), 1)
                     last_beat = now
                 gen = self._watched
                 if gen is not None:
-                    value = self._watch_store.get(p.ctl_key(gen, self.worker)).decode()
+                    key = p.ctl_key(gen, self.worker)
+                    # a re-attached store holds no key until the coordinator has read our report
+                    value = (self._watch_store.get(key).decode()
+                             if self._watch_store.check([key]) else self._ctl_value(gen))
                     self._ctl = (gen, value, time.monotonic())
             except Exception as exc:
-                self.lost = f"lost the coordinator at {self.address}: {str(exc).splitlines()[0]}"
-                return
+                self._on_lost(exc, epoch)
+                if not self.reattach_seconds:
+                    return
+                continue
             self._stop.wait(interval)
 
+    def _ctl_value(self, generation: int) -> str:
+        gen, value, _ = self._ctl
+        return value if gen == generation else p.CTL_RUN
+
     def _send_loop(self) -> None:
+        backlog: list[tuple[p.Message, int]] = []  # packed message, how many sends it carries
         while True:
-            batch = [self._outbox.get()]
+            fresh = []
+            if not backlog and not self._reattach_due:
+                try:  # (a timeout: a re-attach is reported even when nothing else is queued)
+                    fresh.append(self._outbox.get(timeout=0.05))
+                except queue.Empty:
+                    continue
             while not self._outbox.empty():
-                batch.append(self._outbox.get_nowait())
+                fresh.append(self._outbox.get_nowait())
+            backlog += _pack_metrics(fresh)
+            self._online.wait()
+            epoch = self._epoch
             try:
-                for msg in _pack_metrics(batch):
-                    self._send_store.multi_set(
-                        [p.inbox_key(self.worker, self._seq), p.inbox_count_key(self.worker)],
-                        [msg.to_json(), str(self._seq + 1)])
-                    self._seq += 1
+                if self._reattach_due:
+                    self._deliver(p.Message("reattach", self.worker,
+                                            {**(self._hello or {}), **self.position()}))
+                    if self._recent_rows:
+                        self._deliver(p.Message("metrics", self.worker, {
+                            "rows": list(self._recent_rows), "replay": True}))
+                    self._send_store.append(p.ROSTER, self.worker + " ")
+                    self._send_store.add(p.ROSTER_COUNT, 1)
+                    self._reattach_due = False
+                while backlog:
+                    msg, n = backlog[0]
+                    self._deliver(msg)
+                    backlog.pop(0)
+                    for _ in range(n):
+                        self._outbox.task_done()
             except Exception as exc:
-                self.lost = f"lost the coordinator at {self.address}: {str(exc).splitlines()[0]}"
-            finally:
-                for _ in batch:
-                    self._outbox.task_done()
+                self._on_lost(exc, epoch)
+                if not self.reattach_seconds or self.gave_up:
+                    for _, n in backlog:  # nobody will read them
+                        for _ in range(n):
+                            self._outbox.task_done()
+                    backlog = []
+                else:
+                    self._stop.wait(0.05)  # the watcher reconnects
+
+    def _deliver(self, msg: p.Message) -> None:
+        self._send_store.multi_set(
+            [p.inbox_key(self.worker, self._seq), p.inbox_count_key(self.worker)],
+            [msg.to_json(), str(self._seq + 1)])
+        self._seq += 1
+        if msg.kind == "metrics":
+            self._recent_rows.extend(msg.fields["rows"])
 
     # ---- API ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        self.flush()
+        self.flush(timeout=max(10.0, self.reattach_seconds))
         self._stop.set()
 
     def send(self, kind: str, **fields) -> None:
@@ -135,9 +275,11 @@ class WorkerChannel:
         self._outbox.put(p.Message(kind, self.worker, fields))
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Wait until every queued message reached the store (before exiting, say)."""
+        """Wait until every queued message reached the store (before exiting, say); while the
+        coordinator is away and may come back, that includes waiting for it."""
         deadline = time.monotonic() + timeout
-        while self._outbox.unfinished_tasks and time.monotonic() < deadline and not self.lost:
+        while self._outbox.unfinished_tasks and time.monotonic() < deadline and not (
+                self.gave_up or (self.lost and not self.reattach_seconds)):
             time.sleep(0.002)
 
     def watch(self, generation: int) -> None:
@@ -145,17 +287,29 @@ class WorkerChannel:
         self._watched = generation
 
     def ctl(self, generation: int) -> str:
-        """The control word for this worker in ``generation`` (run/reform/drain/abort)."""
+        """The control word for this worker in ``generation`` (run/reform/drain/abort).
+
+        While the coordinator is away it is the last word read: the generation trains on."""
+        self._check_gone()
         gen, value, when = self._ctl
         if gen == generation and time.monotonic() - when < 0.5:
             return value
-        if self.lost:
-            raise DyntrainError(self.lost)
-        return self.store.get(p.ctl_key(generation, self.worker)).decode()
+        if not self._online.is_set():
+            return self._ctl_value(generation)
+        epoch = self._epoch
+        try:
+            key = p.ctl_key(generation, self.worker)
+            return self.store.get(key).decode() if self.store.check([key]) \
+                else self._ctl_value(generation)
+        except Exception as exc:
+            self._on_lost(exc, epoch)
+            self._check_gone()
+            return self._ctl_value(generation)
 
     def hello(self, fingerprint: str, config: dict) -> None:
-        self.send("hello", fingerprint=fingerprint, config=config, host=socket.gethostname(),
-                  pid=os.getpid())
+        self._hello = {"fingerprint": fingerprint, "config": config,
+                       "host": socket.gethostname(), "pid": os.getpid()}
+        self.send("hello", **self._hello)
         self.flush()  # the roster entry must not overtake the hello message
         self.store.append(p.ROSTER, self.worker + " ")
         self.store.add(p.ROSTER_COUNT, 1)
@@ -167,30 +321,65 @@ class WorkerChannel:
         """Block until a generation numbered above ``after`` includes this worker.
 
         Returns None when ``should_stop()`` turns true or the coordinator tells this worker to
-        leave; raises JobOver when the job ends and
-        DyntrainError when the coordinator rejects this worker or is lost.
+        leave; raises JobOver when the job ends and DyntrainError when the coordinator rejects
+        this worker or is lost (CoordinatorGone: and did not come back in time).
         """
         scanned = after
         while True:
-            if self.lost:
-                raise DyntrainError(self.lost)
-            if self.store.check([p.reply_key(self.worker)]):
-                reply = self.store.get(p.reply_key(self.worker)).decode()
-                if reply == "leave":  # drained while its generation was being torn down
-                    return None
-                raise DyntrainError(f"the coordinator rejected this worker: {reply[7:]}")
-            state = self.job_state()
-            if state != "running":
-                raise JobOver(state)
-            latest = int(self.store.get(p.GEN_LATEST))
-            for number in range(scanned + 1, latest + 1):
-                gen = p.Generation.from_json(self.store.get(p.gen_key(number)))
-                scanned = number
-                if self.worker in gen.members:
-                    return gen
-            if should_stop():
-                return None
+            self._wait_online(should_stop)
+            if not self._online.is_set():
+                return None  # asked to stop while the coordinator is away
+            epoch = self._epoch
+            try:
+                found = self._scan(scanned)
+            except (DyntrainError, JobOver):
+                raise
+            except Exception as exc:
+                self._on_lost(exc, epoch)
+                self._check_gone()
+                continue
+            if isinstance(found, p.Generation):
+                return found
+            if found == "leave" or should_stop():  # "leave": drained while its generation was
+                return None                        # being torn down
+            scanned = found
             time.sleep(POLL_SECONDS)
+
+    def _scan(self, scanned: int) -> p.Generation | str | int:
+        """One look at the store: a generation with this worker, "leave", or the number seen."""
+        if self.store.check([p.reply_key(self.worker)]):
+            reply = self.store.get(p.reply_key(self.worker)).decode()
+            if reply == "leave":
+                return reply
+            raise DyntrainError(f"the coordinator rejected this worker: {reply[7:]}")
+        state = self.job_state()
+        if state != "running":
+            raise JobOver(state)
+        latest = int(self.store.get(p.GEN_LATEST))
+        for number in range(scanned + 1, latest + 1):
+            key = p.gen_key(number)
+            scanned = number
+            if not self.store.check([key]):
+                continue  # published by a coordinator that is gone: never formed here
+            gen = p.Generation.from_json(self.store.get(key))
+            if self.worker in gen.members:
+                return gen
+        return scanned
+
+    def wait_job_state(self, wanted: str) -> None:
+        """Wait (bounded like a flush) until the coordinator has recorded the job as ``wanted``;
+        after a re-attach the report of our position says it again."""
+        if not self.reattach_seconds:
+            return
+        deadline = time.monotonic() + max(10.0, self.reattach_seconds)
+        while time.monotonic() < deadline and not self.gave_up:
+            epoch = self._epoch
+            try:
+                if self._online.is_set() and self.job_state() == wanted:
+                    return
+            except Exception as exc:
+                self._on_lost(exc, epoch)
+            time.sleep(0.02)
 
     def job_info(self) -> dict:
         if self.store.check([p.JOB_INFO]):
@@ -198,14 +387,16 @@ class WorkerChannel:
         return {}
 
 
-def _pack_metrics(batch: list[p.Message]) -> list[p.Message]:
-    """Merge runs of consecutive metrics messages into one message carrying their rows."""
-    packed: list[p.Message] = []
+def _pack_metrics(batch: list[p.Message]) -> list[tuple[p.Message, int]]:
+    """Merge runs of consecutive metrics messages into one message carrying their rows; each
+    packed message comes with the number of queued messages it carries."""
+    packed: list[tuple[p.Message, int]] = []
     for msg in batch:
-        if msg.kind == "metrics" and packed and packed[-1].kind == "metrics":
-            packed[-1].fields["rows"].append(msg.fields)
+        if msg.kind == "metrics" and packed and packed[-1][0].kind == "metrics":
+            packed[-1][0].fields["rows"].append(msg.fields)
+            packed[-1] = (packed[-1][0], packed[-1][1] + 1)
         elif msg.kind == "metrics":
-            packed.append(p.Message("metrics", msg.worker, {"rows": [msg.fields]}))
+            packed.append((p.Message("metrics", msg.worker, {"rows": [msg.fields]}), 1))
         else:
-            packed.append(msg)
+            packed.append((msg, 1))
     return packed

@@ -1,8 +1,12 @@
 """The per-job coordinator: owns membership, forms generations, detects failures.
 
-It runs on a stable host (the launcher now, the job service later) next to the TCPStore server and
-is driven one ``tick()`` at a time, with the clock and the output sink injected, so tests can step
+It runs on a stable host (the launcher, or the job service) next to the TCPStore server and is
+driven one ``tick()`` at a time, with the clock and the output sink injected, so tests can step
 it. It never touches training state: it only decides who takes part from which step.
+
+When its host restarts (the service was killed), a new coordinator over a new store is rebuilt
+from what the workers report (``expect_reattach``, ``reattach`` messages): the workers trained on
+meanwhile, and the job goes on from the most advanced state any of them holds.
 """
 
 from __future__ import annotations
@@ -47,13 +51,14 @@ class WorkerInfo:
     heartbeat: int = -1
     heartbeat_seen: float = 0.0
     alive: bool = True
+    listed: bool = True  # on this store's roster (has an inbox); False: known from before a restart
 
 
 @dataclass
 class Change:
     """One membership change, from request to the first step completed in the new world."""
 
-    kind: str  # start, join, leave, crash, resume
+    kind: str  # start, join, leave, crash, resume, reattach
     workers: list[str]
     requested_at: float
     detected_at: float
@@ -108,12 +113,31 @@ class Coordinator:
         self._pending: list[Change] = []  # changes folded into the next generation
         self._awaiting_first_step: list[Change] = []
         self._reformed_at = 0.0
+        self._awaited: set[str] = set()  # workers of a previous coordinator not heard from yet
+        self._running: set[str] = set()  # re-attached while training in the current generation
+        self._reattach: Change | None = None  # set while rebuilding after a restart
         self.started_at = clock()
         store.set(p.GEN_LATEST, "-1")
         store.add(p.ROSTER_COUNT, 0)  # exists from the start: polled with the other keys
         store.set(p.JOB_STATE, "running")
 
     # ---- inputs from the launcher -------------------------------------------------------------
+
+    def expect_reattach(self, workers: list[str], highest_step: int) -> None:
+        """Rebuild after the host restarted: ``workers`` were alive under the previous
+        coordinator and will report where they stand (``reattach``). Nothing is formed or
+        admitted until each has re-attached or is gone. ``highest_step``: the last step the
+        previous coordinator recorded (so that no re-sent metrics row counts as recomputed)."""
+        now = self.clock()
+        self.highest_step = highest_step
+        for worker in workers:
+            self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=now, listed=False))
+            self._awaited.add(worker)
+        self._reattach = Change("reattach", [], self.started_at, now, 0)
+
+    def awaits(self, worker: str) -> bool:
+        """True for a worker of the previous coordinator that has not re-attached yet."""
+        return worker in self._awaited
 
     def note_request(self, worker: str, at: float | None = None) -> None:
         """Remember when a leave or kill of ``worker`` was requested (for latency records)."""
@@ -166,6 +190,10 @@ class Coordinator:
         if self.phase.is_terminal():
             return self.phase
         self._poll_workers()
+        if self._reattach is not None:
+            self._settle_reattach()
+            if self._reattach is not None or self.phase.is_terminal():
+                return self.phase
         self._admit_joiners()
         if self.phase in (Phase.WAITING, Phase.REFORMING):
             self._maybe_form()
@@ -200,17 +228,23 @@ class Coordinator:
             return
         names = self.store.get(p.ROSTER).decode().split()
         for worker in names[self._roster_len :]:
-            if worker not in self.workers:
+            info = self.workers.get(worker)
+            if info is None or not info.listed:
                 # polled from now on with the others (multi_get waits for missing keys)
                 self.store.add(p.heartbeat_key(worker), 0)
-                self.workers[worker] = WorkerInfo(heartbeat_seen=self.clock())
+                if info is None:
+                    self.workers[worker] = WorkerInfo(heartbeat_seen=self.clock())
+                info = self.workers[worker]
+                info.listed = True
         self._roster_len = len(names)
 
     def _poll_workers(self) -> None:
         """One round trip for the roster count and every live worker's inbox count and
-        heartbeat (the steady state's only store traffic), then new messages."""
+        heartbeat (the steady state's only store traffic), then new messages. Workers of a
+        previous coordinator that have not re-attached yet have no keys here: they are only
+        timed out."""
         while True:
-            watched = self.live_workers()
+            watched = [w for w in self.live_workers() if self.workers[w].listed]
             keys = [p.ROSTER_COUNT, *(p.inbox_count_key(w) for w in watched),
                     *(p.heartbeat_key(w) for w in watched)]
             values = self.store.multi_get(keys)
@@ -228,7 +262,7 @@ class Coordinator:
             self._read_inbox(worker, int(counts[worker]))
             if self.phase.is_terminal():
                 return
-        for worker in watched:
+        for worker in self.live_workers():
             info = self.workers[worker]
             if info.alive and now - info.heartbeat_seen > self.config.failure_timeout:
                 self.mark_dead(worker, f"no heartbeat for {self.config.failure_timeout:g} s")
@@ -253,9 +287,11 @@ class Coordinator:
             return
         handler(msg.worker, msg.fields)
 
-    def _on_hello(self, worker: str, f: dict) -> None:
+    def _greet(self, worker: str, f: dict) -> bool:
+        """Register a worker that said hello or re-attached; False if its settings differ."""
         info = self.workers.setdefault(worker, WorkerInfo())
         info.host, info.pid, info.heartbeat_seen = f.get("host", ""), f.get("pid", 0), self.clock()
+        self._awaited.discard(worker)
         if self.fingerprint is None:
             self.fingerprint, self.job_config = f["fingerprint"], f.get("config", {})
         elif f["fingerprint"] != self.fingerprint:
@@ -264,10 +300,73 @@ class Coordinator:
             info.alive = False
             self.gone.add(worker)
             self.sink.log(f"rejected worker {worker}: settings differ from the job's")
-            return
+            return False
+        return True
+
+    def _on_hello(self, worker: str, f: dict) -> None:
+        if self._greet(worker, f):
+            self._join(worker)
+
+    def _join(self, worker: str) -> None:
+        info = self.workers[worker]
         self.joiners.append(worker)
         self._last_hello = self._hello_at[worker] = self.clock()
         self.sink.log(f"worker {worker} ({info.host} pid {info.pid}) wants to join")
+
+    def _on_reattach(self, worker: str, f: dict) -> None:
+        """A worker of the previous coordinator reports its state, generation and step."""
+        if not self._greet(worker, f):
+            return
+        if self._reattach is None:  # not announced by the host: rebuild from the reports alone
+            self._reattach = Change("reattach", [], self.started_at, self.clock(), 0)
+        self._reattach.workers.append(worker)
+        self.sink.log(f"worker {worker} re-attached: {f['state']} at step {f.get('step')}")
+        if f["state"] == "done":
+            self._on_done(worker, f)
+            return
+        gen = p.Generation.from_json(f["generation"]) if f.get("generation") else None
+        if gen is None:
+            self._join(worker)
+            return
+        if self.current is None or gen.number > self.current.number:
+            self._adopt(gen)
+        if f["state"] == "running" and gen.number == self.current.number:
+            self._running.add(worker)
+            fields = self._reattach.fields
+            fields["start_step"] = max(fields.get("start_step", 0), f.get("step") or 0)
+            return
+        self.ready[worker] = f.get("step")
+        if f["state"] == "running":  # still in an older generation: it must stop there
+            self.store.set(p.ctl_key(gen.number, worker), p.CTL_ABORT)
+
+    def _adopt(self, gen: p.Generation) -> None:
+        """Take over the newest generation a re-attaching worker reports; it trains on."""
+        now = self.clock()
+        self.current, self.phase = gen, Phase.REFORMING
+        self._reattach.world_before = gen.world_size
+        for worker in gen.members:
+            self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=now, listed=False))
+            self.store.set(p.ctl_key(gen.number, worker), p.CTL_RUN)
+
+    def _settle_reattach(self) -> None:
+        """Once every worker of the previous coordinator re-attached or is gone, go on: with the
+        same generation if all its members still train in it, else with the next one."""
+        if self._awaited - self.gone or self.phase.is_terminal():
+            return
+        change, self._reattach = self._reattach, None
+        gen, now = self.current, self.clock()
+        if gen is not None and all(w in self._running for w in gen.members):
+            self.phase = Phase.RUNNING
+            change.fields.update(generation=gen.number, reformed_at=now,
+                                 world_after=gen.world_size, steps_redone=0, origin="members")
+            self._awaiting_first_step.append(change)
+        else:
+            self._pending.append(change)
+            if gen is not None:
+                self._end_generation(p.CTL_ABORT)
+            else:
+                self.phase = Phase.WAITING
+        self._running.clear()
 
     def expect_joiners(self, workers: list[str], within: float) -> None:
         """Admit these soon-to-arrive workers together: hold joins until all said hello (or
@@ -293,6 +392,7 @@ class Coordinator:
                 self.ready[worker] = f.get("step")
             return
         self.ready[worker] = f.get("step")
+        self._running.discard(worker)
         if self.phase is Phase.RUNNING and f.get("reason") == "boundary":
             # the members agreed (through the step's all-reduce) to re-form after this step
             self.phase = Phase.REFORMING
@@ -319,7 +419,8 @@ class Coordinator:
 
     def _on_metrics(self, worker: str, f: dict) -> None:
         for row in f.get("rows", [f]):
-            self._on_metrics_row(row)
+            if not f.get("replay") or row["step"] > self.highest_step:  # replay: see channel
+                self._on_metrics_row(row)
 
     def _on_metrics_row(self, f: dict) -> None:
         f["recomputed"] = f["step"] <= self.highest_step
@@ -327,10 +428,13 @@ class Coordinator:
         f["time"] = f.get("time", self.clock())
         self.sink.metrics(f)
         if self.current is not None and f.get("gen") == self.current.number:
-            for change in self._awaiting_first_step:
+            # (a re-attached generation's rows from while its coordinator was away come first)
+            due = [c for c in self._awaiting_first_step
+                   if c.kind != "reattach" or f["time"] >= c.fields["reformed_at"]]
+            for change in due:
                 change.fields["first_step_at"] = f["time"]
                 self._emit(change)
-            self._awaiting_first_step = []
+            self._awaiting_first_step = [c for c in self._awaiting_first_step if c not in due]
 
     def _on_checkpoint(self, worker: str, f: dict) -> None:
         self.last_checkpoint = (f["step"], f["path"])
@@ -417,9 +521,10 @@ class Coordinator:
         redone = max(0, self.highest_step - gen.start_step) if self.current else 0
         # changes whose world never completed a step are reported with this one
         self._awaiting_first_step += self._pending
+        origin = "checkpoint" if gen.checkpoint else "fresh" if gen.fresh else "members"
         for change in self._awaiting_first_step:
             change.fields.update(generation=gen.number, reformed_at=now, world_after=gen.world_size,
-                                 start_step=gen.start_step, steps_redone=redone)
+                                 start_step=gen.start_step, steps_redone=redone, origin=origin)
         self._pending = []
         self.current, self.phase = gen, Phase.RUNNING
         origin = (f"checkpoint {gen.checkpoint}" if gen.checkpoint

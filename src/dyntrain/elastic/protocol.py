@@ -5,18 +5,22 @@ bumps ``inbox/<id>/n``), announces itself once on the ``roster`` list (then bump
 so that the coordinator polls one number, not the list) and bumps ``hb/<id>`` as a heartbeat.
 Coordinator -> workers: ``gen/latest`` and ``gen/<n>`` (the membership of generation n),
 ``ctl/<n>/<id>`` (run, reform, drain or abort), ``reply/<id>`` (a rejection) and ``job/state``.
+A worker whose coordinator was restarted (a new store) first sends ``reattach``: where it stands.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 ROSTER = "roster"
 ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll, not the list
 GEN_LATEST = "gen/latest"
 JOB_STATE = "job/state"
-JOB_INFO = "job/info"
+JOB_INFO = "job/info"  # {"out_dir": run folder, "job": who hosts it (same across restarts)}
+COORDINATOR_FILE = "coordinator.json"  # in the run folder: {"address", "job"}
 
 CTL_RUN, CTL_REFORM, CTL_DRAIN, CTL_ABORT = "run", "reform", "drain", "abort"
 
@@ -95,3 +99,19 @@ class Message:
     def from_json(cls, text: str | bytes) -> Message:
         data = json.loads(text)
         return cls(kind=data.pop("kind"), worker=data.pop("worker"), fields=data)
+
+
+def write_coordinator_file(run_dir: Path, address: str, job: str) -> None:
+    """Record where the job's coordinator listens, for workers that lost it (atomic replace)."""
+    tmp = run_dir / f"{COORDINATOR_FILE}.tmp"
+    tmp.write_text(json.dumps({"address": address, "job": job}) + "\n")
+    os.replace(tmp, run_dir / COORDINATOR_FILE)
+
+
+def read_coordinator_file(run_dir: Path) -> dict:
+    """What ``write_coordinator_file`` left in ``run_dir``; {} when there is nothing readable."""
+    try:
+        record = json.loads((run_dir / COORDINATOR_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}

@@ -16,7 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.channel import JobOver, WorkerChannel
+from dyntrain.elastic.channel import CoordinatorGone, JobOver, WorkerChannel
 from dyntrain.elastic.checkpoint import (
     atomic_write_bytes,
     dumps,
@@ -39,6 +39,9 @@ ENV_COORDINATOR = "DYNTRAIN_COORDINATOR"
 ENV_WORKER_ID = "DYNTRAIN_WORKER_ID"
 ENV_OUT = "DYNTRAIN_OUT"
 ENV_CONNECT_TIMEOUT = "DYNTRAIN_CONNECT_TIMEOUT"
+# Seconds a worker that lost its coordinator trains on and waits for it to come back (a
+# restarted service); 0, the default outside the service, ends the worker at once.
+ENV_REATTACH = "DYNTRAIN_REATTACH_SECONDS"
 
 
 class Outcome(enum.Enum):
@@ -101,6 +104,7 @@ class ElasticTrainer:
         self.has_state = False
         self.generation: p.Generation | None = None
         self.rank = 0
+        self._state = "joining"  # then running / waiting (for a generation) / done (the leader)
         self._leave_requested = False
         self._channel: WorkerChannel | None = None
         self._last_checkpoint = time.monotonic()
@@ -132,11 +136,15 @@ class ElasticTrainer:
             self._fit_alone()
             return
         timeout = float(os.environ.get(ENV_CONNECT_TIMEOUT, "30"))
-        self._channel = WorkerChannel(self.coordinator, self.worker_id, connect_timeout=timeout)
+        self._channel = WorkerChannel(
+            self.coordinator, self.worker_id, connect_timeout=timeout,
+            reattach_seconds=float(os.environ.get(ENV_REATTACH, "0")), position=self._position)
         self.worker_id = self._channel.worker
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self._fit_elastic()
+        except CoordinatorGone as exc:
+            raise SystemExit(f"dyntrain: worker {self.worker_id}: {exc}") from None
         except (SystemExit, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -176,6 +184,13 @@ class ElasticTrainer:
 
     # ---- elastic -------------------------------------------------------------------------------
 
+    def _position(self) -> dict:
+        """Where this worker stands, for the report that re-attaches it to a restarted
+        coordinator: its state, its last generation and the last step it applied."""
+        joined = self._state != "joining" and self.generation is not None
+        return {"state": self._state, "generation": self.generation.to_json() if joined else None,
+                "step": self.step if self.has_state else None}
+
     def _on_sigterm(self, signum, frame) -> None:
         # A preemption notice: finish the current step, hand over, leave.
         self._leave_requested = True
@@ -202,6 +217,8 @@ class ElasticTrainer:
                 raise SystemExit(0)
             after = gen.number
             outcome = self._run_generation(gen)
+            if outcome is Outcome.REFORM:
+                self._state = "waiting"
             if outcome is Outcome.DONE:
                 return
             if outcome is Outcome.LEFT:
@@ -209,6 +226,7 @@ class ElasticTrainer:
 
     def _run_generation(self, gen: p.Generation) -> Outcome:
         self.generation, self.rank = gen, gen.rank_of(self.worker_id)
+        self._state = "running"
         ch = self._channel
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
@@ -283,6 +301,8 @@ class ElasticTrainer:
         if self.is_leader:
             self._write_final()
             ch.send("done", step=self.step)
+            self._state = "done"
+            ch.wait_job_state("done")  # a coordinator restarted meanwhile learns it from us
         return Outcome.DONE
 
     def _noise_metrics(self, result: StepResult) -> dict:
@@ -340,8 +360,6 @@ class _AbortCheck:
         self.channel, self.generation = channel, generation
 
     def __call__(self) -> bool:
-        if self.channel.lost:
-            raise DyntrainError(self.channel.lost)
         return self.channel.ctl(self.generation) == p.CTL_ABORT
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dyntrain.elastic.coordinator import Phase
-from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
+from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_REATTACH, ENV_WORKER_ID
 from dyntrain.service import lifecycle
 from dyntrain.service.capacity import parse_trace
 from dyntrain.service.elastic_host import ElasticHost
@@ -64,6 +64,9 @@ class ControllerConfig:
     tick_seconds: float = 0.05
     schedule_every: float = 0.2  # dependency resolution and scheduling passes
     failure_timeout: float = 10.0  # heartbeat timeout of elastic workers
+    # How long elastic workers train on without their coordinator, waiting for a restarted
+    # service to re-attach them; 0: they stop, and the job resumes from its newest checkpoint.
+    reattach_seconds: float = 300.0
 
 
 @dataclass
@@ -100,15 +103,17 @@ class Controller:
     # ---- lifecycle -------------------------------------------------------------------------------
 
     def recover(self) -> list[str]:
-        """After a (re)start: adopt the workers of plain jobs; re-queue elastic jobs.
+        """After a (re)start: adopt the workers of plain jobs, host elastic jobs again.
 
         A plain job's attempt goes on where it was: its running workers are adopted, and a worker
         that exited while no service watched is reported by the executor from what it left
         behind (exit code or signal, end time), so the job ends as that exit dictates and never
         runs twice. A worker whose handle was never stored is looked up by its id; one that was
         never started re-queues the attempt (it did not run). An elastic job's coordinator died
-        with the previous service, so its workers are stopped and the job is queued again to
-        resume from its newest checkpoint. Returns one line per job touched.
+        with the previous service, but its workers trained on: it is hosted again (same port if
+        free) and they re-attach (``reattach_seconds``). Without any running worker, or with
+        re-attaching off, the job is queued again to resume from its newest checkpoint. Returns
+        one line per job touched.
         """
         notes = []
         by_job: dict[str, list[WorkerRecord]] = defaultdict(list)
@@ -128,7 +133,12 @@ class Controller:
                 self.attempts[job.id] = attempt
                 notes.append(f"{job.id}: {self._recover_plain(attempt, workers)}")
                 continue
-            adopted = [w for w in workers if self._adopt(attempt, w)]
+            found = {w.id: self._adopt(attempt, w) for w in workers}
+            adopted = [w for w in workers if found[w.id]]
+            if adopted and self.config.reattach_seconds:
+                started = [w for w in workers if found[w.id] is not None]
+                notes.append(f"{job.id}: {self._host_again(job, attempt, started)}")
+                continue
             for w in adopted:
                 self.executor.signal(w.id, "KILL")
             self._wait_gone([w.id for w in adopted])
@@ -154,6 +164,16 @@ class Controller:
         return ", ".join(part for part in (
             f"re-adopted {running} running worker(s)" if running else "",
             f"{exited} worker(s) exited while the service was down" if exited else "") if part)
+
+    def _host_again(self, job: Job, attempt: Attempt, workers: list[WorkerRecord]) -> str:
+        """Host a running elastic job's coordinator again: its workers trained on meanwhile and
+        re-attach (those that ended while the service was down are reported by the executor)."""
+        attempt.host = ElasticHost(self.store, job.id, self.run_dir(job.id), job.min_workers,
+                                   job.max_workers, expected=len(workers),
+                                   failure_timeout=self.config.failure_timeout,
+                                   attempt=attempt.number, recovering=[w.id for w in workers])
+        self.attempts[job.id] = attempt
+        return f"its workers re-attach to its coordinator at {attempt.host.address}"
 
     def _adopt(self, attempt: Attempt, w: WorkerRecord) -> bool | None:
         """Watch ``w`` again: True while it runs, False when it ended (the executor reports its
@@ -340,7 +360,8 @@ class Controller:
         if job.elastic is not None:
             attempt.host = ElasticHost(self.store, job_id, self.run_dir(job_id), job.min_workers,
                                        job.max_workers, expected=sum(placement.values()),
-                                       failure_timeout=self.config.failure_timeout)
+                                       failure_timeout=self.config.failure_timeout,
+                                       attempt=number)
         self.attempts[job_id] = attempt
         try:
             self._start_workers(job, attempt, placement)
@@ -398,6 +419,7 @@ class Controller:
             env["AWS_BATCH_JOB_ARRAY_INDEX"] = env["DYNTRAIN_ARRAY_INDEX"] = str(job.array_index)
         if attempt.host is not None:
             env[ENV_COORDINATOR] = attempt.host.address
+            env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"
         return env
 
     def run_dir(self, job_id: str) -> Path:
@@ -480,8 +502,10 @@ class Controller:
         if attempt is None:
             return
         attempt.last_exit = exit_
-        if attempt.host is not None and w.state == WORKER_RUNNING and code != 0:
-            attempt.host.coordinator.mark_dead(w.id, f"exit code {code}")
+        coordinator = attempt.host.coordinator if attempt.host is not None else None
+        if coordinator is not None and (
+                (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
+            coordinator.mark_dead(w.id, f"exit code {code}")
         self._count_workers(w.job_id)
 
     def _tick_attempt(self, attempt: Attempt, now: float) -> None:

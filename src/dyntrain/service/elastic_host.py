@@ -9,6 +9,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.channel import parse_address
 from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.launch.runner import RunSink
@@ -31,21 +32,35 @@ class ServiceSink(RunSink):
 
 
 class ElasticHost:
-    """A TCPStore server and a Coordinator for one attempt of one elastic job."""
+    """A TCPStore server and a Coordinator for one attempt of one elastic job.
+
+    Its address and identity (job id and attempt) go to ``coordinator.json`` in the run folder.
+    ``recovering`` (after a service restart): the attempt's workers that may still run; the
+    store listens on the recorded port again if it can (else on a new one, which the file
+    tells the workers) and the coordinator is rebuilt from their reports.
+    """
 
     def __init__(self, store: Store, job_id: str, run_dir: Path, min_workers: int,
-                 max_workers: int, expected: int, failure_timeout: float = 10.0) -> None:
+                 max_workers: int, expected: int, failure_timeout: float = 10.0,
+                 attempt: int = 1, recovering: list[str] | None = None) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
-        self.tcp = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                 timeout=timedelta(seconds=30))
+        self.identity = f"{job_id}/attempt-{attempt}"
+        previous = p.read_coordinator_file(run_dir) if recovering is not None else {}
+        port = parse_address(previous["address"])[1] \
+            if previous.get("job") == self.identity and "address" in previous else 0
+        self.tcp = _listen(port)
         self.address = f"127.0.0.1:{self.tcp.port}"
-        self.tcp.set(p.JOB_INFO, json.dumps({"out_dir": str(run_dir.resolve())}))
+        self.tcp.set(p.JOB_INFO, json.dumps({"out_dir": str(run_dir.resolve()),
+                                             "job": self.identity}))
+        p.write_coordinator_file(run_dir, self.address, self.identity)
         self.sink = ServiceSink(store, job_id, run_dir)
         self.coordinator = Coordinator(
             self.tcp, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
                                         settle_seconds=2.0, failure_timeout=failure_timeout),
             self.sink, self._find_checkpoint)
+        if recovering is not None:
+            self.coordinator.expect_reattach(recovering, _last_step(run_dir / "metrics.jsonl"))
 
     def _find_checkpoint(self):
         found = latest_valid_checkpoint(self.run_dir / "checkpoints")
@@ -58,3 +73,31 @@ class ElasticHost:
         if self.coordinator.phase is Phase.DONE:
             self.coordinator.drain()
         self.sink.close()
+
+
+def _listen(port: int) -> dist.TCPStore:
+    """A TCPStore server on ``port`` (a restarted service's old one), else on a free port."""
+    for candidate in dict.fromkeys((port, 0)):
+        try:
+            return dist.TCPStore("127.0.0.1", candidate, is_master=True, wait_for_workers=False,
+                                 timeout=timedelta(seconds=30))
+        except Exception:  # the old port was taken meanwhile
+            if candidate == 0:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _last_step(metrics: Path) -> int:
+    """The step of the last complete row of a metrics file (0 when there is none)."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0

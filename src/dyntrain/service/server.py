@@ -27,6 +27,7 @@ class ServiceConfig:
     port: int = DEFAULT_PORT
     token: str | None = None
     grace_seconds: float = 120.0
+    reattach_seconds: float = 300.0  # elastic workers wait this long for a restarted service
     executor: str = "local"
 
     def __post_init__(self) -> None:
@@ -59,7 +60,8 @@ class Service:
         self.store.create_all()
         self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor")
         self.controller = Controller(self.store, self.executor, ControllerConfig(
-            config.state_dir / "runs", grace_seconds=config.grace_seconds))
+            config.state_dir / "runs", grace_seconds=config.grace_seconds,
+            reattach_seconds=config.reattach_seconds))
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -49,7 +49,11 @@ def _url_for(host: str, port: int) -> str:
 @click.option("--token", default=None, help="Token clients must send [default: $DYNTRAIN_TOKEN].")
 @click.option("--grace-seconds", default=120.0, show_default=True, type=float,
               help="Seconds a preempted worker gets between SIGTERM and SIGKILL.")
-def server(state_dir, db_url, host, port, token, grace_seconds):
+@click.option("--reattach-seconds", default=300.0, show_default=True, type=float,
+              help="Seconds elastic workers train on without the service, waiting for it to "
+                   "restart and re-attach them (0: they stop; their job resumes from its "
+                   "newest checkpoint).")
+def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
@@ -60,9 +64,11 @@ def server(state_dir, db_url, host, port, token, grace_seconds):
         raise DyntrainError(f"--port must be 0-65535, got {port}")
     if grace_seconds < 0:
         raise DyntrainError(f"--grace-seconds must be >= 0, got {grace_seconds}")
+    if reattach_seconds < 0:
+        raise DyntrainError(f"--reattach-seconds must be >= 0, got {reattach_seconds}")
     token = token or os.environ.get("DYNTRAIN_TOKEN") or None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
-                           grace_seconds=grace_seconds)
+                           grace_seconds=grace_seconds, reattach_seconds=reattach_seconds)
     sock = _bind(host, port)
     config.port = sock.getsockname()[1]
     try:

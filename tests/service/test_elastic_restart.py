@@ -1,0 +1,82 @@
+"""An elastic job outlives a SIGKILLed `dyntrain server`.
+
+A real server process runs a real elastic digits job on two workers; the server is SIGKILLed
+while the job trains and started again on the same state directory. The workers train on
+meanwhile, re-attach to the restarted service's coordinator (same port), and the job finishes
+with `final.pt` bitwise equal to a static one-process run: no checkpoint reload, no step lost
+or applied twice (every step has exactly one metrics row), one attempt, no preemption.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+
+from dyntrain.service.client import Client
+
+from .test_cli_service import PY, ROOT, _env, start_server, stop_server
+
+# 176 steps of >= 80 ms (4 chunks of 20 ms per worker): the job outlasts a server restart
+DIGITS = [PY, "-m", "dyntrain.workloads.digits", "--epochs", "8"]
+STEP_DELAY = ["--step-delay", "0.02"]  # sleeps only: the same math without it
+
+
+def wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
+    static = subprocess.Popen(DIGITS, env={**_env(), "DYNTRAIN_OUT": str(tmp_path / "static")},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=ROOT)
+    state = tmp_path / "state"
+    server, url = start_server(state, tmp_path / "server-1.log")
+    try:
+        with Client(url) as client:
+            job = client.submit(queue="default", command=DIGITS + STEP_DELAY,
+                                workers={"min": 2, "max": 2},
+                                resources={"cpus": 0.5, "memory_mib": 256})
+        run = state / "runs" / "jobs" / job["id"]
+        wait(lambda: len(rows(run / "metrics.jsonl")) >= 5, 120, "the job to train")
+        server.kill()  # SIGKILL: the coordinator and its store die with the service
+        server.wait()
+        killed_at = len(rows(run / "metrics.jsonl"))
+        server, url = start_server(state, tmp_path / "server-2.log")
+        with Client(url) as client:
+            final = wait(lambda: (j := client.get_job(job["id"]))["status"] in
+                         ("SUCCEEDED", "FAILED") and j, 180, "the job to end")
+    finally:
+        stop_server(server)
+    assert final["status"] == "SUCCEEDED", final["status_reason"]
+    assert final["attempts"] == 1 and final["preemptions"] == 0
+    assert "re-attach to its coordinator" in (tmp_path / "server-2.log").read_text()
+
+    events = rows(run / "events.jsonl")
+    assert [e["event"] for e in events] == ["start", "reattach"], events
+    reattach = events[1]
+    assert reattach["steps_redone"] <= 1 and reattach["origin"] == "members"
+    assert reattach["start_step"] > killed_at  # it trained on while the service was down
+    steps = [r["step"] for r in rows(run / "metrics.jsonl")]
+    assert sorted(steps) == list(range(1, 177)), "every step once, none lost, none redone"
+    for log in (run / "logs").iterdir():
+        assert "Traceback" not in log.read_text(), log
+
+    assert static.wait(timeout=120) == 0
+    ours = torch.load(run / "final.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "static" / "final.pt", weights_only=True)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours), "not bitwise equal"
