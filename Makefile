@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-elastic lab test lint clean
+.PHONY: demo demo-elastic demo-images lab test lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,17 @@ demo: $(STAMP)
 
 demo-elastic: $(STAMP)
 	$(PY) examples/demo.py --out runs/demo
+
+# The input pipeline and the recipe on a real image task read from disk: digits as JPEGs, packed
+# into shards, a small ResNet with the article's recipe, 2 workers x 2 loader processes each.
+demo-images: $(STAMP)
+	rm -rf runs/demo-images
+	$(PY) -m dyntrain.workloads.digits_images runs/demo-images/jpeg
+	$(VENV)/bin/dyntrain data pack runs/demo-images/jpeg/train runs/demo-images/packed/train
+	$(VENV)/bin/dyntrain data pack runs/demo-images/jpeg/val runs/demo-images/packed/val
+	$(VENV)/bin/dyntrain run --workers 2:2 --out runs/demo-images/run \
+		-m dyntrain.workloads.imagenet --data runs/demo-images/packed --recipe digits-resnet \
+		--loader-workers 2 --val-every-epochs 4
 
 # The scaling lab on digits: the quick sweep (resumable), B_simple from two elastic runs, report.
 NOISE_RUN := --workers 2:2 --quiet -m dyntrain.workloads.digits --model mlp --lr-schedule constant \

@@ -16,6 +16,8 @@ from dyntrain.data import (
     sample_seed,
 )
 from dyntrain.elastic.sampler import BatchOrder
+from dyntrain.elastic.state import TrainingParts
+from dyntrain.elastic.stepper import ChunkStepper
 from dyntrain.workloads.digits_images import write_digits_images
 
 CPU = torch.device("cpu")
@@ -125,3 +127,50 @@ def test_training_through_loader_processes_equals_loading_in_process(digits_trai
         assert torch.equal(va, vb), k
     assert tb.stepper.loader._it is None  # fit() stopped the loader processes
     assert ta.last_result.grad_norm is not None
+
+
+def test_exactly_once_with_prefetching_across_membership_changes():
+    """Ledger: each sample's counter gets +1 per applied step holding it. Worlds change, and a
+    step is computed, abandoned (a crash before the all-reduce) and recomputed in a new world,
+    while loader processes prefetch along the old plan."""
+    n, g = 48, 8
+    config = TrainConfig(global_batch=g, chunk_size=2, epochs=3, seed=3)
+    data = torch.utils.data.TensorDataset(torch.arange(n))
+    replicas = []
+    for _ in range(3):
+        counts = nn.Parameter(torch.zeros(n))
+        opt = torch.optim.SGD([counts], lr=float(g))
+        replicas.append((counts, opt))
+
+    def loss(model, batch):
+        return -model.counts[batch[0]].mean()
+
+    steppers = []
+    for counts, opt in replicas:
+        model = nn.Module()
+        model.counts = counts
+        stepper = ChunkStepper(config, TrainingParts(model, opt), data, loss, CPU)
+        stepper.loader = ChunkLoader(data, BatchOrder(3, n, g), 2, 18, 3, CPU,
+                                     LoaderConfig(workers=1, prefetch=3))
+        steppers.append(stepper)
+    worlds = {s: (1 if s < 4 else 3 if s < 9 else 2) for s in range(18)}
+    for step in range(18):
+        w = worlds[step]
+        if step == 10:  # world 3 computes step 10, one worker dies before the all-reduce
+            for r in range(3):
+                steppers[r].compute(step, steppers[r].my_chunks(r, 3))
+        flats = [steppers[r].compute(step, steppers[r].my_chunks(r, w)) for r in range(w)]
+        total = torch.stack(flats).sum(0)
+        for r in range(w):
+            steppers[r].apply(total.clone())
+        for r in range(w, 3):  # outside the world: catch up as a joiner does
+            replicas[r][0].data.copy_(replicas[0][0].data)
+    expected = torch.zeros(n)
+    order = BatchOrder(3, n, g)
+    for step in range(18):
+        expected[order.indices(step)] += 1
+    for counts, _ in replicas:
+        assert torch.equal(counts.detach(), expected)
+    assert sum(s.loader.discarded for s in steppers) > 0
+    for s in steppers:
+        s.loader.close()

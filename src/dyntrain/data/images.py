@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import io
 import math
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -206,10 +207,13 @@ def decode(data: bytes, name: str) -> torch.Tensor:
 
     try:
         with Image.open(io.BytesIO(data)) as im:
-            arr = np.array(im.convert("RGB"))  # writable, as torch wants
+            arr = np.asarray(im.convert("RGB"))
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DataError(f"cannot decode image {name}: {exc}") from None
-    return torch.from_numpy(arr).permute(2, 0, 1)
+    with warnings.catch_warnings():
+        # read-only memory: the transforms only read the decoded image (no copy of it)
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 class ImageDataset(torch.utils.data.Dataset):

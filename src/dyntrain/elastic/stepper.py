@@ -246,7 +246,11 @@ class ChunkStepper:
     def _attach_grads(self) -> None:
         """Point every parameter's .grad at its slice of the flat buffer (again, if replaced)."""
         for q, offset in zip(self.params, self.offsets, strict=True):
-            view = self._grads[offset : offset + q.numel()].view_as(q)
+            view = self._grads[offset : offset + q.numel()]
+            # a channels_last weight gets a channels_last gradient, so backward writes in place
+            view = (view.as_strided(q.shape, q.stride()) if q.dim() == 4 and not
+                    q.is_contiguous() and q.is_contiguous(memory_format=torch.channels_last)
+                    else view.view_as(q))
             if q.grad is None or q.grad.data_ptr() != view.data_ptr():
                 q.grad = view
 

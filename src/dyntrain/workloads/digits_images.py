@@ -43,3 +43,19 @@ def write_digits_images(dst: str | Path, size: int = 32, per_class: int | None =
                 img.save(path)
         counts[split] = sum(taken.values())
     return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="dyntrain.workloads.digits_images", description=__doc__)
+    ap.add_argument("dst", help="folder to write train/ and val/ into")
+    ap.add_argument("--size", type=int, default=16, help="image side in pixels [16]")
+    args = ap.parse_args(argv)
+    counts = write_digits_images(args.dst, size=args.size)
+    print(f"wrote {counts['train']} training and {counts['val']} validation JPEGs "
+          f"({args.size}x{args.size}) to {args.dst}")
+
+
+if __name__ == "__main__":
+    main()
