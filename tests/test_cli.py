@@ -32,16 +32,32 @@ def test_missing_script(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_bad_events_leave_an_existing_run_untouched(tmp_path):
+def test_bad_events_or_other_settings_leave_an_existing_run_untouched(tmp_path):
     out = tmp_path / "run"
     run_cli(["run", "--out", out, "--quiet", SCRIPTS / "ledger_train.py", "--epochs", "2"],
             check=True)
-    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
+
+    def files():
+        return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*")
+                if p.is_file() and p.parent.name != "logs"}
+
+    before = files()
     proc = run_cli(["run", "--out", out, "--events", "step=3:explode=1",
                     SCRIPTS / "ledger_train.py", "--epochs", "2"])
     assert_one_line_error(proc, "step=3:explode=1")
-    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in out.rglob("*") if p.is_file()}
-    assert after == before
+    assert files() == before
+    # the same folder with another global batch (the ledger's lr follows it) and length: refused
+    # before training, naming what differs
+    proc = run_cli(["run", "--out", out, SCRIPTS / "ledger_train.py", "--epochs", "3",
+                    "--global-batch", "32"])
+    assert proc.returncode == 1
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.endswith(
+        f"job failed: no worker could start: {out} holds a run started with other settings: "
+        f"epochs 2 -> 3, global_batch 16 -> 32, optimizer group 0 lr 16.0 -> 32.0; use another "
+        f"--out, or delete {out} to start fresh (see {out / 'logs' / 'worker-w0.log'})"), last
+    assert "Traceback" not in (out / "logs" / "worker-w0.log").read_text()
+    assert files() == before
 
 
 def test_unreachable_coordinator():

@@ -131,3 +131,44 @@ def test_ctrl_c_stops_every_worker_and_the_same_command_resumes(tmp_path):
     assert launcher.returncode == 0, rest
     assert f"from step {stopped} (checkpoint" in rest
     assert_exactly_once(out)
+
+
+def _readme_training_script() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Use it in your own training script"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.slow
+def test_readme_training_script_alone_shows_progress_writes_outputs_and_repeats(tmp_path):
+    """The README's snippet as a real script, run plainly with `python my_train.py` twice
+    into two output folders (DYNTRAIN_OUT): progress and the report on the terminal, the run
+    folder's files written, and bitwise the same model both times (the seeded init)."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from conftest import read_jsonl
+
+    script = tmp_path / "my_train.py"
+    script.write_text(_readme_training_script())
+    finals = []
+    for name in ("a", "b"):
+        env = {**os.environ, "DYNTRAIN_OUT": str(tmp_path / name), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              cwd=tmp_path, env=env, timeout=240)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert re.fullmatch(r"step +160/160 +epoch +9 +world 1 +loss \S+ +\S+ samples/s",
+                            lines[-3]), proc.stdout
+        assert lines[-2] == f"trained to step 160; model in {tmp_path / name / 'final.pt'}"
+        assert re.fullmatch(r"result: train_accuracy=0\.9\d*", lines[-1]), proc.stdout
+        out = tmp_path / name
+        assert json.loads((out / "result.json").read_text()).keys() == {"train_accuracy"}
+        assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 161))
+        assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "ckpt-000000160.dtck"
+        finals.append(torch.load(out / "final.pt", weights_only=True))
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

@@ -20,6 +20,7 @@ from dyntrain.elastic.channel import CoordinatorGone, JobOver, WorkerChannel
 from dyntrain.elastic.checkpoint import (
     atomic_write_bytes,
     dumps,
+    latest_valid_checkpoint,
     list_checkpoints,
     loads,
     read_checkpoint,
@@ -27,11 +28,13 @@ from dyntrain.elastic.checkpoint import (
 )
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.progress import AloneOutput
+from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.validation import Validation
-from dyntrain.errors import DataError, DyntrainError
+from dyntrain.errors import DataError, DyntrainError, install_excepthook
 
 log = logging.getLogger("dyntrain.trainer")
 
@@ -55,13 +58,17 @@ class ElasticTrainer:
 
     Inside a job started by ``dyntrain run`` (or joined with ``dyntrain worker``) the coordinator
     address comes from the environment. Without one, ``fit`` trains alone as a world of one, with
-    exactly the same math.
+    exactly the same math: it prints a progress line every second and what ``report()`` gets;
+    given an output folder (``out_dir``, or ``DYNTRAIN_OUT`` in the environment) it also writes
+    ``metrics.jsonl``, checkpoints, ``final.pt`` and ``result.json`` as ``dyntrain run`` does,
+    and resumes from the folder's newest checkpoint. Either way, an output folder that holds a
+    run started with other settings is refused (``dyntrain.elastic.runfolder``).
 
     With ``TrainConfig.noise_scale`` on, the leader's row of ``metrics.jsonl`` for every step also
     holds the gradient noise scale: ``b_simple`` (smoothed; null while the smoothed |G|^2 is not
     positive), ``b_simple_raw`` (this step's own, very noisy, ratio), and the smoothed ``g2``
-    (|G|^2) and ``trace_sigma`` (tr(Sigma)). Alone there is no metrics file, as for every other
-    metric; ``last_result.noise`` and ``stepper.noise`` (the tracker) hold the values.
+    (|G|^2) and ``trace_sigma`` (tr(Sigma)); ``last_result.noise`` and ``stepper.noise`` (the
+    tracker) hold the values too.
     """
 
     def __init__(
@@ -109,6 +116,7 @@ class ElasticTrainer:
         self._channel: WorkerChannel | None = None
         self._last_checkpoint = time.monotonic()
         self.last_result: StepResult | None = None  # of the last step this worker applied
+        self._alone = AloneOutput(self.out_dir)  # terminal and files of a world of one
 
     # ---- public --------------------------------------------------------------------------------
 
@@ -132,6 +140,10 @@ class ElasticTrainer:
                 self.stepper.loader.close()
 
     def _fit(self) -> None:
+        install_excepthook()
+        if self.out_dir is not None:
+            check_run_folder(self.out_dir, describe_setup(self.config, self.parts),
+                             where="--out" if self.coordinator else "output folder")
         if self.coordinator is None:
             self._fit_alone()
             return
@@ -166,21 +178,34 @@ class ElasticTrainer:
             self._channel.send("result", **values)
             self._channel.flush()
         elif self._channel is None:
-            log.info("result: %s", values)
+            self._alone.result(values)
 
     # ---- alone ---------------------------------------------------------------------------------
 
     def _fit_alone(self) -> None:
+        out = self._alone
         group = Group(None, 0, 1, self.device)
         self.generation = p.Generation(0, ("local",), 0)
         self.has_state = True
+        if self.out_dir is not None:  # resume, as `dyntrain run` does with the same --out
+            found = latest_valid_checkpoint(self.out_dir / "checkpoints", on_skip=lambda path,
+                                            why: out.say(f"skipping checkpoint {path}: {why}"))
+            if found is not None:
+                self.step = restore_state(self.parts, found[2])
+                out.say(f"resuming from step {self.step} ({found[1]})")
+        last = time.perf_counter()
         while self.step < self.total_steps:
             red = self.stepper.start(self.step, self.stepper.my_chunks(0, 1), group)
-            self.last_result = self.stepper.finish(red, False, False, lambda: False)
+            result = self.last_result = self.stepper.finish(red, False, False, lambda: False)
             self.step += 1
-            self._maybe_validate()
             self._maybe_checkpoint(force=self.step == self.total_steps)
+            now = time.perf_counter()
+            out.metrics(self._metrics_row(result, 1, now - last),
+                        last=self.step == self.total_steps)
+            last = time.perf_counter()  # validation time is not step time
         self._write_final()
+        if self.out_dir is not None:
+            out.say(f"trained to step {self.step}; model in {self.out_dir / 'final.pt'}")
 
     # ---- elastic -------------------------------------------------------------------------------
 
@@ -280,15 +305,8 @@ class ElasticTrainer:
                 self._maybe_checkpoint(force=result.leavers == gen.world_size
                                        or self.step == self.total_steps)
                 now = time.perf_counter()
-                extra = self._noise_metrics(result)
-                if result.grad_norm is not None:
-                    extra["grad_norm"] = _metric(result.grad_norm)
-                ch.send("metrics", gen=gen.number, step=self.step,
-                        epoch=(self.step - 1) // stepper.steps_per_epoch,
-                        world_size=gen.world_size, total_steps=self.total_steps,
-                        loss=round(result.loss, 6),
-                        samples_per_s=round(self.config.global_batch / (now - last), 1),
-                        time=time.time(), **extra, **self._maybe_validate())
+                ch.send("metrics", gen=gen.number,
+                        **self._metrics_row(result, gen.world_size, now - last))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break
@@ -304,6 +322,18 @@ class ElasticTrainer:
             self._state = "done"
             ch.wait_job_state("done")  # a coordinator restarted meanwhile learns it from us
         return Outcome.DONE
+
+    def _metrics_row(self, result: StepResult, world_size: int, seconds: float) -> dict:
+        """The leader's row of ``metrics.jsonl`` for the step just applied (runs validation
+        when it is due)."""
+        extra = self._noise_metrics(result)
+        if result.grad_norm is not None:
+            extra["grad_norm"] = _metric(result.grad_norm)
+        return dict(step=self.step, epoch=(self.step - 1) // self.stepper.steps_per_epoch,
+                    world_size=world_size, total_steps=self.total_steps,
+                    loss=round(result.loss, 6),
+                    samples_per_s=round(self.config.global_batch / seconds, 1),
+                    time=time.time(), **extra, **self._maybe_validate())
 
     def _noise_metrics(self, result: StepResult) -> dict:
         """The gradient noise scale fields of a metrics row (none when it is off)."""

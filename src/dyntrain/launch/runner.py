@@ -16,6 +16,7 @@ import torch.distributed as dist
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.progress import progress_line, result_line, write_result
 from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
 from dyntrain.launch.interrupt import StopSignals, stop_workers
@@ -102,9 +103,7 @@ class RunSink:
             self.print_progress(record)
 
     def print_progress(self, m: dict) -> None:
-        total = m.get("total_steps") or self.total_hint
-        self._say(f"step {m['step']:>5}/{total}  epoch {m['epoch']:>3}  world {m['world_size']}  "
-                  f"loss {m['loss']:.4f}  {m['samples_per_s']:>9.1f} samples/s")
+        self._say(progress_line(m, self.total_hint))
 
     def log(self, line: str) -> None:
         self._say(line)
@@ -112,8 +111,8 @@ class RunSink:
     def result(self, record: dict) -> None:
         record = {k: v for k, v in record.items() if k != "worker"}
         self.results.update(record)
-        (self.out_dir / "result.json").write_text(json.dumps(self.results, indent=2) + "\n")
-        self._say("result: " + ", ".join(f"{k}={v}" for k, v in record.items()))
+        write_result(self.out_dir, self.results)
+        self._say(result_line(record))
 
     def fired(self, event: Event, step: int) -> None:
         """Record an injected event, so that a resumed run does not fire it again."""
@@ -131,7 +130,7 @@ class RunSink:
     def unfired(self, events: list[str], why: str) -> None:
         """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""
         self.results["events_not_fired"] = events
-        (self.out_dir / "result.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        write_result(self.out_dir, self.results)
         self.announce(f"{len(events)} event(s) never fired: {', '.join(events)} ({why})")
 
     def close(self) -> None:
@@ -223,7 +222,8 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
         for worker_id, code in workers.reap():
             if code != 0 and worker_id not in coord.workers and code > 0:
                 # it never reached the coordinator: its own error is the most useful thing to say
-                startup_failure = (f"{workers.last_line(worker_id) or f'exit code {code}'} "
+                said = workers.last_line(worker_id).removeprefix("dyntrain: error: ")
+                startup_failure = (f"{said or f'exit code {code}'} "
                                    f"(see {workers.log_path(worker_id)})")
                 sink.log(f"worker {worker_id} exited with code {code} before joining: "
                          f"{startup_failure}")
