@@ -32,6 +32,9 @@ def main():
     ap.add_argument("--chunk-size", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--step-delay", type=float, default=0.0)
+    ap.add_argument("--slow-while", default=None, metavar="FILE",
+                    help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
+                         "in a phase until they saw what they wait for, then let it finish)")
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
     ap.add_argument("--raise-in", default=None,
@@ -65,6 +68,8 @@ def main():
             raise RuntimeError("simulated device failure")
         if args.step_delay:
             time.sleep(args.step_delay)
+        if args.slow_while and os.path.exists(args.slow_while):
+            time.sleep(0.05)
         target = x.sum(1, keepdim=True)
         fit = nn.functional.mse_loss(model.net(x), target)
         return fit - model.counts[idx].mean()

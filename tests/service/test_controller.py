@@ -54,10 +54,13 @@ def spot_setup(tmp_path: Path, slots: int, grace: float = 30.0):
     return store, make_controller(store, tmp_path, grace=grace)
 
 
-def submit_ledger(store: Store, workers: tuple[int, int], epochs: int = 30):
-    """An elastic job running the exactly-once ledger workload."""
+def submit_ledger(store: Store, workers: tuple[int, int], epochs: int = 30,
+                  slow_while: Path | None = None):
+    """An elastic job running the exactly-once ledger workload (slowed while ``slow_while``
+    exists, so that it cannot finish before a test saw what it waits for)."""
+    slow = ["--slow-while", str(slow_while)] if slow_while is not None else []
     return store.submit(queue="q", command=[PY, LEDGER, "--epochs", str(epochs), "--step-delay",
-                                            "0.004"], resources=SMALL, workers=workers)
+                                            "0.004", *slow], resources=SMALL, workers=workers)
 
 
 def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
@@ -135,7 +138,9 @@ def test_failed_dependency_fails_the_dependent(store, tmp_path):
 
 def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_path):
     store, c = spot_setup(tmp_path, slots=1)
-    job = submit_ledger(store, workers=(1, 3))
+    slow = tmp_path / "slow"
+    slow.touch()
+    job = submit_ledger(store, workers=(1, 3), slow_while=slow)
     sizes: list[int] = []  # world sizes the job trained at, in order
     metrics = c.run_dir(job.id) / "metrics.jsonl"
 
@@ -151,6 +156,8 @@ def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_
             store.update_compute_environment("spot", desired_slots=3)  # capacity appears
         if 3 in sizes and desired == 3:
             store.update_compute_environment("spot", desired_slots=2)  # and some is taken back
+        if sizes[-1:] == [2]:
+            slow.unlink(missing_ok=True)  # seen all three: let it finish
 
     drive(c, terminal(store, job.id), on_step=watch, timeout=180)
     final = store.get_job(job.id)
@@ -168,7 +175,9 @@ def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_
 
 def test_elastic_job_below_min_is_suspended_and_resumes_from_its_checkpoint(tmp_path):
     store, c = spot_setup(tmp_path, slots=2)
-    job = submit_ledger(store, workers=(2, 2))
+    slow = tmp_path / "slow"
+    slow.touch()
+    job = submit_ledger(store, workers=(2, 2), slow_while=slow)
     seen: list[str] = []
 
     def watch():
@@ -181,6 +190,7 @@ def test_elastic_job_below_min_is_suspended_and_resumes_from_its_checkpoint(tmp_
         if j.status is JobStatus.RUNNABLE and seen == ["reclaimed"]:
             seen.append(j.status_reason)
             store.update_compute_environment("spot", desired_slots=2)  # capacity is back
+            slow.unlink()
 
     drive(c, terminal(store, job.id), on_step=watch, timeout=180)
     final = store.get_job(job.id)
@@ -287,7 +297,8 @@ def test_restart_ends_a_job_whose_worker_finished_while_the_service_was_down(tmp
     store2, c2 = restarted(tmp_path, c, store)
     flag.touch()
     status = c.executor.status_path(w.id)
-    drive(c, lambda: '"exit_code": 0' in status.read_text())  # the old supervisor records it
+    # the old supervisor records the exit
+    drive(c, lambda: status.exists() and '"exit_code": 0' in status.read_text())
     assert c2.recover() == [f"{job.id}: 1 worker(s) exited while the service was down"]
     drive(c2, terminal(store2, job.id))
     final = store2.get_job(job.id)
@@ -382,7 +393,9 @@ def test_cancel_and_terminate(store, tmp_path, kind):
 
 def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path):
     store, c = spot_setup(tmp_path, slots=2)
-    job = submit_ledger(store, workers=(1, 2))
+    slow = tmp_path / "slow"
+    slow.touch()
+    job = submit_ledger(store, workers=(1, 2), slow_while=slow)
     metrics = c.run_dir(job.id) / "metrics.jsonl"
     killed: list[str] = []
 
@@ -394,6 +407,7 @@ def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path
             victim = store.list_workers(job.id)[-1]
             c.executor.signal(victim.id, "KILL")
             killed.append(victim.id)
+            slow.unlink()
 
     drive(c, terminal(store, job.id), on_step=crash_one, timeout=180)
     final = store.get_job(job.id)

@@ -282,7 +282,8 @@ def test_a_worker_that_exits_while_no_service_watches_is_read_from_its_status(st
     a.shutdown()  # the service dies; the worker and its supervisor live on
     os.killpg(int(handle.ref.split(":")[0]), 15)  # it ends while nobody watches
     status = a.status_path(spec.worker_id)
-    wait_for(lambda: '"exit_code": 5' in status.read_text(), "the exit in the status file")
+    wait_for(lambda: status.exists() and '"exit_code": 5' in status.read_text(),
+             "the exit in the status file")
     b = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
     ended = json.loads(status.read_text())["ended_at"]
     assert b.adopt(handle, spec) is False
@@ -373,6 +374,18 @@ def test_start_errors_are_one_line_and_leave_nothing(executor, tmp_path):
         executor.start(spec)
     with pytest.raises(ExecutorError, match="unknown signal"):
         executor.signal(spec.worker_id, "HUP")
+
+
+def test_start_many_starts_what_it_can_and_says_why_not_for_the_rest(executor, tmp_path):
+    specs = [make_spec(tmp_path, f"j16-a1-w{i}", "print('hi')") for i in range(3)]
+    specs[1] = WorkerSpec(**{**specs[1].__dict__, "argv": ["/nonexistent/cmd"]})
+    specs.append(make_spec(tmp_path, "j16-a1-big", LONG, cpus=8))
+    first, missing, third, big = executor.start_many(specs)
+    assert isinstance(first, WorkerHandle) and isinstance(third, WorkerHandle)
+    assert isinstance(missing, StartError) and "/nonexistent/cmd" in str(missing)
+    assert isinstance(big, ExecutorError) and "needs cpus=8" in str(big)
+    exits = collect(executor, specs[0].worker_id, specs[2].worker_id)
+    assert all(e.exit_code == 0 for e in exits.values())
 
 
 def test_cwd_and_env_are_applied(executor, tmp_path):

@@ -344,6 +344,23 @@ def test_same_snapshot_in_any_job_order_gives_the_same_plan():
     assert first.starts or first.grows
 
 
+def test_presorted_queues_give_the_plan_of_unsorted_jobs():
+    rng = random.Random(11)
+    envs = [env("spot", 3), env("od", 4, slot=SMALL)]
+    queues = [queue("hi", 5, "spot"), queue("lo", 1, "od", "spot")]
+    waiting = [queued(f"q{i}", rng.choice(["hi", "lo"]), rng.randrange(5), rng.randint(1, 2),
+                      rng.randint(2, 4)) for i in range(40)]
+    active = [running("r1", "lo", -1, {"spot": 2}, 1, 4)]
+    by_queue: dict[str, list[JobView]] = {}
+    for job in sorted(waiting, key=lambda j: (j.created, j.id)):
+        by_queue.setdefault(job.queue, []).append(job)
+    presorted = schedule(Snapshot(tuple(envs), tuple(queues), tuple(active),
+                                  {q: tuple(js) for q, js in by_queue.items()}))
+    plain = plan_of(envs, queues, waiting + active)
+    assert presorted.starts == plain.starts and presorted.grows == plain.grows
+    assert dict(presorted.waiting.items()) == dict(plain.waiting.items())
+
+
 def test_a_pass_over_many_queued_jobs_is_cheap_once_capacity_is_exhausted():
     jobs = [queued(f"j{i}", f"q{i % 3}", i) for i in range(30_000)]
     queues = [queue(f"q{k}", k, "e") for k in range(3)]

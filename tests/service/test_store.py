@@ -30,7 +30,8 @@ from dyntrain.service.model import (
     State,
     ValidationError,
 )
-from dyntrain.service.store import INACTIVE, Store, metadata
+from dyntrain.service.store import INACTIVE, Store, WorkerRecord, metadata
+from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
 
 S = JobStatus
 
@@ -611,3 +612,77 @@ def test_upgrade_refuses_a_not_null_column_and_changes_nothing(store):
     assert "capacity_traces" not in sa.inspect(store.engine).get_table_names()
     with store.engine.connect() as conn:
         assert conn.execute(sa.text("SELECT id FROM jobs")).scalars().all() == [job.id]
+
+
+# ------------------------------------------------------------------------------ the controller's
+
+
+def test_a_batch_commits_once_and_rolls_back_as_a_whole(store):
+    setup_basics(store)
+    a, b = runnable_jobs(store, 2)
+    with store.batch():
+        assert store.transition(a, S.RUNNABLE, S.STARTING)
+        with pytest.raises(ValidationError):  # one call fails: only that call is undone
+            store.add_attempt("no-such-job", 1, 1.0)
+        assert store.transition(b, S.RUNNABLE, S.STARTING)
+    assert {store.get_job(i).status for i in (a, b)} == {S.STARTING}
+    before = counts(store)
+    with pytest.raises(RuntimeError), store.batch():
+        assert store.transition(a, S.STARTING, S.RUNNING)
+        store.append_log(a, 1, "w", ["line"])
+        raise RuntimeError("the step failed")
+    assert store.get_job(a).status is S.STARTING and counts(store) == before
+
+
+def test_scan_jobs_pages_through_unfinished_jobs_after_a_watermark(store):
+    setup_basics(store)
+    first = store.submit(queue="q", command=["true"])
+    parent = store.submit(queue="q", command=["true"], array_size=3,
+                          depends_on=[Dependency(first.id)])
+    done = store.submit(queue="q", command=["true"])
+    assert store.transition(done.id, S.SUBMITTED, S.FAILED)
+    page = store.scan_jobs(None, limit=3)
+    assert [e.id for e in page] == [first.id, parent.id, f"{parent.id}:0"]
+    assert page[1].is_array_parent and page[1].depends_on == (Dependency(first.id),)
+    rest = store.scan_jobs((page[-1].created_at, page[-1].id))
+    assert [e.id for e in rest] == [f"{parent.id}:1", f"{parent.id}:2"]  # the FAILED one: no
+    assert store.scan_jobs((rest[-1].created_at, rest[-1].id)) == []
+    late = store.submit(queue="q", command=["true"])
+    assert [e.id for e in store.scan_jobs((rest[-1].created_at, rest[-1].id))] == [late.id]
+    assert store.child_status_counts([parent.id])[parent.id] == {S.SUBMITTED: 3}
+
+
+def test_bulk_transitions_and_claims_are_compare_and_set(store):
+    setup_basics(store)
+    parent = store.submit(queue="q", command=["true"], array_size=4)
+    kids = [f"{parent.id}:{i}" for i in range(4)]
+    assert store.transition(kids[0], S.SUBMITTED, S.PENDING)
+    moved = store.transition_children(parent.id, S.SUBMITTED, S.RUNNABLE, "no dependencies")
+    assert sorted(moved) == kids[1:]
+    assert store.transition_many(kids, S.PENDING, S.RUNNABLE, "dependencies succeeded") == \
+        [kids[0]]
+    assert {k: v[0] for k, v in store.job_statuses(kids + ["nope"]).items()} == \
+        {k: S.RUNNABLE for k in kids}
+    assert store.job_statuses([parent.id])[parent.id][1] is True  # an array parent
+    worker = WorkerRecord(f"{kids[0]}-a1-w0", kids[0], 1, "od", "ON_DEMAND", 1.0, None,
+                          "RUNNING", 5.0)
+    other = WorkerRecord(f"{kids[1]}-a1-w0", kids[1], 1, "od", "ON_DEMAND", 1.0, None,
+                         "RUNNING", 5.0)
+    assert store.transition(kids[1], S.RUNNABLE, S.FAILED)  # moved by someone else first
+    assert store.claim_starts([(kids[0], 1, [worker]), (kids[1], 1, [other])], 5.0) == \
+        [kids[0]]
+    assert store.get_job(kids[0]).status is S.STARTING and store.list_attempts(kids[1]) == []
+    assert [w.id for w in store.list_workers(kids[0])] == [worker.id]
+    assert store.last_attempt_numbers(kids) == {kids[0]: 1}
+    store.record_launch({worker.id: {"ref": "1:2"}}, [], {kids[0]: 1})
+    assert store.get_job(kids[0]).status is S.RUNNING
+    assert store.list_workers(kids[0])[0].handle == {"ref": "1:2"}
+    store.settle([WorkerExitRow(worker.id, 0, 9.0, "exited with code 0")],
+                 [UsageRow(kids[0], 1, "od", "ON_DEMAND", 4.0, 1.0, False, 9.0)],
+                 [AttemptEnd(kids[0], 1, 0, "exit code 0", 9.0, "SUCCEEDED", 1, 0, 9.0)])
+    job = store.get_job(kids[0])
+    assert (job.status, job.attempts, job.exit_code, job.stopped_at) == (S.SUCCEEDED, 1, 0, 9.0)
+    assert store.list_attempts(kids[0])[0].stopped_at == 9.0
+    assert store.list_workers(kids[0], active=False)[0].state == "EXITED"
+    assert [u.worker_seconds for u in store.job_usage(kids[0])] == [4.0]
+    assert [e.payload["status"] for e in store.list_events(kids[0])] == ["SUCCEEDED"]

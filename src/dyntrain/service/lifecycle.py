@@ -40,6 +40,27 @@ def child_id(parent: str, index: int) -> str:
     return f"{parent}:{index}"
 
 
+def child_dependencies(parent: str, dependencies: Iterable[Dependency]) -> tuple[Dependency, ...]:
+    """What an array child waits for: its parent's dependencies, SEQUENTIAL ones naming the
+    parent (they may name it as ``""``)."""
+    return tuple(Dependency(parent if d.job_id in ("", parent) else d.job_id, d.type)
+                 for d in dependencies)
+
+
+def upstream_ids(dependencies: Iterable[Dependency], array_index: int | None) -> list[str]:
+    """The jobs whose status a job with these dependencies (and array index) waits on: a whole
+    job (an array job: its children as one), or the one child N_TO_N and SEQUENTIAL name."""
+    out = []
+    for d in dependencies:
+        if d.type is DependencyType.STANDARD:
+            out.append(d.job_id)
+        elif array_index is not None:
+            index = array_index if d.type is DependencyType.N_TO_N else array_index - 1
+            if index >= 0:
+                out.append(child_id(d.job_id, index))
+    return out
+
+
 @dataclass(frozen=True)
 class DependentJob:
     """What dependency resolution needs to know about a job that may have to wait."""

@@ -45,8 +45,9 @@ Every RUNNABLE job that does not start gets a ``WaitInfo``: a reason and its 1-b
 its queue's jobs that did not start. The jobs behind a blocked head share one reason, so
 ``Plan.waiting`` keeps them as a slice of the sorted queue and builds their entries when read. A
 pass over 100,000 queued jobs thus costs one partition and one sort, plus work that grows with the
-jobs that start or run, not with the queue. Every order above is an explicit sort key, so the same
-snapshot always gives the same plan.
+jobs that start or run, not with the queue; given queues already sorted (``Snapshot.queued``, as
+the controller keeps them), not even the partition and the sort. Every order above is an
+explicit sort key, so the same snapshot always gives the same plan.
 """
 
 from __future__ import annotations
@@ -125,11 +126,17 @@ class JobView:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Everything one scheduling pass looks at."""
+    """Everything one scheduling pass looks at.
+
+    RUNNABLE jobs come in ``jobs``, or already sorted in ``queued`` (queue -> its RUNNABLE jobs
+    in first in, first out order by ``(created, id)``), which is how a caller that keeps its
+    queues sorted spares the pass from partitioning and sorting the whole queue.
+    """
 
     envs: tuple[EnvView, ...] = ()
     queues: tuple[QueueView, ...] = ()
     jobs: tuple[JobView, ...] = ()
+    queued: Mapping[str, Sequence[JobView]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "envs", tuple(self.envs))
@@ -204,7 +211,9 @@ def schedule(snapshot: Snapshot) -> Plan:
     state = _Pass(snapshot)
     _shed_lost_capacity(state)
     for queue_name, jobs in state.queued_in_order():
-        _admit(state, queue_name, _fifo(jobs))
+        if queue_name in state.unsorted:
+            _fifo(jobs)
+        _admit(state, queue_name, jobs)
     _grow(state)
     return state.plan()
 
@@ -296,6 +305,14 @@ class _Pass:
         order = sorted(snapshot.queues, key=lambda q: (-q.priority, q.name))
         self.rank = {queue.name: i for i, queue in enumerate(order)}
         self.queued, self.running = _partition(snapshot.jobs)
+        self.unsorted = set(self.queued)  # queues whose jobs came unsorted in snapshot.jobs
+        for name, jobs in snapshot.queued.items():
+            if not jobs:
+                continue
+            if name in self.queued:
+                self.queued[name] += jobs
+            else:
+                self.queued[name] = jobs
         self.placement = {job.id: {env: n for env, n in job.placement.items() if n > 0}
                           for job in self.running}
         self.free = {name: env.available_slots for name, env in self.envs.items()}
@@ -318,7 +335,7 @@ class _Pass:
         queue = self.queues.get(job.queue)
         return queue.priority if queue is not None else -math.inf
 
-    def queued_in_order(self) -> list[tuple[str, list[JobView]]]:
+    def queued_in_order(self) -> list[tuple[str, Sequence[JobView]]]:
         unknown = len(self.rank)
         return sorted(self.queued.items(), key=lambda kv: (self.rank.get(kv[0], unknown), kv[0]))
 
@@ -415,7 +432,7 @@ def _shed_lost_capacity(state: _Pass) -> None:
                 over -= n
 
 
-def _admit(state: _Pass, queue_name: str, jobs: list[JobView]) -> None:
+def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
     """Rules 2-4 for one queue: start jobs in order until one cannot start."""
     queue = state.queues.get(queue_name)
     if queue is None:
@@ -486,7 +503,7 @@ def _make_room(state: _Pass, job: JobView, queue: QueueView, usable: list[str]) 
     return True
 
 
-def _block(state: _Pass, queue: QueueView, rank: int, jobs: list[JobView], i: int, ahead: int,
+def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i: int, ahead: int,
            fit: _Fit) -> None:
     """Rule 4: ``jobs[i]`` cannot start; it and the jobs behind it wait, and it reserves."""
     head = jobs[i]

@@ -30,9 +30,10 @@ After = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 Limit = Annotated[int, Query(ge=1, le=10_000)]
 
 
-def _waiting(service: Service) -> dict:
-    with service.lock:
-        return dict(service.controller.waiting)
+def _waiting(service: Service):
+    """Why queued jobs wait, as of the controller's last pass: read without the lock (the
+    mapping is never changed, only replaced) and without copying it."""
+    return service.controller.waiting
 
 
 def _job(service: Service, job_id: str) -> Job:

@@ -114,6 +114,17 @@ class Executor(ABC):
     def start(self, spec: WorkerSpec) -> WorkerHandle:
         """Start a worker; raise ``ExecutorError`` if it does not fit or cannot start."""
 
+    def start_many(self, specs: list[WorkerSpec]) -> list[WorkerHandle | ExecutorError]:
+        """Start several workers: for each, its handle or the ``ExecutorError`` that kept it
+        from starting. An executor may start them together, faster than one by one."""
+        out: list[WorkerHandle | ExecutorError] = []
+        for spec in specs:
+            try:
+                out.append(self.start(spec))
+            except ExecutorError as e:
+                out.append(e)
+        return out
+
     @abstractmethod
     def signal(self, worker_id: str, sig: str) -> None:
         """Send ``"TERM"`` or ``"KILL"`` to all processes of the worker. No-op once it ended."""

@@ -182,45 +182,84 @@ class LocalExecutor(Executor):
     # -- starting ---------------------------------------------------------------------------
 
     def start(self, spec: WorkerSpec) -> WorkerHandle:
+        [result] = self.start_many([spec])
+        if isinstance(result, ExecutorError):
+            raise result
+        return result
+
+    def start_many(self, specs: list[WorkerSpec]) -> list[WorkerHandle | ExecutorError]:
+        """Start several workers with one exchange with the supervisor (the requests travel
+        together, the answers come back together)."""
         with self._lock:
             self._check_open()
-            wid = spec.worker_id
-            _check_worker_id(wid)
-            if wid in self._workers:
-                raise ExecutorError(f"worker {wid} already exists")
-            need, free = spec.resources, self.free()
-            if not (need.cpus <= free.cpus + _EPS and need.gpus <= free.gpus
-                    and need.memory_mib <= free.memory_mib):
-                raise ExecutorError(f"worker {wid} needs {describe(need)}; "
-                                    f"free: {describe(free)}")
-            gpus = tuple(self._free_gpus()[:need.gpus])
-            env = dict(os.environ) if self._inherit_env else {}
-            env.update(spec.env)
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-            _check_runnable(spec, env)
-            status = self.status_path(wid)
-            status.unlink(missing_ok=True)
+            out: list[WorkerHandle | ExecutorError] = []
+            requests: dict[str, tuple[WorkerSpec, tuple[int, ...], dict]] = {}
+            for spec in specs:
+                try:
+                    gpus, request = self._request(spec, {s.worker_id for s, _, _ in
+                                                         requests.values()})
+                except ExecutorError as e:
+                    out.append(e)
+                    continue
+                requests[spec.worker_id] = (spec, gpus, request)
+                out.append(None)  # filled in below
+                # held at once, so that the next spec's accounting sees it
+                self._workers[spec.worker_id] = _Worker(spec, WorkerHandle(
+                    spec.worker_id, self.name, "", gpus), 0, 0, supervised=True)
+            answers, gone = {}, None
             try:
-                Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise ExecutorError(f"worker {wid}: cannot create the folder of its log "
-                                    f"{spec.log_path}: {e.strerror or e}") from None
-            if self._link is None or not self._link.open:
-                self._orphan_supervised()
-                self._link = SupervisorLink(self._dir)
-            try:
-                answer = self._link.request({"op": "start", "id": wid, "argv": list(spec.argv),
-                                             "env": env, "cwd": spec.cwd,
-                                             "log": spec.log_path, "status": str(status)})
+                if requests:
+                    answers = self._supervisor().request([r for _, _, r in requests.values()])
             except SupervisorGone as e:
-                raise ExecutorError(f"worker {wid} cannot start: {e}") from None
-            if answer["op"] == "failed":
-                raise StartError(f"cannot start {spec.argv[0]!r}: {answer['error']}")
-            handle = WorkerHandle(worker_id=wid, executor=self.name,
-                                  ref=f"{answer['pid']}:{answer['start_time']}", gpus=gpus)
-            self._workers[wid] = _Worker(spec, handle, answer["pid"], answer["start_time"],
-                                         supervised=True)
-            return handle
+                gone = ExecutorError(f"cannot start: {e}")
+            results = iter(out)
+            final = []
+            for spec in specs:
+                result = next(results)
+                if result is not None:
+                    final.append(result)
+                    continue
+                wid = spec.worker_id
+                del self._workers[wid]
+                answer = answers.get(wid)
+                if answer is None:
+                    final.append(gone)
+                elif answer["op"] == "failed":
+                    final.append(StartError(f"cannot start {spec.argv[0]!r}: {answer['error']}"))
+                else:
+                    handle = WorkerHandle(wid, self.name,
+                                          f"{answer['pid']}:{answer['start_time']}",
+                                          requests[wid][1])
+                    self._workers[wid] = _Worker(spec, handle, answer["pid"],
+                                                 answer["start_time"], supervised=True)
+                    final.append(handle)
+            return final
+
+    def _request(self, spec: WorkerSpec, pending: set[str]) -> tuple[tuple[int, ...], dict]:
+        """Check that ``spec`` fits and can run; the supervisor's request that starts it."""
+        wid = spec.worker_id
+        _check_worker_id(wid)
+        if wid in self._workers or wid in pending:
+            raise ExecutorError(f"worker {wid} already exists")
+        need, free = spec.resources, self.free()
+        if not (need.cpus <= free.cpus + _EPS and need.gpus <= free.gpus
+                and need.memory_mib <= free.memory_mib):
+            raise ExecutorError(f"worker {wid} needs {describe(need)}; free: {describe(free)}")
+        gpus = tuple(self._free_gpus()[:need.gpus])
+        env = dict(os.environ) if self._inherit_env else {}
+        env.update(spec.env)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        _check_runnable(spec, env)
+        status = self.status_path(wid)
+        status.unlink(missing_ok=True)
+        return gpus, {"op": "start", "id": wid, "argv": list(spec.argv), "env": env,
+                      "cwd": spec.cwd, "log": spec.log_path, "status": str(status)}
+
+    def _supervisor(self) -> SupervisorLink:
+        if self._link is None or not self._link.open:
+            self._orphan_supervised()
+            self._link = SupervisorLink(self._dir)
+        return self._link
 
     # -- watching ---------------------------------------------------------------------------
 
@@ -357,6 +396,8 @@ class LocalExecutor(Executor):
             _check_worker_id(worker_id)
             self._settle_predecessors()
             record = _read_status(self.status_path(worker_id))
+            if record is None:
+                record = _journal_entry(self._dir, worker_id)
             if record is None or record.get("pid") is None:
                 return None
             return WorkerHandle(worker_id, self.name,
@@ -429,6 +470,25 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except OSError:
         pass
+
+
+def _journal_entry(directory: Path, worker_id: str) -> dict | None:
+    """Where the supervisors' journals say ``worker_id`` was started, if they say so."""
+    needle = json.dumps(worker_id)
+    for journal in directory.glob("supervisor-*.started"):
+        try:
+            lines = journal.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if needle in line:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if entry.get("id") == worker_id:
+                    return entry
+    return None
 
 
 def _read_status(path: Path) -> dict | None:

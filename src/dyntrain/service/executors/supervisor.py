@@ -14,8 +14,9 @@ outlives a killed service:
   "ended_at"}``, ``{"op": "exit", ...}`` goes to stdout, and only then is the worker reaped. So
   while its pid still exists (as a zombie) nothing is lost, and once it is gone the status file
   is there: a restarted service that adopted the worker by pid reads its exit from that file.
-* When a started worker is running, ``status`` holds ``{"pid", "start_time", "started_at"}``,
-  so a worker whose handle the service never stored can still be found by its id.
+* Each start is a line ``{"id", "pid", "start_time"}`` appended to ``DIR/supervisor-<pid>.started``
+  (removed when the supervisor exits, once every exit is in a status file), so a worker whose
+  handle the service never stored can still be found by its id.
 
 ``DIR/supervisor-<pid>.live`` exists while the supervisor may still read requests. At the end of
 stdin (the service closed it or died) the supervisor has started everything it was asked to,
@@ -26,14 +27,16 @@ was never started.
 ``SupervisorLink`` is the executor's end: it starts the process and exchanges the lines.
 
 Standard library only, run by path: starting it must not import the ``dyntrain`` package (and
-with it torch), and a fork of this small process is cheap, unlike a Python interpreter per worker.
+with it torch). A worker costs a ``posix_spawn`` (a vfork and an exec), not a Python interpreter.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +65,32 @@ def _ignore(signum, frame) -> None:
     """Swallow the signal."""
 
 
+def _spawn(argv: list[str], env: dict, cwd: str | None, log: str):
+    """Start ``argv`` as the leader of a new session, output appended to ``log``; returns its
+    pid (and the Popen object when one was needed). Exec errors (not found, not executable,
+    argument list too long) raise OSError with their errno, before anything runs.
+
+    ``posix_spawn`` (a vfork) is several times cheaper than a fork of this process, but cannot
+    change the working directory; ``subprocess`` does that. Signals this process handles return
+    to their default in the child; SIGPIPE and SIGXFSZ, which Python ignores, are reset too."""
+    if cwd is not None:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                    start_new_session=True, close_fds=True)
+        return proc.pid, proc
+    path = argv[0] if "/" in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
+    if path is None:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory on PATH", argv[0])
+    pid = os.posix_spawn(path, argv, env, setsid=True,
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_OPEN, 1, log,
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644),
+                              (os.POSIX_SPAWN_DUP2, 1, 2)])
+    return pid, None
+
+
 class Supervisor:
     """Starts workers on request and turns each exit into a status file and an event."""
 
@@ -69,7 +98,10 @@ class Supervisor:
         self.dir = directory
         self.out = out
         self.workers: dict[int, dict] = {}  # pid -> {"id", "status", "start_time", "proc"}
-        self.live_file = os.path.join(directory, f"supervisor-{os.getpid()}.live")
+        base = os.path.join(directory, f"supervisor-{os.getpid()}")
+        self.live_file = base + ".live"
+        self.journal_path = base + ".started"
+        self.journal = None
         self.reading = True
 
     def send(self, record: dict) -> None:
@@ -84,10 +116,8 @@ class Supervisor:
     def start(self, req: dict) -> None:
         wid = req["id"]
         try:
-            with open(req["log"], "ab") as log:
-                proc = subprocess.Popen(
-                    req["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=req["env"], cwd=req.get("cwd"), start_new_session=True, close_fds=True)
+            os.makedirs(os.path.dirname(req["log"]) or ".", exist_ok=True)
+            pid, proc = _spawn(req["argv"], req["env"], req.get("cwd"), req["log"])
         except (OSError, ValueError) as e:
             errno = getattr(e, "errno", None)
             what = getattr(e, "strerror", None) or str(e)
@@ -95,12 +125,14 @@ class Supervisor:
             self.send({"op": "failed", "id": wid, "errno": errno,
                        "error": f"{what}: {name}" if name else what})
             return
-        start_time = proc_start_time(proc.pid)  # our unreaped child: readable even if it exited
-        self.workers[proc.pid] = {"id": wid, "status": req["status"], "start_time": start_time,
-                                  "proc": proc}
-        write_json(req["status"], {"pid": proc.pid, "start_time": start_time,
-                                   "started_at": time.time()})
-        self.send({"op": "started", "id": wid, "pid": proc.pid, "start_time": start_time})
+        start_time = proc_start_time(pid)  # our unreaped child: readable even if it exited
+        self.workers[pid] = {"id": wid, "status": req["status"], "start_time": start_time,
+                             "proc": proc}
+        # where it runs, for a service that never stored the handle: one appended line
+        if self.journal is None:
+            self.journal = open(self.journal_path, "a", buffering=1)
+        self.journal.write(json.dumps({"id": wid, "pid": pid, "start_time": start_time}) + "\n")
+        self.send({"op": "started", "id": wid, "pid": pid, "start_time": start_time})
 
     def reap(self) -> None:
         """Record every worker that has exited, then reap it."""
@@ -125,13 +157,22 @@ class Supervisor:
                 write_json(worker["status"], record)
                 self.send({"op": "exit", "id": worker["id"], **record})
             os.waitpid(pid, 0)
-            if worker is not None:
+            if worker is not None and worker["proc"] is not None:
                 worker["proc"].returncode = info.si_status  # subprocess must not wait on it
 
     def stop_reading(self) -> None:
         self.reading = False
         try:
             os.unlink(self.live_file)
+        except FileNotFoundError:
+            pass
+
+    def finish(self) -> None:
+        """Every worker ended and is in its status file: the journal is no longer needed."""
+        if self.journal is not None:
+            self.journal.close()
+        try:
+            os.unlink(self.journal_path)
         except FileNotFoundError:
             pass
 
@@ -196,19 +237,23 @@ class SupervisorLink:
         self.exits: list[dict] = []  # exit events not yet taken
         self.open = True  # False once it is gone (EOF)
 
-    def request(self, record: dict) -> dict:
-        """Send one request and wait for its answer; exit events read meanwhile are kept."""
+    def request(self, records: list[dict]) -> dict[str, dict]:
+        """Send requests all at once and wait for their answers (by id); exit events read
+        meanwhile are kept."""
         try:
-            self.proc.stdin.write(json.dumps(record).encode() + b"\n")
+            self.proc.stdin.write(b"".join(json.dumps(r).encode() + b"\n" for r in records))
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             self.open = False
-        while self.open:
+        answers: dict[str, dict] = {}
+        while self.open and len(answers) < len(records):
             for event in self._read(timeout=5.0):
-                if event.get("id") == record["id"] and event["op"] in ("started", "failed"):
-                    return event
-        raise SupervisorGone("the worker supervisor is gone (see supervisor.log in the "
-                             "executor's state dir)")
+                if event["op"] in ("started", "failed"):
+                    answers[event["id"]] = event
+        if len(answers) < len(records):
+            raise SupervisorGone("the worker supervisor is gone (see supervisor.log in the "
+                                 "executor's state dir)")
+        return answers
 
     def drain(self, timeout: float = 0.0) -> None:
         """Take the exit events that arrived, waiting up to ``timeout`` for the first."""
@@ -241,12 +286,13 @@ class SupervisorLink:
         self.open = False
 
 
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: supervisor.py DIR", file=sys.stderr)
         return 2
-    Supervisor(argv[0], sys.stdout).run(sys.stdin)
+    supervisor = Supervisor(argv[0], sys.stdout)
+    supervisor.run(sys.stdin)
+    supervisor.finish()
     return 0
 
 

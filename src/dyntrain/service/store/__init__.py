@@ -15,8 +15,9 @@ following child i of an ``N_TO_N`` dependency and child i-1 for ``SEQUENTIAL``).
 
 One module per aggregate: ``schema`` (tables and the upgrade on open), ``records`` (what is
 returned), ``environments`` (compute environments, queues, capacity traces), ``definitions``,
-``jobs`` (jobs, dependencies, attempts), ``workers`` (workers, usage), ``logs`` (log lines,
-events); ``Store`` is all of them over one engine.
+``jobs`` (jobs, dependencies, attempts), ``scheduling`` (the controller's bulk reads and
+writes), ``workers`` (workers, usage), ``logs`` (log lines, events); ``Store`` is all of them
+over one engine.
 """
 
 from dyntrain.service.store.definitions import DefinitionStore
@@ -35,21 +36,24 @@ from dyntrain.service.store.records import (
     Event,
     Job,
     JobDefinition,
+    JobEntry,
     JobQueue,
     LogLine,
     Usage,
     WorkerRecord,
 )
+from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
 from dyntrain.service.store.workers import WorkerStore
 
 
-class Store(EnvironmentStore, DefinitionStore, JobStore, WorkerStore, LogStore):
+class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, WorkerStore,
+            LogStore):
     """The service's database. Thread-safe: each call takes a pooled connection of its own."""
 
 
 __all__ = [
     "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "WORKER_EXITED", "WORKER_LEAVING",
-    "WORKER_RUNNING", "Attempt", "ComputeEnvironment", "Event", "Job", "JobDefinition",
+    "WORKER_RUNNING", "Attempt", "ComputeEnvironment", "Event", "Job", "JobDefinition", "JobEntry",
     "JobQueue", "LogLine", "Store", "Usage", "WorkerRecord", "metadata",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ class StoreBase:
         elif not self._sqlite:
             kw["pool_pre_ping"] = True
         self.engine: Engine = sa.create_engine(url, **kw)
+        self._local = threading.local()  # the connection of a batch() on this thread
         if self._sqlite:
             _sqlite_setup(self.engine, busy_timeout_ms)
 
@@ -53,17 +55,43 @@ class StoreBase:
             return upgrade(conn)
 
     @contextmanager
-    def _tx(self, write: bool = True) -> Iterator[Connection]:
-        """One transaction; a constraint violation (a racing writer) becomes a ValidationError."""
+    def batch(self) -> Iterator[None]:
+        """Run this thread's store calls in one write transaction: one commit for all of them.
+
+        Each call inside still succeeds or fails as a whole (a savepoint); an exception that
+        leaves the block rolls everything back. For many small writes in a row (one controller
+        step), which would otherwise pay a commit each.
+        """
+        if getattr(self._local, "conn", None) is not None:
+            yield  # already in one
+            return
         with self.engine.connect() as conn:
             if self._sqlite:
-                conn.execution_options(dyntrain_write=write)
-            try:
+                conn.execution_options(dyntrain_write=True)
+            with conn.begin():
+                self._local.conn = conn
+                try:
+                    yield
+                finally:
+                    self._local.conn = None
+
+    @contextmanager
+    def _tx(self, write: bool = True) -> Iterator[Connection]:
+        """One transaction; a constraint violation (a racing writer) becomes a ValidationError."""
+        outer = getattr(self._local, "conn", None)
+        try:
+            if outer is not None:
+                with outer.begin_nested():
+                    yield outer
+                return
+            with self.engine.connect() as conn:
+                if self._sqlite:
+                    conn.execution_options(dyntrain_write=write)
                 with conn.begin():
                     yield conn
-            except IntegrityError as e:
-                first = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
-                raise ValidationError(f"conflicting write, nothing was changed: {first}") from e
+        except IntegrityError as e:
+            first = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
+            raise ValidationError(f"conflicting write, nothing was changed: {first}") from e
 
 
 def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:

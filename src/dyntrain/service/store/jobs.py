@@ -67,8 +67,14 @@ class JobStore(StoreBase):
         elastic = ElasticSettings(*workers) if workers is not None else None
         if timeout_seconds is not None and not timeout_seconds > 0:
             raise ValidationError(f"timeout must be positive, got {timeout_seconds}")
-        now = self.clock()
         with self._tx() as conn:
+            # Dated inside the write transaction, submits serialised (SQLite: by its write lock;
+            # PostgreSQL: by an advisory lock): jobs commit in created_at order, which is what
+            # lets the controller find new jobs after a watermark (Store.scan_jobs).
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
+                    sa.func.hashtext("dyntrain:submit"))))
+            now = self.clock()
             if explicit_id and _exists(conn, jobs, id=job_id):
                 raise ValidationError(f"job id {job_id!r} already exists")
             qrow = _one(conn, job_queues, "job queue", name=queue)

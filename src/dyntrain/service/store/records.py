@@ -104,6 +104,28 @@ class Job:
         return self.array_size is not None and self.array_parent_id is None
 
 
+@dataclass(frozen=True, slots=True)
+class JobEntry:
+    """What the controller keeps in memory about an unfinished job: no command, no JSON."""
+
+    id: str
+    queue: str
+    status: JobStatus
+    status_reason: str | None
+    created_at: float
+    resources: Resources
+    min_workers: int | None
+    max_workers: int | None
+    array_parent_id: str | None
+    array_index: int | None
+    array_size: int | None
+    depends_on: tuple[Dependency, ...] = ()
+
+    @property
+    def is_array_parent(self) -> bool:
+        return self.array_size is not None and self.array_parent_id is None
+
+
 @dataclass(frozen=True)
 class WorkerRecord:
     """One worker process of a job attempt, where it runs, and how to find it again."""

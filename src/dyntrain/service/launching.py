@@ -1,0 +1,180 @@
+"""How the controller starts workers: claimed first, started together, recorded after."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_REATTACH, ENV_WORKER_ID
+from dyntrain.service.attempts import Attempt, LogTail, worker_id
+from dyntrain.service.elastic_host import ElasticHost
+from dyntrain.service.executors.base import ExecutorError, StartError, WorkerHandle, WorkerSpec
+from dyntrain.service.model import JobStatus
+from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
+
+CANNOT_START = "CannotStartContainerError"
+
+
+class Launching:
+    """Starting attempts and growing them (mixed into ``Controller``)."""
+
+    def _start_many(self, starts) -> None:
+        """Claim a pass's starts in one transaction, start their workers, record the handles.
+
+        Claims are committed before any worker starts and handles are written after all of
+        them started: a service that dies in between finds those workers again by their ids.
+        """
+        jobs = self.store.get_jobs([s.job for s in starts])
+        numbers = self.store.last_attempt_numbers(list(jobs))
+        claims, attempts = [], {}
+        now = self.clock()
+        for start in starts:
+            job = jobs.get(start.job)
+            if job is None or start.job in self.attempts:
+                self.index.forget(start.job)
+                continue
+            attempt = Attempt(job.id, numbers.get(job.id, 0) + 1, now, job=job)
+            try:
+                records = self._plan_workers(attempt, dict(start.placement), now)
+            except ExecutorError:
+                continue  # its environment is gone: the next pass places it elsewhere
+            attempts[job.id] = attempt
+            claims.append((job.id, attempt.number, records))
+        claimed = self.store.claim_starts(claims, now)
+        for job_id in set(attempts) - set(claimed):
+            self.index.forget(job_id)  # someone else moved it first
+        started = []
+        for job_id in claimed:
+            attempt = attempts[job_id]
+            attempt.job = job = dataclasses.replace(attempt.job, status=JobStatus.STARTING)
+            self.attempts[job_id] = attempt
+            self.index.moved(job_id, job.array_parent_id, JobStatus.RUNNABLE, JobStatus.STARTING)
+            for wid in attempt.workers:
+                self._owner[wid] = job_id
+            if job.elastic is not None:
+                attempt.host = ElasticHost(
+                    self.store, job_id, self.run_dir(job_id), job.min_workers, job.max_workers,
+                    expected=len(attempt.workers), failure_timeout=self.config.failure_timeout,
+                    attempt=attempt.number)
+            started.append(attempt)
+        launched = self._launch(started)
+        handles, never, running = {}, [], {}
+        for job_id, (started_handles, error) in launched.items():
+            attempt = self.attempts[job_id]
+            for wid, handle in started_handles.items():
+                handles[wid] = handle.to_dict()
+                attempt.workers[wid] = dataclasses.replace(attempt.workers[wid],
+                                                           handle=handles[wid])
+            if error is not None:
+                never += self._drop_unstarted(attempt)
+            elif attempt.job.elastic is None:
+                running[job_id] = len(attempt.workers)
+        self.store.record_launch(handles, never, running)
+        for job_id, (_, error) in launched.items():
+            if error is None and job_id not in running:  # elastic: RUNNING once it trains
+                self._count_workers(self.attempts[job_id])
+        for job_id in running:
+            attempt = self.attempts[job_id]
+            self.index.moved(job_id, attempt.job.array_parent_id, JobStatus.STARTING,
+                             JobStatus.RUNNING)
+            attempt.job = dataclasses.replace(attempt.job, status=JobStatus.RUNNING)
+        for job_id, (_, error) in launched.items():
+            if error is not None:
+                self._start_failed(self.attempts[job_id], error)
+
+    def _start_failed(self, attempt: Attempt, exc: ExecutorError) -> None:
+        if isinstance(exc, StartError):  # the command's fault: a failed attempt, counted
+            self._stop_all(attempt, f"{CANNOT_START}: {exc}")
+        else:  # no room after all: not the job's fault
+            attempt.preempted = True
+            self._stop_all(attempt, f"could not start: {exc}")
+
+    def _plan_workers(self, attempt: Attempt, placement: dict[str, int],
+                      now: float) -> list[WorkerRecord]:
+        """Worker records (no handles yet) for ``placement``, added to the attempt."""
+        records = []
+        for env_name, count in placement.items():
+            ce = self._envs.get(env_name)
+            if ce is None:
+                raise ExecutorError(f"compute environment {env_name} was deleted")
+            for _ in range(count):
+                wid = worker_id(attempt.job_id, attempt.number, attempt.workers_started)
+                attempt.workers_started += 1
+                records.append(WorkerRecord(wid, attempt.job_id, attempt.number, env_name,
+                                            ce.spec.capacity_type.value,
+                                            ce.spec.price_per_slot_hour, None, WORKER_RUNNING,
+                                            now))
+        attempt.workers.update((r.id, r) for r in records)
+        return records
+
+    def _launch(self, attempts: list[Attempt]
+                ) -> dict[str, tuple[dict[str, WorkerHandle], ExecutorError | None]]:
+        """Start the attempts' (already recorded) workers that have no handle yet, all in one
+        call to the executor and without database writes. Returns, per job, the handles of
+        those started and the first error of those that did not."""
+        specs, owners = [], []
+        for attempt in attempts:
+            job = attempt.job
+            for record in attempt.workers.values():
+                if record.handle is None:
+                    specs.append(WorkerSpec(
+                        job.id, attempt.number, record.id, list(job.command),
+                        self._worker_env(job, attempt, record.id), job.resources, None,
+                        str(self._log_path(job.id, record.id))))
+                    owners.append(attempt)
+        out = {a.job_id: ({}, None) for a in attempts}
+        results = self.executor.start_many(specs)
+        for spec, attempt, result in zip(specs, owners, results, strict=True):
+            handles, error = out[attempt.job_id]
+            if isinstance(result, ExecutorError):
+                out[attempt.job_id] = (handles, error or result)
+                continue
+            handles[spec.worker_id] = result
+            self._logs[spec.worker_id] = LogTail(Path(spec.log_path), spec.job_id, spec.attempt)
+        return out
+
+    def _drop_unstarted(self, attempt: Attempt) -> list[str]:
+        """Forget the attempt's workers that never got a handle; returns their ids."""
+        gone = [wid for wid, w in attempt.workers.items() if w.handle is None]
+        for wid in gone:
+            self._forget_worker(wid)
+            del attempt.workers[wid]
+        return gone
+
+    def _start_workers(self, attempt: Attempt, placement: dict[str, int]) -> None:
+        """Grow a running attempt: record, then start, the new workers."""
+        first = attempt.workers_started
+        records = self._plan_workers(attempt, placement, self.clock())
+        for record in records:
+            self.store.add_worker(record)
+            self._owner[record.id] = attempt.job_id
+        handles, error = self._launch([attempt])[attempt.job_id]
+        for wid, handle in handles.items():
+            attempt.workers[wid] = dataclasses.replace(attempt.workers[wid],
+                                                       handle=handle.to_dict())
+        self.store.record_launch({wid: h.to_dict() for wid, h in handles.items()},
+                                 self._drop_unstarted(attempt), {})
+        if attempt.host is not None and first > 0 and handles:
+            # workers added together join together: the group re-forms once
+            attempt.host.coordinator.expect_joiners(list(handles), within=60.0)
+        self._count_workers(attempt)
+        if error is not None:
+            raise error
+
+    def _set_running(self, attempt: Attempt, reason: str) -> None:
+        job = attempt.job
+        if self.store.transition(job.id, JobStatus.STARTING, JobStatus.RUNNING, reason):
+            self.index.moved(job.id, job.array_parent_id, JobStatus.STARTING, JobStatus.RUNNING)
+            attempt.job = dataclasses.replace(job, status=JobStatus.RUNNING)
+
+    def _worker_env(self, job: Job, attempt: Attempt, wid: str) -> dict[str, str]:
+        env = {**job.environment, "DYNTRAIN_JOB_ID": job.id, "DYNTRAIN_JOB_NAME": job.name,
+               "DYNTRAIN_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JOB_ID": job.id,
+               "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), ENV_WORKER_ID: wid,
+               ENV_OUT: str(self.run_dir(job.id)), "PYTHONUNBUFFERED": "1"}
+        if job.array_index is not None:
+            env["AWS_BATCH_JOB_ARRAY_INDEX"] = env["DYNTRAIN_ARRAY_INDEX"] = str(job.array_index)
+        if attempt.host is not None:
+            env[ENV_COORDINATOR] = attempt.host.address
+            env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"
+        return env

@@ -1,0 +1,131 @@
+"""How the controller settles worker exits and the attempts they end, one transaction a step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dyntrain.elastic.coordinator import Phase
+from dyntrain.service import lifecycle
+from dyntrain.service.attempts import Attempt
+from dyntrain.service.executors.base import WorkerExit
+from dyntrain.service.jobindex import job_view
+from dyntrain.service.model import JobStatus
+from dyntrain.service.scheduler import JobView
+from dyntrain.service.store import WORKER_RUNNING, Job
+from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
+
+
+@dataclass
+class Settlement:
+    """One step's exits and attempt ends, written together."""
+
+    exits: list[WorkerExitRow] = field(default_factory=list)
+    usage: list[UsageRow] = field(default_factory=list)
+    ends: list[AttemptEnd] = field(default_factory=list)
+    moves: list[tuple[Job, JobStatus, JobView | None]] = field(default_factory=list)
+
+
+class Settling:
+    """Exits, elastic ticks and attempt ends (mixed into ``Controller``)."""
+
+    def _settle(self, exits: list[WorkerExit], now: float) -> None:
+        """Record the exits, tick the attempts, and end those with no worker left: one
+        transaction for all of it (so a restarted service never sees an exit without the end of
+        its attempt, or the reverse)."""
+        s = Settlement()
+        with self.store.batch():
+            for exit_ in exits:
+                self._on_exit(exit_, now, s)
+            for attempt in list(self.attempts.values()):
+                self._tick_attempt(attempt, now, s)
+            self.store.settle(s.exits, s.usage, s.ends)
+        for job, status, view in s.moves:
+            self.index.moved(job.id, job.array_parent_id, job.status, status, view)
+
+    def _on_exit(self, exit_: WorkerExit, now: float, s: Settlement) -> None:
+        if exit_.ended_at is not None:
+            now = min(now, exit_.ended_at)  # it may have ended while no service watched
+        attempt = self.attempts.get(self._owner.get(exit_.worker_id, ""))
+        w = attempt.workers.pop(exit_.worker_id, None) if attempt is not None else None
+        if w is None:
+            return
+        self._forget_worker(w.id)
+        code = exit_.exit_code if exit_.exit_code is not None else (
+            -exit_.signal if exit_.signal else None)
+        s.exits.append(WorkerExitRow(w.id, code, now, exit_.reason))
+        seconds = max(0.0, now - w.started_at)
+        wasted = min(seconds, attempt.wasted.pop(w.id, 0.0))
+        for amount, lost in ((seconds - wasted, False), (wasted, True)):
+            if amount > 0:
+                s.usage.append(UsageRow(w.job_id, w.attempt_no, w.compute_environment,
+                                        w.capacity_type, amount, w.price_per_slot_hour, lost,
+                                        now))
+        attempt.last_exit = exit_
+        coordinator = attempt.host.coordinator if attempt.host is not None else None
+        if coordinator is not None and (
+                (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
+            coordinator.mark_dead(w.id, f"exit code {code}")
+        if attempt.workers:
+            self._count_workers(attempt)
+        self._changed = True
+
+    def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
+        if attempt.host is not None:
+            host = attempt.host
+            phase = host.tick()
+            self._price_crashes(attempt)
+            if host.coordinator.current is not None and not attempt.running_seen:
+                attempt.running_seen = True
+                self._set_running(attempt,
+                                  f"generation {host.coordinator.current.number} running")
+            if phase is Phase.DONE and attempt.stop_reason is None:
+                attempt.stop_reason = "finished"  # its workers exit on their own; no growth
+            if phase is Phase.FAILED and attempt.stop_reason is None:
+                self._stop_all(attempt, host.coordinator.failure or "the job failed")
+            if phase is Phase.WAITING and not attempt.workers and attempt.stop_reason is None:
+                self._stop_all(attempt, "every worker is gone")
+        if not attempt.workers:
+            self._finish_attempt(attempt, now, s)
+
+    def _price_crashes(self, attempt: Attempt) -> None:
+        """A crash throws away the interrupted step of every member of the old world."""
+        events = attempt.host.sink.events
+        for record in events[attempt.priced_events:]:
+            if record["event"] == "crash":
+                metrics = attempt.host.sink.last_metrics or {}
+                rate = metrics.get("samples_per_s") or 0
+                step_s = (attempt.host.coordinator.job_config.get("global_batch", 0) / rate
+                          if rate else 0.0)
+                for w in self.store.list_workers(attempt.job_id):
+                    attempt.wasted[w.id] = attempt.wasted.get(w.id, 0.0) + step_s * (
+                        1 + record.get("steps_redone", 0))
+        attempt.priced_events = len(events)
+
+    def _finish_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
+        if attempt.last_exit is not None and attempt.last_exit.ended_at is not None:
+            now = min(now, attempt.last_exit.ended_at)
+        job = attempt.job
+        del self.attempts[attempt.job_id]
+        self._changed = True
+        exit_ = attempt.last_exit
+        code = exit_.exit_code if exit_ else None
+        reason = attempt.stop_reason or (exit_.reason if exit_ else "")
+        if attempt.host is not None:
+            phase = attempt.host.coordinator.phase
+            attempt.host.close()
+            code = 0 if phase is Phase.DONE else (code if code not in (0, None) else 1)
+            if phase is Phase.FAILED:
+                reason = attempt.host.coordinator.failure or reason
+        if attempt.terminated:
+            status, reason, used, counted = JobStatus.FAILED, "terminated by user", \
+                job.attempts, True
+        else:
+            outcome = lifecycle.after_attempt(job.id, code, reason, attempt.preempted,
+                                              job.retry_strategy, job.attempts,
+                                              timed_out_after=attempt.timed_out)
+            status, reason, used, counted = (outcome.status, outcome.reason,
+                                             outcome.attempts_used, outcome.counted)
+        s.ends.append(AttemptEnd(job.id, attempt.number, code, reason, now, status.value, used,
+                                 job.preemptions + (0 if counted else 1),
+                                 now if status.is_terminal() else None))
+        s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))
