@@ -251,12 +251,14 @@ def test_bad_inputs_are_one_line_errors(service, tmp_path):
         assert_one_line_error(proc, *needles)
 
     unreachable = "http://127.0.0.1:1"
-    status, busy, open_host, reattach = parallel(
+    status, busy, open_host, reattach, warm = parallel(
         ("status", "--url", unreachable),
         ("server", "--port", port, "--state-dir", tmp_path / "other"),
         ("server", "--host", "0.0.0.0", "--state-dir", tmp_path / "other"),
-        ("server", "--reattach-seconds", "-1", "--state-dir", tmp_path / "other"))
+        ("server", "--reattach-seconds", "-1", "--state-dir", tmp_path / "other"),
+        ("server", "--warm-workers", "-1", "--state-dir", tmp_path / "other"))
     assert_one_line_error(status, "cannot reach the dyntrain service at " + unreachable)
     assert_one_line_error(busy, f"127.0.0.1:{port}")
     assert_one_line_error(open_host, "token")
     assert_one_line_error(reattach, "--reattach-seconds must be >= 0")
+    assert_one_line_error(warm, "--warm-workers must be >= 0")

@@ -28,6 +28,7 @@ class ServiceConfig:
     token: str | None = None
     grace_seconds: float = 120.0
     reattach_seconds: float = 300.0  # elastic workers wait this long for a restarted service
+    warm_workers: int = 1  # Python processes with torch imported, ready to become workers
     executor: str = "local"
 
     def __post_init__(self) -> None:
@@ -58,7 +59,9 @@ class Service:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(config.url)
         self.store.create_all()
-        self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor")
+        warm = {"warm_workers": config.warm_workers} if config.warm_workers else {}
+        self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor",
+                                     **warm)
         self.controller = Controller(self.store, self.executor, ControllerConfig(
             config.state_dir / "runs", grace_seconds=config.grace_seconds,
             reattach_seconds=config.reattach_seconds))

@@ -53,7 +53,11 @@ def _url_for(host: str, port: int) -> str:
               help="Seconds elastic workers train on without the service, waiting for it to "
                    "restart and re-attach them (0: they stop; their job resumes from its "
                    "newest checkpoint).")
-def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds):
+@click.option("--warm-workers", default=1, show_default=True, type=int,
+              help="Python processes with torch imported kept ready to become workers (each "
+                   "holds ~300 MiB; 0: every worker starts a new Python).")
+def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds,
+           warm_workers):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
@@ -66,9 +70,12 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
         raise DyntrainError(f"--grace-seconds must be >= 0, got {grace_seconds}")
     if reattach_seconds < 0:
         raise DyntrainError(f"--reattach-seconds must be >= 0, got {reattach_seconds}")
+    if warm_workers < 0:
+        raise DyntrainError(f"--warm-workers must be >= 0, got {warm_workers}")
     token = token or os.environ.get("DYNTRAIN_TOKEN") or None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
-                           grace_seconds=grace_seconds, reattach_seconds=reattach_seconds)
+                           grace_seconds=grace_seconds, reattach_seconds=reattach_seconds,
+                           warm_workers=warm_workers)
     sock = _bind(host, port)
     config.port = sock.getsockname()[1]
     try:

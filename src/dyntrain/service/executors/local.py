@@ -8,6 +8,12 @@ reaps each worker and writes its exit status (exit code or signal, end time) to
 restarted service learns how a worker it did not start itself ended, and, while the worker runs,
 where it is. No Python interpreter starts per worker: a worker costs one fork and exec.
 
+With ``warm_workers`` the supervisor also keeps that many warm workers ready (``warm.py``: Python
+with torch imported); a worker whose command and environment allow it (``warm.eligible``: this
+interpreter running a script or module, nothing read at start-up changed) becomes one of them
+instead of starting a new interpreter, and so skips the seconds of importing torch. Each warm
+worker serves one worker, then exits like any other. They exist from the first start on.
+
 A handle's ref is ``"<pid>:<start time>"`` (field 22 of ``/proc/<pid>/stat``, clock ticks since
 boot): a pid alone may have been reused by an unrelated process by the time it is adopted.
 
@@ -23,6 +29,7 @@ import re
 import select
 import shutil
 import signal as _signal
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -41,6 +48,7 @@ from dyntrain.service.executors.base import (
     make_resources,
 )
 from dyntrain.service.executors.supervisor import SupervisorGone, SupervisorLink
+from dyntrain.service.executors.warm import eligible
 from dyntrain.service.model import Resources
 
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -130,9 +138,11 @@ class LocalExecutor(Executor):
 
     def __init__(self, state_dir: str | os.PathLike, cpus: float | None = None,
                  gpus: int | Iterable[int] | None = None, memory_mib: int | None = None,
-                 inherit_env: bool = True) -> None:
+                 inherit_env: bool = True, warm_workers: int = 0) -> None:
         """``gpus``: None detects CUDA devices, an int n means devices 0..n-1, a list names
-        them. ``inherit_env``: workers get this process's environment plus their spec's."""
+        them. ``inherit_env``: workers get this process's environment plus their spec's.
+        ``warm_workers``: Python processes with torch imported kept ready for workers that can
+        use one (``warm.py``; each costs the memory of a process that imported torch)."""
         self._cpus = float(os.cpu_count() or 1) if cpus is None else float(cpus)
         self._memory = _mem_total_mib() if memory_mib is None else int(memory_mib)
         if gpus is None:
@@ -155,6 +165,10 @@ class LocalExecutor(Executor):
         self._closed = False
         self._link: SupervisorLink | None = None
         self._settled = False
+        if warm_workers < 0:
+            raise ExecutorError(f"warm_workers must be >= 0, got {warm_workers}")
+        self._warm = warm_workers if inherit_env else 0
+        self._base_env: dict[str, str] = {}  # the supervisor's, and so its warm workers'
 
     # -- accounting -------------------------------------------------------------------------
 
@@ -252,13 +266,18 @@ class LocalExecutor(Executor):
         _check_runnable(spec, env)
         status = self.status_path(wid)
         status.unlink(missing_ok=True)
+        base = self._base_env if self._link is not None and self._link.open else os.environ
+        warm = bool(self._warm) and eligible(spec.argv, env, spec.cwd, dict(base),
+                                             sys.executable)
         return gpus, {"op": "start", "id": wid, "argv": list(spec.argv), "env": env,
-                      "cwd": spec.cwd, "log": spec.log_path, "status": str(status)}
+                      "cwd": spec.cwd, "log": spec.log_path, "status": str(status),
+                      "warm": warm}
 
     def _supervisor(self) -> SupervisorLink:
         if self._link is None or not self._link.open:
             self._orphan_supervised()
-            self._link = SupervisorLink(self._dir)
+            self._base_env = dict(os.environ)
+            self._link = SupervisorLink(self._dir, warm=self._warm)
         return self._link
 
     # -- watching ---------------------------------------------------------------------------

@@ -17,6 +17,11 @@ outlives a killed service:
 * Each start is a line ``{"id", "pid", "start_time"}`` appended to ``DIR/supervisor-<pid>.started``
   (removed when the supervisor exits, once every exit is in a status file), so a worker whose
   handle the service never stored can still be found by its id.
+* ``python supervisor.py DIR N`` also keeps N warm workers ready (``warm.py``: Python with torch
+  imported, waiting for one assignment on stdin). A start request with ``"warm": true`` (the
+  executor decided the command may run in one) is handed to a ready one, which becomes that
+  worker - same status file, exit event and process group as any other - and a new one is
+  started ``WARM_REFILL_S`` later; with none ready the worker starts cold.
 
 ``DIR/supervisor-<pid>.live`` exists while the supervisor may still read requests. At the end of
 stdin (the service closed it or died) the supervisor has started everything it was asked to,
@@ -65,6 +70,64 @@ def _ignore(signum, frame) -> None:
     """Swallow the signal."""
 
 
+WARM_REFILL_S = 2.0  # a replacement starts this long after a warm worker was taken: not beside
+# the start-up of the worker it just sped up (both would share the CPUs)
+WARM_MAX_FAILURES = 3  # warm workers that died unused before the pool gives up (import errors)
+
+
+class WarmPool:
+    """Pre-started warm workers (``python -m dyntrain.service.executors.warm``), each waiting
+    for one assignment; the supervisor reaps them like its other children."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.ready: dict[int, subprocess.Popen] = {}  # pid -> process, oldest first
+        self.refill_at = 0.0
+        self.failures = 0
+
+    def fill(self) -> None:
+        while (len(self.ready) < self.size and time.monotonic() >= self.refill_at
+               and self.failures < WARM_MAX_FAILURES):
+            proc = subprocess.Popen([sys.executable, "-m", "dyntrain.service.executors.warm"],
+                                    stdin=subprocess.PIPE, stdout=sys.stderr.fileno(),
+                                    start_new_session=True, close_fds=True)
+            self.ready[proc.pid] = proc
+
+    def assign(self, req: dict) -> subprocess.Popen | None:
+        """Hand ``req`` to a ready warm worker; None when there is none (or it just died)."""
+        if req.get("cwd") is not None and not os.path.isdir(req["cwd"]):
+            return None  # the cold start reports it
+        while self.ready:
+            pid = next(iter(self.ready))
+            proc = self.ready.pop(pid)
+            self.refill_at = time.monotonic() + WARM_REFILL_S
+            try:
+                open(req["log"], "ab").close()  # fails here, like a cold start's, if it cannot
+                proc.stdin.write(json.dumps({k: req.get(k) for k in ("argv", "env", "cwd", "log")})
+                                 .encode() + b"\n")
+                proc.stdin.close()
+            except BrokenPipeError:  # it died before it was reaped: try the next one
+                continue
+            return proc
+        return None
+
+    def died(self, pid: int, status: int) -> None:
+        """A child that is no worker exited: if it was a ready warm worker, it died unused."""
+        proc = self.ready.pop(pid, None)
+        if proc is not None:
+            proc.returncode = status  # subprocess must not wait on it
+            self.failures += 1
+
+    def close(self) -> None:
+        """Let the ready ones go (they exit at the end of their stdin)."""
+        self.failures = WARM_MAX_FAILURES
+        for proc in self.ready.values():
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+
 def _spawn(argv: list[str], env: dict, cwd: str | None, log: str):
     """Start ``argv`` as the leader of a new session, output appended to ``log``; returns its
     pid (and the Popen object when one was needed). Exec errors (not found, not executable,
@@ -94,9 +157,10 @@ def _spawn(argv: list[str], env: dict, cwd: str | None, log: str):
 class Supervisor:
     """Starts workers on request and turns each exit into a status file and an event."""
 
-    def __init__(self, directory: str, out) -> None:
+    def __init__(self, directory: str, out, warm: int = 0) -> None:
         self.dir = directory
         self.out = out
+        self.pool = WarmPool(warm)
         self.workers: dict[int, dict] = {}  # pid -> {"id", "status", "start_time", "proc"}
         base = os.path.join(directory, f"supervisor-{os.getpid()}")
         self.live_file = base + ".live"
@@ -117,7 +181,9 @@ class Supervisor:
         wid = req["id"]
         try:
             os.makedirs(os.path.dirname(req["log"]) or ".", exist_ok=True)
-            pid, proc = _spawn(req["argv"], req["env"], req.get("cwd"), req["log"])
+            proc = self.pool.assign(req) if req.get("warm") else None
+            pid, proc = (proc.pid, proc) if proc is not None else _spawn(
+                req["argv"], req["env"], req.get("cwd"), req["log"])
         except (OSError, ValueError) as e:
             errno = getattr(e, "errno", None)
             what = getattr(e, "strerror", None) or str(e)
@@ -132,7 +198,9 @@ class Supervisor:
         if self.journal is None:
             self.journal = open(self.journal_path, "a", buffering=1)
         self.journal.write(json.dumps({"id": wid, "pid": pid, "start_time": start_time}) + "\n")
-        self.send({"op": "started", "id": wid, "pid": pid, "start_time": start_time})
+        warm = proc is not None and proc.args[-1:] == ["dyntrain.service.executors.warm"]
+        self.send({"op": "started", "id": wid, "pid": pid, "start_time": start_time,
+                   "warm": warm})
 
     def reap(self) -> None:
         """Record every worker that has exited, then reap it."""
@@ -159,9 +227,12 @@ class Supervisor:
             os.waitpid(pid, 0)
             if worker is not None and worker["proc"] is not None:
                 worker["proc"].returncode = info.si_status  # subprocess must not wait on it
+            elif worker is None:
+                self.pool.died(pid, info.si_status)
 
     def stop_reading(self) -> None:
         self.reading = False
+        self.pool.close()
         try:
             os.unlink(self.live_file)
         except FileNotFoundError:
@@ -191,6 +262,8 @@ class Supervisor:
         fd = inp.fileno()
         while self.reading or self.workers:
             self.reap()
+            if self.reading:
+                self.pool.fill()
             if not self.reading and not self.workers:
                 break
             watch = [wake_r] + ([fd] if self.reading else [])
@@ -222,11 +295,12 @@ class SupervisorGone(Exception):
 class SupervisorLink:
     """This executor's end of its supervisor process: requests out, answers and exits in."""
 
-    def __init__(self, directory) -> None:
+    def __init__(self, directory, warm: int = 0) -> None:
         log = open(os.path.join(directory, "supervisor.log"), "ab")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(directory)],
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(directory),
+                 str(warm)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                 start_new_session=True, close_fds=True)
         finally:
@@ -287,10 +361,10 @@ class SupervisorLink:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: supervisor.py DIR", file=sys.stderr)
+    if len(argv) not in (1, 2) or (len(argv) == 2 and not argv[1].isdigit()):
+        print("usage: supervisor.py DIR [WARM_WORKERS]", file=sys.stderr)
         return 2
-    supervisor = Supervisor(argv[0], sys.stdout)
+    supervisor = Supervisor(argv[0], sys.stdout, warm=int(argv[1]) if argv[1:] else 0)
     supervisor.run(sys.stdin)
     supervisor.finish()
     return 0

@@ -1,0 +1,107 @@
+"""Warm workers: Python processes that imported torch already and wait to become one worker.
+
+The local executor's supervisor keeps ``warm_workers`` of them ready (``python -m
+dyntrain.service.executors.warm``). Each imports what nearly every training worker imports first
+(``WARM_IMPORTS``: torch, torch.optim and torch._dynamo - which the first optimizer imports
+lazily, over a second here -, torch.distributed, numpy, dyntrain's ElasticTrainer), then blocks
+on its stdin for one assignment, a JSON line ``{"argv", "env", "cwd", "log"}``. It becomes that
+worker: stdout and stderr appended to the log, stdin from /dev/null, exactly the worker's
+environment and working directory, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
+them, and the script (``runpy.run_path``) or module (``runpy.run_module``) runs as
+``__main__``. Its exit is the worker's exit. It serves that one worker and never another, so no
+state passes from one job to the next; it is already the leader of its own session, so a
+signal to the worker's process group reaches it and everything it starts.
+
+Which workers may take one (``eligible``): the command runs this very interpreter (the same
+path, not merely the same binary: a virtual environment is its path) as ``python [-u] SCRIPT
+...`` or ``python [-u] -m MODULE ...``, and its environment equals the one the warm process
+started with except for per-worker variables (``PER_WORKER``): whatever a fresh interpreter
+reads at start-up (``OMP_NUM_THREADS``, ``PYTHONHASHSEED``, ``PYTHONPATH``, ...) must be what it
+would have seen. Every other worker starts cold, as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import runpy
+import shutil
+import sys
+import time
+
+WARM_IMPORTS = ("torch", "torch.optim", "torch._dynamo", "torch.distributed", "numpy",
+                "dyntrain.elastic.trainer")
+# set per worker by the service and the executor; none of them is read at interpreter start-up
+# (CUDA_VISIBLE_DEVICES is read when CUDA initialises, which importing torch does not do)
+PER_WORKER_PREFIXES = ("DYNTRAIN_", "AWS_BATCH_")
+PER_WORKER = frozenset({"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "LOCAL_RANK"})
+
+
+def eligible(argv: list[str], env: dict[str, str], cwd: str | None, base_env: dict[str, str],
+             python: str) -> bool:
+    """Whether a worker with this command, environment and working directory may run in a warm
+    process started as ``python -m dyntrain.service.executors.warm`` with ``base_env``."""
+    if len(argv) < 2 or shutil.which(argv[0], path=env.get("PATH", os.defpath)) != python:
+        return False
+    entry = _entry(argv[1:])
+    if entry is None or (entry[0] == "script" and not os.path.isfile(
+            os.path.join(cwd or os.getcwd(), entry[1]))):
+        return False  # (a missing script: the cold start says so in Python's own words)
+    keys = (set(env) | set(base_env)) - PER_WORKER
+    return all(env.get(k) == base_env.get(k) for k in keys if not k.startswith(PER_WORKER_PREFIXES))
+
+
+def _entry(args: list[str]) -> tuple[str, str, list[str]] | None:
+    """``("module", name, rest)`` or ``("script", path, rest)`` for ``[-u] -m M ...`` or
+    ``[-u] SCRIPT ...``; None for anything else (``-c``, other options)."""
+    if args and args[0] == "-u":
+        args = args[1:]
+    if len(args) >= 2 and args[0] == "-m" and args[1] and not args[1].startswith("-"):
+        return "module", args[1], args[2:]
+    if args and args[0] and not args[0].startswith("-"):
+        return "script", args[0], args[1:]
+    return None
+
+
+def become(assignment: dict) -> None:
+    """Turn this process into the assigned worker and run it (returns when it returns)."""
+    log = os.open(assignment["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    sys.stdout.flush(), sys.stderr.flush()
+    os.dup2(null, 0), os.dup2(log, 1), os.dup2(log, 2)
+    os.close(log), os.close(null)
+    env = assignment["env"]
+    if env.get("PYTHONUNBUFFERED") or assignment["argv"][1] == "-u":
+        sys.stdout.reconfigure(write_through=True)
+        sys.stderr.reconfigure(write_through=True)
+    if assignment.get("cwd"):
+        os.chdir(assignment["cwd"])
+    os.environ.clear()
+    os.environ.update(env)
+    kind, target, rest = _entry(assignment["argv"][1:])
+    if kind == "module":
+        sys.argv, sys.path[0] = [target, *rest], os.getcwd()
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [target, *rest]
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
+
+
+def main() -> int:
+    started = time.monotonic()
+    for name in WARM_IMPORTS:
+        importlib.import_module(name)
+    # (to the supervisor's log; benchmarks wait for this line)
+    print(f"dyntrain warm worker {os.getpid()} ready: imports took "
+          f"{time.monotonic() - started:.2f} s", flush=True)
+    line = sys.stdin.buffer.readline()
+    if not line.strip():
+        return 0  # let go unused (the supervisor stopped)
+    become(json.loads(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

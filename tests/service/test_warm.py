@@ -1,0 +1,95 @@
+"""Warm workers: which commands may take one, and a real one becoming a worker.
+
+A warm worker is a Python process that imported torch before it knew its job; these tests check
+that it then behaves like a freshly started worker of the local executor: its own script,
+arguments, working directory, environment and log, its own process group, its exit code and
+signal reported, and one worker per process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dyntrain.service.executors.base import WorkerSpec
+from dyntrain.service.executors.local import LocalExecutor
+from dyntrain.service.executors.warm import eligible
+from dyntrain.service.model import Resources
+
+PY = sys.executable
+BASE = {"PATH": os.environ.get("PATH", ""), "HOME": "/root"}
+
+
+@pytest.mark.parametrize("argv, extra, expected", [
+    ([PY, "job.py", "--x"], {}, True),
+    ([PY, "-u", "-m", "dyntrain.workloads.digits"], {}, True),
+    ([PY, "job.py"], {"DYNTRAIN_COORDINATOR": "h:1", "AWS_BATCH_JOB_ID": "j",
+                      "CUDA_VISIBLE_DEVICES": "0", "PYTHONUNBUFFERED": "1"}, True),
+    ([PY, "-c", "print(1)"], {}, False),  # only scripts and modules
+    ([PY, "-O", "job.py"], {}, False),  # interpreter options a warm process did not get
+    ([PY, "missing.py"], {}, False),  # the cold start says what is missing
+    (["/usr/bin/python3", "job.py"], {}, False),  # another interpreter (or environment)
+    (["/bin/true"], {}, False),
+    ([PY, "job.py"], {"OMP_NUM_THREADS": "1"}, False),  # read when torch is imported
+    ([PY, "job.py"], {"PYTHONHASHSEED": "0"}, False),  # read at interpreter start-up
+])
+def test_which_commands_may_run_in_a_warm_worker(tmp_path, argv, extra, expected):
+    (tmp_path / "job.py").write_text("")
+    assert eligible(argv, {**BASE, **extra}, str(tmp_path), BASE, PY) is expected
+
+
+JOB = """import os, signal, sys, time
+print("torch already imported:", "torch" in sys.modules, flush=True)
+print(__name__, sys.argv, os.getcwd(), sys.path[0] == os.path.dirname(__file__),
+      os.environ.get("JOB_VAR"), os.getpgid(0) == os.getpid(), flush=True)
+if sys.argv[1] == "wait":
+    time.sleep(120)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def wait_exit(executor: LocalExecutor, worker: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for exit_ in executor.poll():
+            if exit_.worker_id == worker:
+                return exit_
+        executor.wait(0.05)
+    raise AssertionError(f"{worker} did not exit within {timeout:g} s")
+
+
+def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
+    job = tmp_path / "scripts" / "job.py"
+    job.parent.mkdir()
+    job.write_text(JOB)
+    # in the executor's own environment: its warm workers start with it, its workers get it
+    monkeypatch.setenv("JOB_VAR", "from-the-service")
+    executor = LocalExecutor(tmp_path / "state", cpus=2, memory_mib=4096, warm_workers=2)
+    try:
+        def spec(wid: str, arg: str) -> WorkerSpec:
+            return WorkerSpec("j", 1, wid, [PY, str(job), arg], {"DYNTRAIN_JOB_ID": "j"},
+                              Resources(0.5, 0, 256), str(tmp_path), str(tmp_path / f"{wid}.log"))
+
+        first = executor.start(spec("w0", "3"))
+        second = executor.start(spec("w1", "wait"))
+        assert wait_exit(executor, "w0").exit_code == 3
+        log = (tmp_path / "w0.log").read_text().splitlines()
+        assert log[0] == "torch already imported: True", log
+        assert log[1] == f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True"
+        log1 = tmp_path / "w1.log"
+        deadline = time.monotonic() + 60
+        while "torch already imported" not in (log1.read_text() if log1.exists() else ""):
+            assert time.monotonic() < deadline, "w1 did not start"
+            time.sleep(0.05)
+        assert log1.read_text().startswith("torch already imported: True")
+        assert first.ref.split(":")[0] != second.ref.split(":")[0]  # one worker per process
+        executor.signal("w1", "TERM")  # reaches the worker's process group
+        gone = wait_exit(executor, "w1")
+        assert gone.signal == 15 and gone.exit_code is None, gone
+    finally:
+        executor.shutdown()
+    assert Path(executor.status_path("w1")).exists()
