@@ -68,8 +68,9 @@ def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
         before = newest_checkpoint(run)
         wait(lambda: newest_checkpoint(run) > before, 120,
              "a checkpoint written while the service is down")
-        workers = [json.loads(p.read_text())["pid"]
-                   for p in (state / "executor" / "workers").glob("*.status.json")]
+        workers = [json.loads(line)["pid"]  # the supervisor's journal of what it started
+                   for p in (state / "executor" / "workers").glob("supervisor-*.started")
+                   for line in p.read_text().splitlines()]
         assert len(workers) == 2
         for pid in workers:
             os.killpg(pid, signal.SIGSTOP)
