@@ -174,3 +174,19 @@ def test_exactly_once_with_prefetching_across_membership_changes():
     assert sum(s.loader.discarded for s in steppers) > 0
     for s in steppers:
         s.loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_loader_pins_and_copies_to_the_gpu(digits_train):
+    cuda = torch.device("cuda")
+    order = BatchOrder(0, len(digits_train), 20)
+    loader = ChunkLoader(digits_train, order, 4, 2, 7, cuda, LoaderConfig(workers=2))
+    assert loader._loader.pin_memory
+    loader.expect(0, [0, 1])
+    x, y = loader.fetch(0, 0, order.chunk(0, 0, 4))
+    assert x.device.type == "cuda" and y.device.type == "cuda"
+    cpu = ChunkLoader(digits_train, order, 4, 2, 7, CPU, LoaderConfig(workers=0))
+    cpu.expect(0, [0])
+    assert torch.equal(cpu.fetch(0, 0, order.chunk(0, 0, 4))[0], x.cpu())
+    loader.close()

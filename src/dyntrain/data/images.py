@@ -41,6 +41,10 @@ IMAGENET_STD = (58.393, 57.12, 57.375)
 _GRAY = (0.299, 0.587, 0.114)
 _TYIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.321), (0.211, -0.523, 0.311))
 _ITYIQ = ((1.0, 0.956, 0.621), (1.0, -0.272, -0.647), (1.0, -1.107, 1.705))
+# as float64 tensors once: building small tensors costs more than the arithmetic on them
+_F64 = {name: torch.tensor(value, dtype=torch.float64) for name, value in (
+    ("eye", ((1.0, 0, 0), (0, 1.0, 0), (0, 0, 1.0))), ("gray", (_GRAY,) * 3), ("tyiq", _TYIQ),
+    ("ityiq", _ITYIQ), ("eigvec", IMAGENET_EIGVEC), ("eigval", IMAGENET_EIGVAL))}
 
 
 @dataclass(frozen=True)
@@ -94,13 +98,12 @@ class ImageTransform:
         """A random colour jitter + lighting + normalisation as (M [3, 3], b [3]), float32."""
         u = torch.rand(3, dtype=torch.float64).tolist()
         noise = torch.randn(3, dtype=torch.float64)
-        m = torch.eye(3, dtype=torch.float64)
+        m = _F64["eye"]
         if self.brightness:
             m = m * (1 + self.brightness * (2 * u[0] - 1))
         if self.saturation:
             a = 1 + self.saturation * (2 * u[1] - 1)
-            gray = torch.tensor(_GRAY, dtype=torch.float64).expand(3, 3)
-            m = (a * torch.eye(3, dtype=torch.float64) + (1 - a) * gray) @ m
+            m = (a * _F64["eye"] + (1 - a) * _F64["gray"]) @ m
         if self.hue:
             m = hue_matrix(self.hue * (2 * u[2] - 1)) @ m
         offset = lighting_offset(noise * self.pca_noise)
@@ -144,14 +147,12 @@ def hue_matrix(alpha: float) -> torch.Tensor:
     """MXNet's hue jitter: rotate the I/Q plane of YIQ by ``alpha`` half turns."""
     c, s = math.cos(alpha * math.pi), math.sin(alpha * math.pi)
     rot = torch.tensor(((1.0, 0.0, 0.0), (0.0, c, -s), (0.0, s, c)), dtype=torch.float64)
-    return torch.tensor(_ITYIQ, dtype=torch.float64) @ rot @ torch.tensor(_TYIQ,
-                                                                          dtype=torch.float64)
+    return _F64["ityiq"] @ rot @ _F64["tyiq"]
 
 
 def lighting_offset(alpha: torch.Tensor) -> torch.Tensor:
     """AlexNet's PCA lighting: the RGB offset eigvec @ (alpha * eigval), 0-255 scale."""
-    vec = torch.tensor(IMAGENET_EIGVEC, dtype=torch.float64)
-    return vec @ (alpha.to(torch.float64) * torch.tensor(IMAGENET_EIGVAL, dtype=torch.float64))
+    return _F64["eigvec"] @ (alpha.to(torch.float64) * _F64["eigval"])
 
 
 def _normalised(m, offset, mean, std) -> tuple[torch.Tensor, torch.Tensor]:
