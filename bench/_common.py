@@ -202,3 +202,17 @@ def write_result(out: str | Path, result: dict) -> Path:
     total = result.get("total_seconds")
     print(f"\nwrote {out}" + (f" ({total:.0f} s)" if total is not None else ""))
     return out
+
+
+def process_cpu_seconds(pids) -> float:
+    """user + system CPU seconds consumed so far by the processes ``pids`` (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total

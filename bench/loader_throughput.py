@@ -18,7 +18,8 @@ keyed requests, from the folder and from the packed shards.
 
 Rounds alternate the pipelines; each round times ``--chunks`` chunks after a warm-up. The
 headline is the median over rounds of images/s and of the ratio to the baseline of the same
-round.
+round, and the CPU time (this process plus the loader processes, from /proc) per image, which
+other load on a shared machine disturbs far less than wall time.
 
     .venv/bin/python bench/loader_throughput.py            # ~3 minutes
 """
@@ -38,7 +39,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from _common import fmt, machine_info, write_result  # bench/ is sys.path[0] when run as a script
+from _common import (  # bench/ is sys.path[0] when run as a script
+    fmt,
+    machine_info,
+    process_cpu_seconds,
+    write_result,
+)
 from dyntrain.data import ChunkLoader, ImageDataset, ImageTransform, LoaderConfig, pack
 from dyntrain.data import images as im
 from dyntrain.data.sources import ImageFolder
@@ -103,14 +109,20 @@ def time_baseline(root: str, t: ImageTransform, workers: int, chunk: int, chunks
                         prefetch_factor=2 if workers else None, drop_last=True)
     it = iter(loader)
     next(it)  # workers up, warm
-    start = time.perf_counter()
+    pids = [w.pid for w in it._workers] if workers else []
+    start, cpu = time.perf_counter(), _cpu(pids)
     for _ in range(chunks):
         try:
             next(it)
         except StopIteration:
             it = iter(loader)
             next(it)
-    return chunks * chunk / (time.perf_counter() - start)
+    return chunks * chunk / (time.perf_counter() - start), (_cpu(pids) - cpu) / (chunks * chunk)
+
+
+def _cpu(pids) -> float:
+    """CPU seconds of this process and the loader processes ``pids`` so far."""
+    return time.process_time() + process_cpu_seconds(pids)
 
 
 def time_dyntrain(root: str, t: ImageTransform, workers: int, chunk: int, chunks: int) -> float:
@@ -121,13 +133,15 @@ def time_dyntrain(root: str, t: ImageTransform, workers: int, chunk: int, chunks
                          LoaderConfig(workers=workers, prefetch=2 * max(1, workers)))
     loader.expect(0, [0])
     loader.fetch(0, 0, order.chunk(0, 0, chunk))  # warm
-    start = time.perf_counter()
+    pids = [w.pid for w in loader._it._workers] if workers else []
+    start, cpu = time.perf_counter(), _cpu(pids)
     for step in range(1, chunks + 1):
         loader.expect(step, [0])
         loader.fetch(step, 0, order.chunk(step, 0, chunk))
     rate = chunks * chunk / (time.perf_counter() - start)
+    cpu_per_image = (_cpu(pids) - cpu) / (chunks * chunk)
     loader.close()
-    return rate
+    return rate, cpu_per_image
 
 
 def main() -> None:
@@ -153,27 +167,35 @@ def main() -> None:
     rows = []
     for workers in args.workers:
         rates: dict[str, list[float]] = {k: [] for k in sides}
+        cpus: dict[str, list[float]] = {k: [] for k in sides}
         for r in range(args.rounds):
             names = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in names:
-                rates[name].append(sides[name](workers))
-                print(f"workers {workers} round {r}: {name}: {rates[name][-1]:.0f} images/s",
-                      flush=True)
-        base = rates[next(iter(sides))]
+                rate, cpu = sides[name](workers)
+                rates[name].append(rate)
+                cpus[name].append(cpu)
+                print(f"workers {workers} round {r}: {name}: {rate:.0f} images/s, "
+                      f"{cpu * 1e3:.2f} CPU ms/image", flush=True)
+        base, base_cpu = rates[next(iter(sides))], cpus[next(iter(sides))]
         for name, values in rates.items():
             ratios = [v / b for v, b in zip(values, base, strict=True)]
+            cpu_ratios = [b / c for c, b in zip(cpus[name], base_cpu, strict=True)]
             rows.append({"pipeline": name, "processes": workers,
                          "images_per_s": round(statistics.median(values), 1),
                          "ratio": round(statistics.median(ratios), 3),
+                         "cpu_ms_per_image": round(statistics.median(cpus[name]) * 1e3, 3),
+                         "cpu_ratio": round(statistics.median(cpu_ratios), 3),
                          "rounds": [round(v, 1) for v in values]})
     load = os.getloadavg()
     print(f"\n{args.images} JPEG crops (224-500 px) of load_sample_images, 224 px output, chunk "
           f"{args.chunk}, {args.rounds} rounds; load average {load[0]:.2f}")
-    print("| pipeline | processes | images/s (median) | vs baseline |")
-    print("| --- | ---: | ---: | ---: |")
+    print("| pipeline | processes | images/s (median) | vs baseline | CPU ms/image | "
+          "images per CPU-second vs baseline |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         print(f"| {row['pipeline']} | {row['processes']} | {row['images_per_s']:.0f} | "
-              f"{fmt(row['ratio'], 2)}x |")
+              f"{fmt(row['ratio'], 2)}x | {row['cpu_ms_per_image']:.2f} | "
+              f"{fmt(row['cpu_ratio'], 2)}x |")
     write_result(args.out, {"machine": machine_info(), "args": vars(args), "rows": rows,
                             "load_average": load, "total_seconds": time.time() - t0})
     assert all(math.isfinite(r["images_per_s"]) for r in rows)

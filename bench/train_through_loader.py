@@ -8,7 +8,9 @@ trains in this process (one thread, world size 1, ``ChunkStepper`` compute + app
   ``TensorDataset`` (no per-step data work at all: the upper bound).
 
 Rounds alternate the sides; each round times ``--steps`` steps after a warm-up. Headline: the
-median over rounds of loader samples/s / pre-loaded samples/s (goal >= 0.95).
+median over rounds of loader samples/s / pre-loaded samples/s (goal >= 0.95), with the CPU time
+per step of the training process and of the loader processes (from /proc): on a machine with
+spare cores the loader's CPU time runs beside training; on a busy 2-core one it competes.
 
     .venv/bin/python bench/train_through_loader.py          # ~2 minutes
 """
@@ -25,7 +27,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
-from _common import machine_info, write_result  # bench/ is sys.path[0] when run as a script
+from _common import (  # bench/ is sys.path[0] when run as a script
+    machine_info,
+    process_cpu_seconds,
+    write_result,
+)
 from dyntrain.data import ImageDataset, LoaderConfig, pack
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts
@@ -35,7 +41,8 @@ from dyntrain.workloads.digits_images import write_digits_images
 
 
 def steps_per_second(dataset, recipe, loader_workers: int | None, steps: int,
-                     warmup: int) -> float:
+                     warmup: int) -> tuple[float, float, float]:
+    """(steps/s, training-process CPU s/step, loader-processes CPU s/step)."""
     config = recipe.train_config()
     torch.manual_seed(0)
     model = recipe.build_model(10)
@@ -48,15 +55,19 @@ def steps_per_second(dataset, recipe, loader_workers: int | None, steps: int,
         stepper.loader = LoaderConfig(workers=loader_workers).build(
             dataset, order, config.chunk_size, total, config.seed, torch.device("cpu"))
     chunks = stepper.my_chunks(0, 1)
-    start = 0.0
+    pids = [w.pid for w in stepper.loader._it._workers] if loader_workers else []
+    start = cpu = loader_cpu = 0.0
     for step in range(warmup + steps):
         if step == warmup:
-            start = time.perf_counter()
+            start, cpu, loader_cpu = (time.perf_counter(), time.process_time(),
+                                      process_cpu_seconds(pids))
         stepper.apply(stepper.compute(step % total, chunks))
     rate = steps / (time.perf_counter() - start)
+    cpu = (time.process_time() - cpu) / steps
+    loader_cpu = (process_cpu_seconds(pids) - loader_cpu) / steps
     if stepper.loader is not None:
         stepper.loader.close()
-    return rate
+    return rate, cpu, loader_cpu
 
 
 def main() -> None:
@@ -79,25 +90,30 @@ def main() -> None:
     preloaded = TensorDataset(torch.stack([x for x, _ in pairs]),
                               torch.tensor([y for _, y in pairs]))
     rates: dict[str, list[float]] = {"pre-loaded tensors": [], "loader": []}
+    cpu: dict[str, list[tuple[float, float]]] = {k: [] for k in rates}
     for r in range(args.rounds):
         for name in (list(rates) if r % 2 == 0 else list(reversed(rates))):
-            rate = steps_per_second(preloaded if name != "loader" else images, recipe,
-                                    args.loader_workers if name == "loader" else None,
-                                    args.steps, args.warmup)
+            rate, train_cpu, loader_cpu = steps_per_second(
+                preloaded if name != "loader" else images, recipe,
+                args.loader_workers if name == "loader" else None, args.steps, args.warmup)
             rates[name].append(rate * recipe.global_batch)
+            cpu[name].append((train_cpu, loader_cpu))
             print(f"round {r}: {name}: {rates[name][-1]:.0f} samples/s", flush=True)
     ratios = [a / b for a, b in zip(rates["loader"], rates["pre-loaded tensors"], strict=True)]
     load = os.getloadavg()
     print(f"\ndigits-resnet, 16 px JPEGs from packed shards, global batch "
           f"{recipe.global_batch} / chunk {recipe.chunk_size}, {args.loader_workers} loader "
           f"processes, {args.rounds} rounds of {args.steps} steps; load average {load[0]:.2f}")
-    print("| side | samples/s (median) |\n| --- | ---: |")
+    print("| side | samples/s (median) | training CPU ms/step | loader CPU ms/step |")
+    print("| --- | ---: | ---: | ---: |")
     for name, values in rates.items():
-        print(f"| {name} | {statistics.median(values):.0f} |")
+        print(f"| {name} | {statistics.median(values):.0f} | "
+              f"{statistics.median(c[0] for c in cpu[name]) * 1e3:.1f} | "
+              f"{statistics.median(c[1] for c in cpu[name]) * 1e3:.1f} |")
     print(f"loader / pre-loaded: {statistics.median(ratios):.3f} (median of per-round ratios; "
           f"rounds {', '.join(f'{x:.3f}' for x in ratios)})")
     write_result(args.out, {"machine": machine_info(), "args": vars(args),
-                            "samples_per_s": rates, "ratios": ratios,
+                            "samples_per_s": rates, "ratios": ratios, "cpu_s_per_step": cpu,
                             "ratio_median": statistics.median(ratios), "load_average": load,
                             "total_seconds": time.time() - t0})
 
