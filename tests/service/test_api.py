@@ -347,6 +347,35 @@ def test_a_running_job_is_terminated_not_cancelled(client, run_queue):
     wait_for(lambda: client.get_compute_environment("ce-run")["slots_in_use"] == 0)
 
 
+def test_thousands_of_queued_children_do_not_slow_the_api(client, run_queue):
+    """Requests stay quick with a 3,000-child array queued; cancelling it answers at once.
+    (Bounds for a loaded 2-core machine; bench/array_10k.py measures the figures.)"""
+    small_env(client, "ce-none", desired_slots=0)
+    client.create_job_queue(name="q-big", compute_environments=["ce-none"])
+    big = client.submit(queue="q-big", command=["true"], resources=SMALL, array_size=3000)
+    wait_for(lambda: client.get_job(big["id"])["status"] == "RUNNABLE", timeout=120)
+    took: list[float] = []
+    for i in range(25):
+        child = f"{big['id']}:{(i * 997) % 3000}"
+        for call in (lambda: client.get_job(child), lambda: client.list_jobs(limit=100),
+                     lambda: client.get_job(big["id"]), lambda: client.logs(child)):
+            t = time.perf_counter()
+            call()
+            took.append(time.perf_counter() - t)
+    assert client.get_job(f"{big['id']}:2999")["waiting"]["position"] == 3000
+    quick = client.submit(queue=run_queue, command=[PY, "-c", "pass"], resources=SMALL)
+    assert client.wait(quick["id"], timeout=60, poll=0.05)["status"] == "SUCCEEDED"
+    t = time.perf_counter()
+    client.cancel(big["id"])
+    took_cancel = time.perf_counter() - t
+    counts = client.get_job(big["id"])["array"]["status_counts"]
+    took.sort()
+    assert took[len(took) // 2] < 0.5 and took[-1] < 3.0, took
+    assert took_cancel < 5.0 and counts["FAILED"] == 3000, (took_cancel, counts)
+    client.delete_job_queue("q-big")
+    client.delete_compute_environment("ce-none")
+
+
 def test_changes_racing_the_controller_do_not_stop_it(api, run_queue):
     service, client = api
     for i in range(100):  # each change lands between two controller steps, never inside one

@@ -9,9 +9,11 @@ Auth: when ``service.config.token`` is set, every request needs ``Authorization:
 <token>`` (compared in constant time), except ``/health`` and the API description (``/docs``,
 ``/redoc``, ``/openapi.json``), which reveal nothing about the service's state.
 
-Locking: every write (and every call into the controller) holds ``service.lock``, so it lands
-between two controller steps; a step reads the environments and queues several times and must
-not see half of a change. Reads of the store alone take no lock.
+Locking: every write but a submit (and every call into the controller) holds ``service.lock``,
+so it lands between two controller steps; a step reads the environments and queues several times
+and must not see half of a change. A submit is one transaction the controller finds after its
+watermark once it commits, and reads of the store alone (why a job waits included: the last
+pass's answer) take no lock. Controller steps are bounded, so the lock is never held long.
 """
 
 from __future__ import annotations

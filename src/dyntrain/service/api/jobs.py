@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -44,17 +43,18 @@ def _job(service: Service, job_id: str) -> Job:
 def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
     if body.definition is None and body.command is None:
         raise ValidationError("submit needs a job definition or a command")
-    with service.lock:
-        job = service.store.submit(
-            queue=body.queue, definition=body.definition, command=body.command,
-            name=body.name, parameters={k: str(v) for k, v in body.parameters.items()},
-            environment=body.environment,
-            resources=None if body.resources is None else body.resources.spec(),
-            array_size=body.array_size,
-            depends_on=[Dependency(d.job_id, d.type) for d in body.depends_on],
-            workers=None if body.workers is None else (body.workers.min, body.workers.max),
-            retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
-            job_id=body.job_id)
+    # No lock: the controller finds new jobs after its watermark, whenever they commit, so a
+    # 10,000-child array being written does not hold up other requests.
+    job = service.store.submit(
+        queue=body.queue, definition=body.definition, command=body.command,
+        name=body.name, parameters={k: str(v) for k, v in body.parameters.items()},
+        environment=body.environment,
+        resources=None if body.resources is None else body.resources.spec(),
+        array_size=body.array_size,
+        depends_on=[Dependency(d.job_id, d.type) for d in body.depends_on],
+        workers=None if body.workers is None else (body.workers.min, body.workers.max),
+        retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
+        job_id=body.job_id)
     return views.job(job)
 
 
@@ -80,9 +80,9 @@ def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
     out = views.job(job, _waiting(service).get(job_id))
     out["workers"] = [views.worker(w) for w in service.store.list_workers(job_id, active=True)]
     if job.is_array_parent:
-        counts = Counter(s.value for s in service.store.child_statuses(job_id))
+        counts = service.store.child_status_counts([job_id])[job_id]
         out["array"] = {"size": job.array_size,
-                        "status_counts": {s.value: counts.get(s.value, 0) for s in JobStatus}}
+                        "status_counts": {s.value: counts.get(s, 0) for s in JobStatus}}
     else:
         out["array"] = None
     return out
