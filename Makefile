@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-elastic demo-images lab test lint clean
+.PHONY: demo demo-elastic demo-images screenshots lab test browser lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/service_demo.py --out runs/service-demo
+
+# The dashboard's screenshots in docs/screenshots, taken by the demo while its job runs.
+screenshots: $(STAMP) browser
+	$(PY) examples/service_demo.py --out runs/service-demo --screenshots docs/screenshots
 
 demo-elastic: $(STAMP)
 	$(PY) examples/demo.py --out runs/demo
@@ -44,7 +48,15 @@ lab: $(STAMP)
 		--noise sgd=runs/lab/noise-sgd/metrics.jsonl \
 		--noise nesterov=runs/lab/noise-nesterov/metrics.jsonl
 
-test: $(STAMP)
+# The browser tests drive Debian's Chromium (Playwright's own download needs the internet):
+# installed here when missing and we may (CI runs as root); otherwise those tests skip.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq >/dev/null \
+		&& apt-get install -y -qq chromium >/dev/null; }; }; } \
+		|| echo "chromium could not be installed: the browser tests will skip"
+
+test: $(STAMP) browser
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)

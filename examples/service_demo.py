@@ -5,7 +5,8 @@
    pool whose idle slots are lent to training and later taken back, and an ON_DEMAND one; a
    high-priority `training` queue over spot -> reserved -> on-demand, and a `batch` queue.
 3. Submits an elastic training job (the digits workload, 1 to 4 workers) and a small array job.
-4. Shows live progress: jobs, workers per environment, preemptions, training step and loss.
+4. Shows live progress: jobs, workers per environment, preemptions, training step and loss;
+   the service's web dashboard (its URL is printed) shows the same, with charts, as it happens.
 5. Ends with a summary: accuracy, equivalence to a static one-worker run, and cost against a
    static on-demand allocation of the job's max workers.
 """
@@ -74,7 +75,20 @@ def setup(client: Client) -> None:
     client.create_job_queue(name="batch", priority=1, compute_environments=["ondemand"])
 
 
-def progress(client: Client, service: Service, train_id: str, array_id: str, t0: float) -> None:
+def screenshots(url: str, out: str, job_id: str) -> None:
+    """The dashboard's main pages as PNGs (the README's come from here), or why not."""
+    from dyntrain.service.web.screenshots import take
+
+    try:
+        paths = take(url, Path(out), job=job_id)
+        print(f"   >> screenshots: {', '.join(str(p) for p in paths)}", flush=True)
+    except Exception as e:  # no browser here: the demo goes on without pictures
+        print(f"   >> no screenshots: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
+
+
+def progress(client: Client, service: Service, train_id: str, array_id: str,
+             t0: float) -> int | None:
+    """Print one progress line; returns the training job's world size (None before a step)."""
     job = client.get_job(train_id)
     arr = client.get_job(array_id)
     metrics = service.controller.run_dir(train_id) / "metrics.jsonl"
@@ -94,11 +108,15 @@ def progress(client: Client, service: Service, train_id: str, array_id: str, t0:
           f"loss {loss:>6} workers {per_env or '{}'} preemptions {job['preemptions']} | "
           f"capacity spot={slots.get('spot')} reserved={slots.get('reserved')} | "
           f"array {done}/{array_info.get('size')} done", flush=True)
+    return world if isinstance(world, int) else None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="runs/service-demo")
+    ap.add_argument("--screenshots", metavar="DIR",
+                    help="take screenshots of the dashboard into DIR while the job runs "
+                         "(needs Playwright and Debian's chromium)")
     args = ap.parse_args()
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
@@ -108,6 +126,8 @@ def main() -> None:
     setup(client)
     print(f"   {url}: compute environments spot (trace), reserved (2 idle slots lent), "
           "ondemand; queues training (priority 10), batch (1)", flush=True)
+    print(f"   dashboard: {url}/  (open it now: the job page follows the spot trace live)",
+          flush=True)
 
     train = client.submit(queue="training", name="digits-elastic",
                           command=[sys.executable, *DIGITS, "--step-delay", "0.03"],
@@ -118,14 +138,25 @@ def main() -> None:
                                    "os.environ['AWS_BATCH_JOB_ARRAY_INDEX'], 'done')"])
     print(f"== submitted {train['id'][:8]} (elastic, 1-4 workers) and {array['id'][:8]} "
           "(array of 4)", flush=True)
-    t0, taken_back = time.time(), False
+    t0, taken_back, shots = time.time(), False, None
+    previous = low = None  # world sizes: the screenshots wait until the world grew back
     while client.get_job(train["id"])["status"] not in ("SUCCEEDED", "FAILED"):
-        progress(client, service, train["id"], array["id"], t0)
+        world = progress(client, service, train["id"], array["id"], t0)
         if not taken_back and time.time() - t0 > 45:
             client.update_compute_environment("reserved", desired_slots=0)
             print("   >> the reserved pool takes its 2 slots back for other work", flush=True)
             taken_back = True
+        if world is not None and previous is not None and world < previous:
+            low = world if low is None else min(low, world)
+        previous = world if world is not None else previous
+        if args.screenshots and shots is None and None not in (world, low) and world > low:
+            shots = threading.Thread(target=screenshots, args=(url, args.screenshots, train["id"]))
+            shots.start()
         time.sleep(2.0)
+    if args.screenshots and shots is None:  # the world never grew back: the job as it ended
+        screenshots(url, args.screenshots, train["id"])
+    if shots is not None:
+        shots.join()
     progress(client, service, train["id"], array["id"], t0)
     client.wait(array["id"], timeout=120)
     job = client.get_job(train["id"])

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,8 @@ class Controller(Recovery, Launching, Settling):
         self._logs: dict[str, LogTail] = {}  # worker -> the part of its log not yet stored
         self._owner: dict[str, str] = {}  # worker -> the job whose attempt it belongs to
         self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
+        # called with each scheduling pass's duration in seconds (the dashboard's /metrics)
+        self.pass_observers: list[Callable[[float], None]] = []
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -93,9 +96,13 @@ class Controller(Recovery, Launching, Settling):
         self._settle(exits, now)
         if self._changed or now - self._last_schedule >= self.config.schedule_every:
             self._last_schedule, self._changed = now, False
+            started = time.perf_counter()
             self._resolve_waiting()
             self._update_array_parents()
             self._apply(schedule(self.snapshot(now)))
+            seconds = time.perf_counter() - started
+            for observe in self.pass_observers:
+                observe(seconds)
         self._enforce_deadlines(now)
         self._pump_logs()
 

@@ -6,8 +6,12 @@ is ``{"detail": "<one line>"}`` with the status chosen in ``dyntrain.service.api
 409 a conflict with the current state, 422 a body or query that does not match the schema.
 
 Auth: when ``service.config.token`` is set, every request needs ``Authorization: Bearer
-<token>`` (compared in constant time), except ``/health`` and the API description (``/docs``,
-``/redoc``, ``/openapi.json``), which reveal nothing about the service's state.
+<token>`` (compared in constant time) or the dashboard's session cookie, except ``/health``, the
+API description (``/docs``, ``/redoc``, ``/openapi.json``), the dashboard's login page and static
+assets, which reveal nothing about the service's state.
+
+The web dashboard (``/``, ``/ui/...``) and ``/metrics`` are mounted on the same app
+(``dyntrain.service.web``), outside the OpenAPI document.
 
 Locking: every write but a submit (and every call into the controller) holds ``service.lock``,
 so it lands between two controller steps; a step reads the environments and queues several times
@@ -23,7 +27,7 @@ import logging
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -32,6 +36,8 @@ from dyntrain.errors import DyntrainError
 from dyntrain.service.api import compute, definitions, jobs, queues
 from dyntrain.service.api.errors import describe_request_errors, one_line, status_for
 from dyntrain.service.server import Service
+from dyntrain.service.web import auth as web_auth
+from dyntrain.service.web.mount import mount_dashboard
 
 log = logging.getLogger("dyntrain.service.api")
 
@@ -45,7 +51,9 @@ class BearerAuth:
     """ASGI middleware: refuse (401) any request but OPEN_PATHS without the right bearer token.
 
     A middleware rather than a dependency, so a request without the token learns nothing, not
-    even whether its body would have been valid.
+    even whether its body would have been valid. The dashboard's session cookie counts as the
+    token (``dyntrain.service.web.auth``), and a dashboard page asked for without either
+    redirects to the login page.
     """
 
     def __init__(self, app: ASGIApp, token: str) -> None:
@@ -53,7 +61,8 @@ class BearerAuth:
         self.token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or web_auth.is_open(
+                scope["path"]):
             await self.app(scope, receive, send)
             return
         header = b""
@@ -62,8 +71,13 @@ class BearerAuth:
                 header = value
                 break
         scheme, _, credentials = header.partition(b" ")
-        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token):
+        if (scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token)
+                or web_auth.cookie_grants(scope, self.token.decode())):
             await self.app(scope, receive, send)
+            return
+        login = web_auth.login_redirect(scope)
+        if login is not None:
+            await RedirectResponse(login, status_code=303)(scope, receive, send)
             return
         detail = ("wrong token: the service refused 'Authorization: Bearer ...'" if header
                   else "this service needs a token: send 'Authorization: Bearer <token>' "
@@ -110,4 +124,5 @@ def create_app(service: Service) -> FastAPI:
     secured = [Depends(_bearer)]
     for module in (compute, queues, definitions, jobs):
         app.include_router(module.router, dependencies=secured)
+    mount_dashboard(app, service)
     return app

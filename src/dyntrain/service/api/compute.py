@@ -19,7 +19,7 @@ from dyntrain.service.store import ComputeEnvironment
 router = APIRouter(prefix="/compute-environments", tags=["compute environments"])
 
 
-def _views(service: Service, envs: list[ComputeEnvironment]) -> list[dict[str, Any]]:
+def environment_views(service: Service, envs: list[ComputeEnvironment]) -> list[dict[str, Any]]:
     """With the slots each offers now (traces included) and how many active workers use."""
     with service.lock:
         available = service.controller.available_slots(service.store.clock())
@@ -29,7 +29,7 @@ def _views(service: Service, envs: list[ComputeEnvironment]) -> list[dict[str, A
 
 
 def _one(service: Service, name: str) -> dict[str, Any]:
-    return _views(service, [lookup(service.store.get_compute_environment, name)])[0]
+    return environment_views(service, [lookup(service.store.get_compute_environment, name)])[0]
 
 
 @router.post("", status_code=201, summary="Create a compute environment")
@@ -41,12 +41,12 @@ def create(body: ComputeEnvironmentIn, service: ServiceDep) -> dict[str, Any]:
         state=body.state)
     with service.lock:
         ce = service.store.create_compute_environment(spec)
-    return _views(service, [ce])[0]
+    return environment_views(service, [ce])[0]
 
 
 @router.get("", summary="List compute environments")
 def list_all(service: ServiceDep) -> list[dict[str, Any]]:
-    return _views(service, service.store.list_compute_environments())
+    return environment_views(service, service.store.list_compute_environments())
 
 
 @router.get("/{name}", summary="Describe a compute environment")
@@ -60,7 +60,7 @@ def update(name: str, body: ComputeEnvironmentPatch, service: ServiceDep) -> dic
         lookup(service.store.get_compute_environment, name)
         ce = service.store.update_compute_environment(name,
                                                       **body.model_dump(exclude_none=True))
-    return _views(service, [ce])[0]
+    return environment_views(service, [ce])[0]
 
 
 @router.delete("/{name}", summary="Delete a compute environment (no queue may use it)")

@@ -10,7 +10,7 @@ from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, lookup
 from dyntrain.service.api.schemas import JobIn
-from dyntrain.service.cost import UsageRow, job_cost
+from dyntrain.service.cost import JobCost, UsageRow, job_cost
 from dyntrain.service.model import (
     MAX_ARRAY_SIZE,
     CapacityType,
@@ -144,10 +144,14 @@ def cost(job_id: str, service: ServiceDep) -> dict[str, Any]:
     for an array job, whose children's usage is summed) at the highest price among ON_DEMAND
     environments, or at 1.0 per slot-hour when there is none. The wall time runs from the
     job's start to its stop (or to now while it runs)."""
-    job = _job(service, job_id)
-    ids = [job_id]
+    return views.job_cost(job_id, cost_of(service, _job(service, job_id)))
+
+
+def cost_of(service: Service, job: Job) -> JobCost:
+    """The job's cost and its static on-demand baseline (the rule is in ``cost``'s docstring)."""
+    ids = [job.id]
     if job.is_array_parent:
-        ids += [c.id for c in service.store.list_jobs(parent=job_id, limit=MAX_ARRAY_SIZE)]
+        ids += [c.id for c in service.store.list_jobs(parent=job.id, limit=MAX_ARRAY_SIZE)]
     rows = [UsageRow(u.compute_environment, u.capacity_type, u.worker_seconds,
                      u.price_per_slot_hour, u.wasted)
             for jid in ids for u in service.store.job_usage(jid)]
@@ -158,6 +162,5 @@ def cost(job_id: str, service: ServiceDep) -> dict[str, Any]:
     prices = [ce.spec.price_per_slot_hour for ce in service.store.list_compute_environments()
               if ce.spec.capacity_type is CapacityType.ON_DEMAND]
     price = max(prices) if prices else DEFAULT_ON_DEMAND_PRICE
-    result = job_cost(rows, max_workers=max_workers, wall_seconds=wall,
-                      on_demand_price_per_slot_hour=price)
-    return views.job_cost(job_id, result)
+    return job_cost(rows, max_workers=max_workers, wall_seconds=wall,
+                    on_demand_price_per_slot_hour=price)

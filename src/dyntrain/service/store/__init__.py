@@ -16,8 +16,8 @@ following child i of an ``N_TO_N`` dependency and child i-1 for ``SEQUENTIAL``).
 One module per aggregate: ``schema`` (tables and the upgrade on open), ``records`` (what is
 returned), ``environments`` (compute environments, queues, capacity traces), ``definitions``,
 ``jobs`` (jobs, dependencies, attempts), ``scheduling`` (the controller's bulk reads and
-writes), ``workers`` (workers, usage), ``logs`` (log lines, events); ``Store`` is all of them
-over one engine.
+writes), ``workers`` (workers, usage), ``logs`` (log lines, events), ``summaries`` (counts and
+searches for the dashboard and /metrics); ``Store`` is all of them over one engine.
 """
 
 from dyntrain.service.store.definitions import DefinitionStore
@@ -44,11 +44,12 @@ from dyntrain.service.store.records import (
 )
 from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
+from dyntrain.service.store.summaries import SummaryStore
 from dyntrain.service.store.workers import WorkerStore
 
 
 class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, WorkerStore,
-            LogStore):
+            LogStore, SummaryStore):
     """The service's database. Thread-safe: each call takes a pooled connection of its own."""
 
 

@@ -1,0 +1,231 @@
+"""What the dashboard's pages show, read from the store, the controller and the run folders.
+
+Each function returns plain dicts for the templates (and for the JSON the charts poll); none
+writes anything. The native API's own views (``api.views``) and cost rule (``api.jobs.cost_of``)
+are reused, so a page and ``GET /jobs/{id}`` never disagree.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from dyntrain.service.api import views
+from dyntrain.service.api.compute import environment_views
+from dyntrain.service.api.jobs import cost_of
+from dyntrain.service.model import JobStatus, ValidationError
+from dyntrain.service.server import Service
+from dyntrain.service.store import Job
+from dyntrain.service.web import runfiles
+
+JOBS_PER_PAGE = 50
+CHILDREN_PER_PAGE = 100
+WAITING_STATES = (JobStatus.SUBMITTED, JobStatus.PENDING, JobStatus.RUNNABLE)
+ACTIVE_STATES = (JobStatus.STARTING, JobStatus.RUNNING)
+
+
+@dataclass(frozen=True)
+class JobFilters:
+    """The overview's job filters, as given in the page's query string."""
+
+    status: tuple[str, ...] = ()
+    queue: str = ""
+    text: str = ""
+    page: int = 0
+
+    @classmethod
+    def parse(cls, status: str, queue: str, text: str, page: int) -> JobFilters:
+        statuses = tuple(s.strip().upper() for s in status.split(",") if s.strip())
+        for s in statuses:
+            if s not in JobStatus.__members__:
+                raise ValidationError(f"unknown status {s!r}: one of "
+                                      f"{', '.join(JobStatus.__members__)}")
+        return cls(statuses, queue.strip(), text.strip()[:200], max(0, page))
+
+    def query(self, **changes: Any) -> str:
+        """This filter set as a query string, with ``changes`` applied."""
+        values = {"status": ",".join(self.status), "queue": self.queue, "q": self.text,
+                  "page": self.page or ""}
+        values.update(changes)
+        return urlencode({k: v for k, v in values.items() if v not in ("", None, 0)})
+
+
+def _waiting(service: Service) -> dict:
+    with service.lock:
+        return dict(service.controller.waiting)
+
+
+def environments(service: Service) -> list[dict[str, Any]]:
+    """Each compute environment as ``GET /compute-environments`` shows it (slots now, in use)."""
+    return environment_views(service, service.store.list_compute_environments())
+
+
+def queues(service: Service, counts: dict[tuple[str, JobStatus], int]) -> list[dict[str, Any]]:
+    out = []
+    for q in service.store.list_job_queues():
+        view = views.job_queue(q)
+        view["waiting"] = sum(counts.get((q.name, s), 0) for s in WAITING_STATES)
+        view["runnable"] = counts.get((q.name, JobStatus.RUNNABLE), 0)
+        view["running"] = sum(counts.get((q.name, s), 0) for s in ACTIVE_STATES)
+        out.append(view)
+    return sorted(out, key=lambda q: (-q["priority"], q["name"]))
+
+
+def _array_counts(service: Service, job: Job) -> dict[str, int]:
+    counts = Counter(s.value for s in service.store.child_statuses(job.id))
+    return {s.value: counts.get(s.value, 0) for s in JobStatus}
+
+
+def job_row(service: Service, job: Job, waiting: dict) -> dict[str, Any]:
+    view = views.job(job, waiting.get(job.id))
+    view["array"] = _array_counts(service, job) if job.is_array_parent else None
+    return view
+
+
+def overview(service: Service, filters: JobFilters) -> dict[str, Any]:
+    counts = service.store.count_jobs_by_queue_and_status()
+    jobs, total = service.store.search_jobs(
+        queue=filters.queue or None, status=filters.status, text=filters.text or None,
+        limit=JOBS_PER_PAGE, offset=filters.page * JOBS_PER_PAGE)
+    waiting = _waiting(service)
+    by_status = Counter()
+    for (_, status), n in counts.items():
+        by_status[status.value] += n
+    return {
+        "environments": environments(service),
+        "queues": queues(service, counts),
+        "jobs": [job_row(service, j, waiting) for j in jobs],
+        "jobs_total": total,
+        "filters": filters,
+        "pages": max(1, -(-total // JOBS_PER_PAGE)),
+        "status_counts": {s.value: by_status.get(s.value, 0) for s in JobStatus},
+        "statuses": [s.value for s in JobStatus],
+    }
+
+
+# ------------------------------------------------------------------------------------ a job
+
+
+@dataclass
+class MembershipChange:
+    """One membership event as the runtime recorded it, with its latencies in seconds."""
+
+    kind: str
+    workers: list[str]
+    world_before: int | None
+    world_after: int | None
+    requested_at: float  # epoch seconds
+    first_step_at: float
+    detect_s: float | None
+    reform_s: float | None
+    latency_s: float | None
+    steps_redone: int
+    reason: str = ""
+    generation: int | None = None
+    start_step: int | None = None
+
+
+def membership_change(at: float, p: dict[str, Any]) -> MembershipChange:
+    """From a ``membership.*`` event: its times are relative to the coordinator's start, and
+    the event was stored when the new world completed its first step (``at``)."""
+    requested = p.get("requested_at")
+
+    def since_request(key: str) -> float | None:
+        value = p.get(key)
+        return None if value is None or requested is None else round(value - requested, 4)
+
+    latency = p.get("latency_s")
+    kind = str(p.get("event", "?"))
+    reason = str(p.get("reason") or "")
+    if kind == "crash" and reason.startswith("no heartbeat"):
+        kind = "hang"  # a worker that stopped answering, found by the heartbeat timeout
+    requested_abs = at - latency if latency is not None else at
+    return MembershipChange(
+        kind=kind, workers=list(p.get("workers") or []), world_before=p.get("world_before"),
+        world_after=p.get("world_after"), requested_at=requested_abs,
+        first_step_at=at, detect_s=since_request("detected_at"),
+        reform_s=since_request("reformed_at"), latency_s=latency,
+        steps_redone=int(p.get("steps_redone") or 0), reason=reason,
+        generation=p.get("generation"), start_step=p.get("start_step"))
+
+
+def membership(service: Service, job_id: str) -> list[MembershipChange]:
+    return [membership_change(e.at, e.payload)
+            for e in service.store.list_job_events(job_id, "membership.")]
+
+
+def world_timeline(job: Job, changes: list[MembershipChange], now: float
+                   ) -> dict[str, list]:
+    """World size against time: 0 until the first change, each change's world from the moment
+    it was requested, and 0 again once the job stopped."""
+    t: list[float] = []
+    world: list[int] = []
+    if job.started_at is not None:
+        t.append(job.started_at)
+        world.append(0)
+    for c in changes:
+        if c.world_before is not None and (not world or world[-1] != c.world_before):
+            t.append(c.requested_at)
+            world.append(c.world_before)
+        t.append(c.first_step_at)
+        world.append(c.world_after if c.world_after is not None else 0)
+    end = job.stopped_at if job.stopped_at is not None else now
+    if t:
+        t.append(max(end, t[-1]))
+        world.append(0 if job.stopped_at is not None else world[-1])
+    order = sorted(range(len(t)), key=lambda i: t[i])
+    return {"t": [t[i] for i in order], "world": [world[i] for i in order]}
+
+
+def run_dir(service: Service, job_id: str) -> Path:
+    return service.controller.run_dir(job_id)
+
+
+def job_page(service: Service, job: Job, child_status: str = "", child_page: int = 0
+             ) -> dict[str, Any]:
+    waiting = _waiting(service)
+    view = views.job(job, waiting.get(job.id))
+    workers = [views.worker(w) for w in service.store.list_workers(job.id, active=False)]
+    attempts = service.store.list_attempts(job.id)
+    out: dict[str, Any] = {
+        "job": view, "workers": workers, "attempts": attempts,
+        "active_workers": sum(1 for w in workers if w["state"] != "EXITED"),
+        "cost": views.job_cost(job.id, cost_of(service, job)),
+        "parent": job.array_parent_id, "array": None, "elastic": job.elastic is not None,
+        "changes": [], "checkpoints": [], "can_cancel": job.status in WAITING_STATES,
+        "can_terminate": not job.status.is_terminal(),
+    }
+    if job.elastic is not None:
+        out["changes"] = membership(service, job.id)
+        out["checkpoints"] = runfiles.checkpoints(run_dir(service, job.id))
+    if job.is_array_parent:
+        statuses = [child_status] if child_status else None
+        children, total = service.store.search_jobs(
+            parent=job.id, status=statuses, limit=CHILDREN_PER_PAGE,
+            offset=child_page * CHILDREN_PER_PAGE)
+        out["array"] = {
+            "size": job.array_size, "counts": _array_counts(service, job),
+            "children": [views.job(c, waiting.get(c.id)) for c in children],
+            "total": total, "status": child_status, "page": child_page,
+            "pages": max(1, -(-total // CHILDREN_PER_PAGE)),
+        }
+    return out
+
+
+def job_series(service: Service, job: Job, offset: int) -> dict[str, Any]:
+    """What the job page's charts poll: new metrics rows after byte ``offset`` of
+    metrics.jsonl, and the whole (small) world-size timeline with its membership changes."""
+    path = run_dir(service, job.id) / runfiles.METRICS_FILE
+    rows, next_offset = runfiles.read_rows(path, offset)
+    changes = membership(service, job.id)
+    return {
+        "offset": next_offset, "rows": runfiles.series(rows),
+        "timeline": world_timeline(job, changes, service.store.clock()),
+        "changes": [{"kind": c.kind, "requested_at": c.requested_at,
+                     "first_step_at": c.first_step_at, "world_after": c.world_after,
+                     "latency_s": c.latency_s, "start_step": c.start_step} for c in changes],
+        "status": job.status.value,
+    }

@@ -1,0 +1,139 @@
+"""The dashboard's routes: pages, the parts that pages re-render while they are open, the JSON
+the charts poll, and the login page. None of them is in the API's OpenAPI document.
+
+A page is rendered whole once; its live sections (``data-part``) are fetched again every couple
+of seconds from ``/ui/part/...`` as ``{section: html}`` and swapped in by ``static/dashboard.js``;
+the charts poll ``/ui/data/...`` and append what is new. Actions (cancel, terminate, desired
+capacity) are the native API's own routes, called by the page's script.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from jinja2 import Environment
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.api.errors import one_line
+from dyntrain.service.server import Service
+from dyntrain.service.store import Job
+from dyntrain.service.web import auth, context, lab
+from dyntrain.service.web.capacity import CapacityHistory
+
+OVERVIEW_PARTS = ("environments", "queues", "jobs")
+JOB_PARTS = ("summary", "membership", "checkpoints", "cost", "workers", "attempts", "array")
+CAPACITY_WINDOW = 3600.0  # seconds of capacity history the overview plots
+Text = Annotated[str, Query(max_length=200)]
+Page = Annotated[int, Query(ge=0, le=1_000_000)]
+Offset = Annotated[int, Query(ge=0, le=2**53)]
+
+
+def build_router(service: Service, env: Environment, history: CapacityHistory) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        ctx.setdefault("token_required", bool(service.config.token))
+        ctx.setdefault("now", service.store.clock())
+        return HTMLResponse(env.get_template(name).render(**ctx), status_code=status)
+
+    def parts(names: tuple[str, ...], ctx: dict[str, Any]) -> JSONResponse:
+        ctx.setdefault("now", service.store.clock())
+        return JSONResponse({n: env.get_template(f"parts/{n}.html").render(**ctx)
+                             for n in names})
+
+    def not_found(message: str) -> HTMLResponse:
+        return page("error.html", status=404, title="Not found", message=message)
+
+    def find_job(job_id: str) -> Job | None:
+        try:
+            return service.store.get_job(job_id)
+        except DyntrainError:
+            return None
+
+    def overview_ctx(status: str, queue: str, q: str, page_no: int) -> dict[str, Any]:
+        return context.overview(service, context.JobFilters.parse(status, queue, q, page_no))
+
+    @router.get("/", response_class=HTMLResponse)
+    def overview(status: Text = "", queue: Text = "", q: Text = "", page_no: Annotated[
+            int, Query(alias="page", ge=0, le=1_000_000)] = 0) -> HTMLResponse:
+        try:
+            ctx = overview_ctx(status, queue, q, page_no)
+        except DyntrainError as e:
+            return page("error.html", status=400, title="Bad filter", message=one_line(e))
+        return page("overview.html", **ctx)
+
+    @router.get("/ui/part/overview")
+    def overview_parts(status: Text = "", queue: Text = "", q: Text = "", page_no: Annotated[
+            int, Query(alias="page", ge=0, le=1_000_000)] = 0) -> JSONResponse:
+        return parts(OVERVIEW_PARTS, overview_ctx(status, queue, q, page_no))
+
+    @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
+    def job_page(job_id: str, child_status: Text = "", child_page: Page = 0) -> HTMLResponse:
+        job = find_job(job_id)
+        if job is None:
+            return not_found(f"unknown job {job_id!r}")
+        return page("job.html", **context.job_page(service, job, child_status.upper(),
+                                                   child_page))
+
+    @router.get("/ui/part/jobs/{job_id}")
+    def job_parts(job_id: str, child_status: Text = "", child_page: Page = 0) -> Response:
+        job = find_job(job_id)
+        if job is None:
+            return JSONResponse({"detail": f"unknown job {job_id!r}"}, status_code=404)
+        return parts(JOB_PARTS, context.job_page(service, job, child_status.upper(), child_page))
+
+    @router.get("/ui/data/jobs/{job_id}/series")
+    def job_series(job_id: str, offset: Offset = 0) -> JSONResponse:
+        job = find_job(job_id)
+        if job is None:
+            return JSONResponse({"detail": f"unknown job {job_id!r}"}, status_code=404)
+        return JSONResponse(context.job_series(service, job, offset))
+
+    @router.get("/ui/data/capacity")
+    def capacity() -> JSONResponse:
+        now = service.store.clock()
+        return JSONResponse(history.table(now, since=now - CAPACITY_WINDOW))
+
+    @router.get("/ui/lab", response_class=HTMLResponse)
+    def lab_page() -> HTMLResponse:
+        runs = lab.sweeps(service)
+        return page("lab.html", sweeps=[(run, lab.report(run)) for run in runs])
+
+    @router.get(auth.LOGIN_PATH, response_class=HTMLResponse)
+    def login_form(next: Text = "/") -> HTMLResponse:
+        return page("login.html", next=_safe_next(next), message="")
+
+    @router.post(auth.LOGIN_PATH)
+    async def login(request: Request) -> Response:
+        form = parse_qs((await request.body())[:10_000].decode("utf-8", "replace"))
+        token = (form.get("token") or [""])[0]
+        target = _safe_next((form.get("next") or ["/"])[0])
+        expected = service.config.token
+        if expected is None:
+            return RedirectResponse(target, status_code=303)
+        if not hmac.compare_digest(token.encode(), expected.encode()):
+            return page("login.html", status=401, next=target,
+                        message="wrong token: the service refused it")
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(auth.COOKIE, auth.session_value(expected), httponly=True,
+                            samesite="strict", path="/")
+        return response
+
+    @router.post("/ui/logout")
+    def logout() -> Response:
+        response = RedirectResponse(auth.LOGIN_PATH, status_code=303)
+        response.delete_cookie(auth.COOKIE, path="/")
+        return response
+
+    return router
+
+
+def _safe_next(target: str) -> str:
+    """Only a path on this service (never ``//host`` or a URL) may follow the login."""
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
