@@ -7,7 +7,6 @@ are reused, so a page and ``GET /jobs/{id}`` never disagree.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +53,9 @@ class JobFilters:
 
 
 def _waiting(service: Service) -> dict:
-    with service.lock:
-        return dict(service.controller.waiting)
+    """Why queued jobs wait, as of the controller's last pass (the API's own rule: the mapping
+    is replaced, never changed, so it is read without the lock)."""
+    return service.controller.waiting
 
 
 def environments(service: Service) -> list[dict[str, Any]]:
@@ -74,15 +74,10 @@ def queues(service: Service, counts: dict[tuple[str, JobStatus], int]) -> list[d
     return sorted(out, key=lambda q: (-q["priority"], q["name"]))
 
 
-def _array_counts(service: Service, job: Job) -> dict[str, int]:
-    counts = Counter(s.value for s in service.store.child_statuses(job.id))
-    return {s.value: counts.get(s.value, 0) for s in JobStatus}
-
-
-def job_row(service: Service, job: Job, waiting: dict) -> dict[str, Any]:
-    view = views.job(job, waiting.get(job.id))
-    view["array"] = _array_counts(service, job) if job.is_array_parent else None
-    return view
+def _array_counts(service: Service, parents: list[Job]) -> dict[str, dict[str, int]]:
+    """Array parent id -> its children's count in every status (one GROUP BY for all)."""
+    counts = service.store.child_status_counts([j.id for j in parents if j.is_array_parent])
+    return {job_id: {s.value: c.get(s, 0) for s in JobStatus} for job_id, c in counts.items()}
 
 
 def overview(service: Service, filters: JobFilters) -> dict[str, Any]:
@@ -91,17 +86,14 @@ def overview(service: Service, filters: JobFilters) -> dict[str, Any]:
         queue=filters.queue or None, status=filters.status, text=filters.text or None,
         limit=JOBS_PER_PAGE, offset=filters.page * JOBS_PER_PAGE)
     waiting = _waiting(service)
-    by_status = Counter()
-    for (_, status), n in counts.items():
-        by_status[status.value] += n
+    arrays = _array_counts(service, jobs)
     return {
         "environments": environments(service),
         "queues": queues(service, counts),
-        "jobs": [job_row(service, j, waiting) for j in jobs],
+        "jobs": [dict(views.job(j, waiting.get(j.id)), array=arrays.get(j.id)) for j in jobs],
         "jobs_total": total,
         "filters": filters,
         "pages": max(1, -(-total // JOBS_PER_PAGE)),
-        "status_counts": {s.value: by_status.get(s.value, 0) for s in JobStatus},
         "statuses": [s.value for s in JobStatus],
     }
 
@@ -207,7 +199,7 @@ def job_page(service: Service, job: Job, child_status: str = "", child_page: int
             parent=job.id, status=statuses, limit=CHILDREN_PER_PAGE,
             offset=child_page * CHILDREN_PER_PAGE)
         out["array"] = {
-            "size": job.array_size, "counts": _array_counts(service, job),
+            "size": job.array_size, "counts": _array_counts(service, [job])[job.id],
             "children": [views.job(c, waiting.get(c.id)) for c in children],
             "total": total, "status": child_status, "page": child_page,
             "pages": max(1, -(-total // CHILDREN_PER_PAGE)),

@@ -19,6 +19,7 @@ from dyntrain.service.model import JobStatus
 from dyntrain.service.server import Service
 from dyntrain.service.store import WORKER_RUNNING
 from dyntrain.service.web import runfiles
+from dyntrain.service.web.context import environments
 
 PASS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 RATE_WINDOW_ROWS = 50  # steps/s over the last rows of a job's metrics.jsonl
@@ -49,10 +50,6 @@ class ServiceCollector(Collector):
         yield jobs
 
     def _slots(self) -> Iterator[Metric]:
-        service = self.service
-        with service.lock:
-            available = service.controller.available_slots(service.store.clock())
-        in_use = Counter(w.compute_environment for w in service.store.list_workers(active=True))
         labels = ["compute_environment", "capacity_type"]
         families = {
             "available": GaugeMetricFamily(
@@ -65,12 +62,12 @@ class ServiceCollector(Collector):
             "max": GaugeMetricFamily(
                 "dyntrain_slots_max", "A compute environment's maximum slots.", labels=labels),
         }
-        for ce in service.store.list_compute_environments():
-            key = [ce.name, ce.spec.capacity_type.value]
-            families["available"].add_metric(key, available.get(ce.name, 0))
-            families["in_use"].add_metric(key, in_use.get(ce.name, 0))
-            families["desired"].add_metric(key, ce.spec.desired_slots)
-            families["max"].add_metric(key, ce.spec.max_slots)
+        for ce in environments(self.service):  # as GET /compute-environments shows them
+            key = [ce["name"], ce["capacity_type"]]
+            families["available"].add_metric(key, ce["available_slots"])
+            families["in_use"].add_metric(key, ce["slots_in_use"])
+            families["desired"].add_metric(key, ce["desired_slots"])
+            families["max"].add_metric(key, ce["max_slots"])
         yield from families.values()
 
     def _membership(self) -> Iterator[Metric]:
