@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
+from dyntrain.launch.forkserver import ForkedProcess, ForkServer, wanted
 
 SIGNALS = {"leave": signal.SIGTERM, "kill": signal.SIGKILL, "hang": signal.SIGSTOP}
 
@@ -17,21 +18,28 @@ SIGNALS = {"leave": signal.SIGTERM, "kill": signal.SIGKILL, "hang": signal.SIGST
 @dataclass
 class LocalWorker:
     worker_id: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     log_path: Path
     signalled: str | None = None  # "leave" or "kill" when the launcher sent a signal
 
 
 class LocalWorkers:
-    """Starts ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) as job workers."""
+    """Starts ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) as job workers.
+
+    With ``fork_server`` (default: ``forkserver.wanted()``) they are forked from a process that
+    has already imported torch (``dyntrain.launch.forkserver``); if it fails, plain processes.
+    """
 
     def __init__(self, command: list[str], coordinator: str, out_dir: Path,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None,
+                 fork_server: bool | None = None) -> None:
         self.command, self.coordinator, self.out_dir = command, coordinator, out_dir
         self.extra_env = extra_env or {}
         self.workers: dict[str, LocalWorker] = {}
         self._next = 0
         (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+        use = wanted() if fork_server is None else fork_server
+        self.server = ForkServer(out_dir / "logs" / "forkserver.log") if use else None
 
     def start(self) -> str:
         worker_id = f"w{self._next}"
@@ -40,12 +48,22 @@ class LocalWorkers:
                ENV_WORKER_ID: worker_id, ENV_OUT: str(self.out_dir), "PYTHONUNBUFFERED": "1",
                "LOCAL_RANK": str(self._next - 1)}
         log_path = self.log_path(worker_id)
+        self.workers[worker_id] = LocalWorker(worker_id, self._spawn(env, log_path), log_path)
+        return worker_id
+
+    def _spawn(self, env: dict[str, str], log_path: Path) -> subprocess.Popen | ForkedProcess:
+        if self.server is not None and self.server.can_run(env):
+            try:
+                return self.server.start(self.command, env, log_path)
+            except OSError as exc:
+                with open(log_path, "a") as log:
+                    log.write(f"dyntrain: {exc}; starting workers as new processes\n")
+                self.server.close()
+                self.server = None
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen([sys.executable, *self.command], env=env, stdout=log,
+            return subprocess.Popen([sys.executable, *self.command], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-        self.workers[worker_id] = LocalWorker(worker_id, proc, log_path)
-        return worker_id
 
     def signal(self, worker_id: str, action: str) -> bool:
         """SIGTERM (leave), SIGKILL (kill) or SIGSTOP (hang) a worker; False if not ours/alive."""
@@ -77,6 +95,12 @@ class LocalWorkers:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
+
+    def close(self) -> None:
+        """Stop the fork server (after the workers: it reports their exits)."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
     def log_path(self, worker_id: str) -> Path:
         """Where a local worker's stdout and stderr go (its traceback, when it failed)."""

@@ -187,6 +187,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
             return code
         finally:
             workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
+            workers.close()
             sink.close()
 
 

@@ -1,0 +1,238 @@
+"""Start local workers in milliseconds: fork them from a process that has imported torch once.
+
+A fresh worker spends 2.5 s (an idle 2-core machine) to 10 s (a loaded one) importing torch and
+``torch._dynamo`` (which every ``optimizer.step()`` imports) before it can say hello, and a job
+with N workers pays it N times at once. ``dyntrain run`` therefore starts one fork server per
+run: ``python -m dyntrain.launch.forkserver`` imports what a worker imports, then forks a child
+per request, which becomes the worker: its own session, its log as stdout and stderr, the
+requested environment, working directory and command line, run the way ``python SCRIPT`` or
+``python -m MODULE`` runs it. The launcher sees each child through ``ForkedProcess``, which acts
+like the ``subprocess.Popen`` of a normal start (poll, wait, signals, the exit code).
+
+The server never computes with torch and runs no Python threads, so the children inherit no
+locked state; it does not initialise CUDA (importing torch does not), and it is used only with a
+CPU build of torch unless ``DYNTRAIN_FORKSERVER=1`` asks for it (it was not tried on GPUs).
+``DYNTRAIN_FORKSERVER=0`` turns it off; workers are then started as plain processes, as they
+are whenever the server is not available and for a worker whose environment differs from the
+server's in more than per-worker variables (an interpreter reads PYTHONHASHSEED, PYTHONPATH and
+the like when it starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ENV_SWITCH = "DYNTRAIN_FORKSERVER"
+# What a worker imports before its first step; the server imports it once for all of them.
+WARM = ("torch", "torch._dynamo", "torch.distributed", "numpy", "dyntrain.elastic.trainer")
+# Set per worker; none is read when an interpreter starts, so a forked child may take them.
+PER_WORKER = ("DYNTRAIN_", "PYTHONUNBUFFERED", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")
+READY_TIMEOUT = 120.0
+REPLY_TIMEOUT = 30.0
+
+
+def wanted() -> bool:
+    """Whether ``dyntrain run`` should start its workers through a fork server."""
+    switch = os.environ.get(ENV_SWITCH, "")
+    if switch in ("0", "1"):
+        return switch == "1"
+    import torch
+
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+
+
+class ForkedProcess:
+    """A worker forked by the server, seen like a ``subprocess.Popen``."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """The launcher's side: starts the server, asks it for workers, learns their exit codes."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.env = dict(os.environ)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "dyntrain.launch.forkserver"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                start_new_session=True)
+        self._replies: dict[int, int] = {}  # request number -> pid
+        self._exits: dict[int, int] = {}  # pid -> exit code
+        self._ready = threading.Event()
+        self._cond = threading.Condition()
+        self._next = 0
+        threading.Thread(target=self._read, daemon=True, name="dyntrain-forkserver").start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = json.loads(line)
+            with self._cond:
+                if "ready" in msg:
+                    self._ready.set()
+                elif "pid" in msg:
+                    self._replies[msg["request"]] = msg["pid"]
+                elif "exit" in msg:
+                    self._exits[msg["exit"]] = msg["code"]
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def can_run(self, env: dict[str, str]) -> bool:
+        """Whether a worker with this environment may be forked: apart from per-worker
+        variables it must be the server's own (PYTHONHASHSEED, PYTHONPATH and the like are read
+        when an interpreter starts)."""
+        keys = {k for k in set(env) | set(self.env) if not k.startswith(PER_WORKER)}
+        return all(env.get(k) == self.env.get(k) for k in keys)
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedProcess:
+        """Fork a worker running ``python ARGV...``; raises OSError if the server cannot."""
+        if not self._ready.wait(READY_TIMEOUT) or self.proc.poll() is not None:
+            raise OSError("the fork server did not start")
+        with self._cond:
+            number, self._next = self._next, self._next + 1
+        request = {"request": number, "argv": argv, "env": env, "log": str(log_path),
+                   "cwd": os.getcwd()}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        with self._cond:
+            if not self._cond.wait_for(lambda: number in self._replies
+                                       or self.proc.poll() is not None, REPLY_TIMEOUT):
+                raise OSError("the fork server did not answer")
+            if number not in self._replies:
+                raise OSError("the fork server exited")
+            return ForkedProcess(self, self._replies.pop(number))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._cond:
+            code = self._exits.get(pid)
+        if code is None and self.proc.poll() is not None and not _exists(pid):
+            return 1  # the server died before it could report this exit: its code is lost
+        return code
+
+    def close(self) -> None:
+        """Stop the server (its workers are not affected)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ---- the server ---------------------------------------------------------------------------------
+
+
+def _serve() -> dict | None:
+    """Answer requests until stdin closes (None); in a forked child, return its request."""
+    import importlib
+
+    for name in WARM:
+        importlib.import_module(name)
+    _reply({"ready": True})
+    pending, children = b"", set()
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        if readable:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return None
+            pending += chunk
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            request = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                return request
+            children.add(pid)
+            _reply({"request": request["request"], "pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                _reply({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _reply(msg: dict) -> None:
+    os.write(1, (json.dumps(msg) + "\n").encode())
+
+
+def _become_worker(request: dict) -> None:
+    """In the forked child: take the worker's session, files, environment and command line, and
+    run it as ``python`` would; the interpreter then exits with its code."""
+    import runpy
+
+    os.setsid()
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.close(null)
+    sys.stdin = open(0, closefd=False)  # the server's unread requests are not the worker's
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    argv = request["argv"]
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+if __name__ == "__main__":
+    _request = _serve()
+    if _request is None:
+        os._exit(0)  # nothing to clean up; tearing down a torch interpreter takes seconds
+    _become_worker(_request)
