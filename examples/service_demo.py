@@ -86,18 +86,14 @@ def screenshots(url: str, out: str, job_id: str) -> None:
         print(f"   >> no screenshots: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
 
 
-def progress(client: Client, service: Service, train_id: str, array_id: str,
-             t0: float) -> int | None:
+def progress(client: Client, train_id: str, array_id: str, t0: float) -> int | None:
     """Print one progress line; returns the training job's world size (None before a step)."""
     job = client.get_job(train_id)
     arr = client.get_job(array_id)
-    metrics = service.controller.run_dir(train_id) / "metrics.jsonl"
     step = loss = world = "-"
-    if metrics.exists():
-        lines = metrics.read_text().splitlines()
-        if lines:
-            last = json.loads(lines[-1])
-            step, loss, world = last["step"], f"{last['loss']:.3f}", last["world_size"]
+    if job.get("progress"):  # the coordinator's latest metrics, as the service keeps them
+        last = job["progress"]
+        step, loss, world = last["step"], f"{last['loss']:.3f}", last["world_size"]
     per_env: dict[str, int] = {}
     for w in job.get("workers", []):
         per_env[w["compute_environment"]] = per_env.get(w["compute_environment"], 0) + 1
@@ -141,7 +137,7 @@ def main() -> None:
     t0, taken_back, shots = time.time(), False, None
     previous = low = None  # world sizes: the screenshots wait until the world grew back
     while client.get_job(train["id"])["status"] not in ("SUCCEEDED", "FAILED"):
-        world = progress(client, service, train["id"], array["id"], t0)
+        world = progress(client, train["id"], array["id"], t0)
         if not taken_back and time.time() - t0 > 45:
             client.update_compute_environment("reserved", desired_slots=0)
             print("   >> the reserved pool takes its 2 slots back for other work", flush=True)
@@ -157,7 +153,7 @@ def main() -> None:
         screenshots(url, args.screenshots, train["id"])
     if shots is not None:
         shots.join()
-    progress(client, service, train["id"], array["id"], t0)
+    progress(client, train["id"], array["id"], t0)
     client.wait(array["id"], timeout=120)
     job = client.get_job(train["id"])
     cost = client.cost(train["id"])
@@ -177,7 +173,8 @@ def main() -> None:
 
     print("\n== summary")
     print(f"training job {job['status']}: {len(events)} membership changes "
-          f"({', '.join(e['event'] for e in events)}), {job['preemptions']} suspension(s), "
+          f"({', '.join(e['event'] for e in events)}), {job['preemptions']} preemption(s) "
+          "(workers whose capacity was taken back, and suspensions), "
           f"{job['attempts']} counted attempt(s)")
     print(f"validation accuracy {acc:.4f}; max |elastic - static| over all parameters = {diff:.3g}"
           f" ({'identical' if diff == 0 else 'within rounding' if diff < 1e-5 else 'DIFFERENT'})")

@@ -353,6 +353,11 @@ def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
         again = run_cli(args, timeout=120)
         assert again.returncode == 0 and "0 to run" in again.stderr
         assert "submitted" not in again.stderr
+        # trials bigger than the queue's slots: refused at once, naming the largest slot
+        big = run_cli([*args[:-1], tmp_path / "big", "--trial-cpus", "2"], timeout=120)
+        assert big.returncode == 2 and "Traceback" not in big.stderr, big.stderr[-2000:]
+        assert "needs cpus=2, gpus=0, memory_mib=1024 per worker, but the largest slot of " \
+               "queue default's compute environments is cpus=1" in big.stderr, big.stderr
     finally:
         stop_server(proc)
 

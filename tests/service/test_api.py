@@ -513,6 +513,14 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
                            "environment": {"X": 1}}, 422, "body.environment.X"),
         ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
                            "timeout_seconds": "soon"}, 422, "body.timeout_seconds"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "resources": {"cpus": 64}},
+         400, "needs cpus=64, gpus=0, memory_mib=1024 per worker, but the largest slot of queue "
+              "q-bad's compute environments is cpus=0.25, gpus=0, memory_mib=256 (ce-bad)"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "workdir": "rel/dir"}, 422,
+         "body.workdir: Value error, must be an absolute path"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"],
+                           "exported_environment": {"1X": "y"}}, 422,
+         "body.exported_environment.1X"),
     ]
     for method, path, body, status, fragment in cases:
         e = error_of(client.request, method, path, json=body)

@@ -220,7 +220,7 @@ def test_jobdef_register_and_submit_from_it(service, tmp_path):
         f"name: greet\ncommand: [{PY!r}, -c, \"print('hi Ref::who')\"]\n"
         "parameters: {who: world}\n")
     ok(cli("jobdef", "register", "-f", tmp_path / "jd.yaml", url=service))
-    out = ok(cli("jobdef", "register", "greet", "--retries", "2", "--timeout", "60", "--workers",
+    out = ok(cli("jobdef", "register", "greet", "--attempts", "2", "--timeout", "60", "--workers",
                  "1:2", "--param", "who=there", "--", PY, "-c", "print('hello Ref::who')",
                  url=service))
     assert "greet:2" in out

@@ -156,14 +156,24 @@ def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_
             store.update_compute_environment("spot", desired_slots=3)  # capacity appears
         if 3 in sizes and desired == 3:
             store.update_compute_environment("spot", desired_slots=2)  # and some is taken back
+        if sizes[-1:] == [2] and not shrunk:
+            now = store.get_job(job.id)  # what `dyntrain status` and `--wait` show
+            shrunk.append((now.status_reason, now.progress, now.preemptions))
         if sizes[-1:] == [2]:
             slow.unlink(missing_ok=True)  # seen all three: let it finish
 
+    shrunk: list = []
     drive(c, terminal(store, job.id), on_step=watch, timeout=180)
     final = store.get_job(job.id)
     assert final.status is JobStatus.SUCCEEDED, final.status_reason
     assert sizes[:3] == [1, 3, 2], sizes
     assert final.attempts == 1  # shrinking is not a failed attempt
+    reason, progress, preemptions = shrunk[0]
+    assert reason.startswith("training with 2 worker(s) since generation") and \
+        "generation 0" not in reason, reason
+    assert progress["world_size"] == 2 and progress["step"] > 0 and "loss" in progress
+    assert {"samples_per_s", "total_steps", "epoch", "generation"} <= set(progress)
+    assert preemptions == final.preemptions == 1  # one worker's slot taken back
     kinds = [e.kind for e in store.list_events(job.id)]
     assert "membership.join" in kinds and "membership.leave" in kinds, [
         (e.kind, e.payload) for e in store.list_events(job.id)]

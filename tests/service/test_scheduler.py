@@ -106,8 +106,8 @@ def test_job_that_can_never_fit_gets_a_reason_and_blocks_nobody():
                    [queued("huge", "q", 0, resources=huge), queued("ok", "q", 1)])
     assert plan.starts == (Start("ok", {"e": 1}),)
     assert plan.waiting["huge"] == WaitInfo(
-        "needs cpus=8, gpus=0, memory_mib=1024 per worker but no environment of queue q offers "
-        "a slot that big — it can never run", 1)
+        "needs cpus=8, gpus=0, memory_mib=1024 per worker, but the largest slot of queue q's "
+        "compute environments is cpus=4, gpus=1, memory_mib=8192 (e): it can never run", 1)
 
 
 def test_waiting_positions_and_shared_reason_behind_a_blocked_head():

@@ -45,7 +45,7 @@ def counts(store: Store) -> dict[str, int]:
 
 def setup_basics(store: Store) -> None:
     store.create_compute_environment(ComputeEnvironmentSpec(
-        "od", CapacityType.ON_DEMAND, 1.0, Resources(4, 0, 8192), 0, 1, 8))
+        "od", CapacityType.ON_DEMAND, 1.0, Resources(4, 1, 8192), 0, 1, 8))
     store.create_compute_environment(ComputeEnvironmentSpec(
         "spot", CapacityType.SPOT, 0.3, max_slots=16))
     store.create_job_queue(JobQueueSpec("q", 10, ("spot", "od")))

@@ -454,12 +454,18 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
                             "workload_args": dict(sweep.config.workload_args),
                             "metric": sweep.metric,
                             "tasks": [t.to_json() for t in tasks]})
+    from dyntrain.service.submitter import exported
+
     command = [sys.executable, "-m", "dyntrain.lab.sweep", str(plan_path.resolve())]
     with Client(url) as client:
         queue = pick_queue(client, queue)
+        # as `dyntrain submit` does: this directory (a workload given as a relative path) and
+        # this shell's environment; a queue whose slots are too small refuses the job here
         fields: dict[str, Any] = {"queue": queue, "command": command,
                                   "name": f"sweep-{sweep.model}",
                                   "environment": {"OMP_NUM_THREADS": "1"},
+                                  "workdir": os.getcwd(),
+                                  "exported_environment": exported(os.environ),
                                   "resources": {"cpus": cpus, "gpus": 0,
                                                 "memory_mib": memory_mib}}
         if len(tasks) > 1:
@@ -470,9 +476,11 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
         job_id = job["id"]
         print(f"submitted {len(tasks)} trials as job {job_id} to queue {queue} at {url}",
               file=sys.stderr, flush=True)
-        waiting = list(tasks)
+        waiting, said = list(tasks), ""
         while True:
             status = client.get_job(job_id)["status"]
+            if status == "RUNNABLE":  # why no trial runs, as soon as the scheduler knows
+                said = _say_why_waiting(client, job_id, said)
             for task in [t for t in waiting if t.done()]:
                 waiting.remove(task)
                 progress(task, read_outcome(task, sweep.metric))
@@ -480,6 +488,17 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
                 break
             time.sleep(poll)
     return job_id
+
+
+def _say_why_waiting(client: Any, job_id: str, said: str) -> str:
+    """Print why the array's first waiting child waits, when that reason is new."""
+    children = client.list_jobs(parent=job_id, status="RUNNABLE", limit=1)
+    waiting = children[0].get("waiting") if children else None
+    reason = waiting.get("reason", "") if isinstance(waiting, dict) else ""
+    if reason and reason != said:
+        print(f"waiting: {reason}", file=sys.stderr, flush=True)
+        return reason
+    return said
 
 
 def child_main(argv: list[str] | None = None) -> int:

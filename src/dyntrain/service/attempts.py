@@ -29,6 +29,8 @@ class Attempt:
     job: Job | None = None  # the job as it was when the attempt started
     workers: dict[str, WorkerRecord] = field(default_factory=dict)  # not exited, by start
     running_seen: bool = False  # an elastic job's first generation was reported running
+    shrunk: int = 0  # workers told to leave by a shrink: preemptions, as a user counts them
+    first_error: str | None = None  # the first failing worker's error line, from its log
 
     def running(self) -> list[WorkerRecord]:
         """Workers not told to leave, oldest first."""

@@ -73,6 +73,7 @@ class Controller(Recovery, Launching, Settling):
         self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
         # called with each scheduling pass's duration in seconds (the dashboard's /metrics)
         self.pass_observers: list[Callable[[float], None]] = []
+        self._parent_exports: dict[str, dict[str, str]] = {}  # array parent -> its exports
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -286,6 +287,9 @@ class Controller(Recovery, Launching, Settling):
         chosen = [w for w in attempt.running() if w.compute_environment == env][-count:]
         for w in chosen:
             self._tell_to_leave(attempt, w, f"shrink: {reason}")
+        if chosen:  # what a user calls a preemption: capacity taken from a running job
+            attempt.shrunk += len(chosen)
+            self.store.update_job(job_id, preemptions=attempt.job.preemptions + attempt.shrunk)
         self._count_workers(attempt)
 
     def _stop_all(self, attempt: Attempt, reason: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -13,19 +14,53 @@ from dyntrain.elastic.channel import parse_address
 from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.launch.runner import RunSink
+from dyntrain.service.model import JobStatus
 from dyntrain.service.store import Store
+
+PROGRESS_FIELDS = ("step", "total_steps", "epoch", "world_size", "loss", "samples_per_s", "time")
+PROGRESS_EVERY = 1.0  # seconds between two progress writes to the store
 
 
 class ServiceSink(RunSink):
-    """The launcher's files (events.jsonl, metrics.jsonl, result.json), plus service events."""
+    """The launcher's files (events.jsonl, metrics.jsonl, result.json), plus service events, the
+    job's progress (its latest metrics, at most once a second) and a status reason that follows
+    its membership changes."""
 
     def __init__(self, store: Store, job_id: str, run_dir: Path) -> None:
         super().__init__(run_dir, "?", stream=None, quiet=True, every=1e9)
         self.store, self.job_id = store, job_id
+        self._progress_at = -PROGRESS_EVERY
+        self._progress_of: dict | None = None  # the metrics record last written as progress
 
     def event(self, record: dict) -> None:
         super().event(record)
         self.store.add_event(self.job_id, f"membership.{record['event']}", record)
+        world, who = record.get("world_after"), ", ".join(record.get("workers") or [])
+        if world is not None:
+            self.store.update_job(
+                self.job_id, expected_status=JobStatus.RUNNING,
+                status_reason=f"training with {world} worker(s) since generation "
+                              f"{record.get('generation')} ({record['event']}"
+                              f"{': ' + who if who else ''})")
+
+    def metrics(self, record: dict) -> None:
+        super().metrics(record)
+        now = time.monotonic()
+        last = self._progress_of or {}
+        if (now - self._progress_at >= PROGRESS_EVERY
+                or record.get("world_size") != last.get("world_size")):
+            self._write_progress(record, now)
+
+    def _write_progress(self, record: dict, now: float) -> None:
+        progress = {k: record[k] for k in PROGRESS_FIELDS if k in record}
+        progress["generation"] = record.get("gen")
+        self.store.update_job(self.job_id, progress=progress)
+        self._progress_at, self._progress_of = now, record
+
+    def close(self) -> None:
+        if self.last_metrics is not None and self.last_metrics is not self._progress_of:
+            self._write_progress(self.last_metrics, time.monotonic())
+        super().close()
 
     def log(self, line: str) -> None:
         self.store.add_event(self.job_id, "coordinator", {"message": line})

@@ -13,6 +13,7 @@ from dyntrain.service.model import JobStatus
 from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
 
 CANNOT_START = "CannotStartContainerError"
+MAX_PARENT_EXPORTS = 64  # array parents whose exported environment is kept in memory
 
 
 class Launching:
@@ -119,7 +120,7 @@ class Launching:
                 if record.handle is None:
                     specs.append(WorkerSpec(
                         job.id, attempt.number, record.id, list(job.command),
-                        self._worker_env(job, attempt, record.id), job.resources, None,
+                        self._worker_env(job, attempt, record.id), job.resources, job.workdir,
                         str(self._log_path(job.id, record.id))))
                     owners.append(attempt)
         out = {a.job_id: ({}, None) for a in attempts}
@@ -167,8 +168,22 @@ class Launching:
             self.index.moved(job.id, job.array_parent_id, JobStatus.STARTING, JobStatus.RUNNING)
             attempt.job = dataclasses.replace(job, status=JobStatus.RUNNING)
 
+    def _exported(self, job: Job) -> dict[str, str]:
+        """The submitter's variables (an array child's are its parent's, read once)."""
+        if job.array_parent_id is None:
+            return job.exported_environment or {}
+        found = self._parent_exports.get(job.array_parent_id)
+        if found is None:
+            found = self._parent_exports[job.array_parent_id] = \
+                self.store.exported_environment(job)
+            if len(self._parent_exports) > MAX_PARENT_EXPORTS:
+                del self._parent_exports[next(iter(self._parent_exports))]
+        return found
+
     def _worker_env(self, job: Job, attempt: Attempt, wid: str) -> dict[str, str]:
-        env = {**job.environment, "DYNTRAIN_JOB_ID": job.id, "DYNTRAIN_JOB_NAME": job.name,
+        # the submitter's variables, under the job's own, under the service's (submitter.py)
+        env = {**self._exported(job), **job.environment,
+               "DYNTRAIN_JOB_ID": job.id, "DYNTRAIN_JOB_NAME": job.name,
                "DYNTRAIN_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JOB_ID": job.id,
                "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), ENV_WORKER_ID: wid,
                ENV_OUT: str(self.run_dir(job.id)), "PYTHONUNBUFFERED": "1"}

@@ -244,6 +244,35 @@ class Dependency:
         object.__setattr__(self, "type", DependencyType(self.type))
 
 
+def describe_resources(r: Resources) -> str:
+    """``cpus=2, gpus=0, memory_mib=1024``"""
+    return f"cpus={r.cpus:g}, gpus={r.gpus}, memory_mib={r.memory_mib}"
+
+
+def never_fits(queue: str, need: Resources, slots: list[tuple[str, Resources]]) -> str:
+    """Why a worker needing ``need`` can never run in ``queue``, whose environments offer
+    ``slots`` (name, slot size) in order; '' when one of them fits.
+
+    A slot's size never changes, so this holds until the queue's environments do. The message
+    names the largest slot: the one that fits the most of cpus, gpus and memory, then the
+    biggest.
+    """
+    if any(need.fits_in(slot) for _, slot in slots):
+        return ""
+    if not slots:
+        return f"queue {queue} has no compute environment: it can never run"
+
+    def size(item: tuple[str, Resources]) -> tuple:
+        s = item[1]
+        fitting = (need.cpus <= s.cpus) + (need.gpus <= s.gpus) + (need.memory_mib <= s.memory_mib)
+        return fitting, s.gpus, s.cpus, s.memory_mib
+
+    name, largest = max(slots, key=size)
+    return (f"needs {describe_resources(need)} per worker, but the largest slot of queue "
+            f"{queue}'s compute environments is {describe_resources(largest)} ({name}): "
+            "it can never run")
+
+
 def check_array_size(size: int | None) -> int | None:
     if size is not None and not 2 <= size <= MAX_ARRAY_SIZE:
         raise ValidationError(f"array size must be 2-{MAX_ARRAY_SIZE}, got {size}")

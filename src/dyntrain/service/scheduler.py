@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
 
-from dyntrain.service.model import CapacityType, JobStatus, Resources, State, ValidationError
+from dyntrain.service.model import (
+    CapacityType,
+    JobStatus,
+    Resources,
+    State,
+    ValidationError,
+    never_fits,
+)
 
 _ACTIVE = (JobStatus.STARTING, JobStatus.RUNNING)
 _CREATED = attrgetter("created")
@@ -223,15 +230,12 @@ class _Fit:
 
     def __init__(self, queue: QueueView, envs: Mapping[str, EnvView]) -> None:
         self.queue = queue.name
-        self.slots = [envs[name].slot for name in queue.compute_environments if name in envs]
+        self.slots = [(name, envs[name].slot) for name in queue.compute_environments
+                      if name in envs]
 
     def never_reason(self, resources: Resources) -> str:
         """Why a job of this size can never run in the queue, or '' when some slot fits it."""
-        for slot in self.slots:
-            if resources.fits_in(slot):
-                return ""
-        return (f"needs {_describe(resources)} per worker but no environment of queue "
-                f"{self.queue} offers a slot that big — it can never run")
+        return never_fits(self.queue, resources, self.slots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,7 +558,3 @@ def _grow(state: _Pass) -> None:
                 want -= take
             if want == 0:
                 break
-
-
-def _describe(resources: Resources) -> str:
-    return f"cpus={resources.cpus:g}, gpus={resources.gpus}, memory_mib={resources.memory_mib}"

@@ -13,6 +13,7 @@ from dyntrain.service.model import JobStatus
 from dyntrain.service.scheduler import JobView
 from dyntrain.service.store import WORKER_RUNNING, Job
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
+from dyntrain.service.worker_log import read_error_line
 
 
 @dataclass
@@ -61,6 +62,10 @@ class Settling:
                                         w.capacity_type, amount, w.price_per_slot_hour, lost,
                                         now))
         attempt.last_exit = exit_
+        if code is not None and code > 0 and w.state == WORKER_RUNNING and not attempt.first_error:
+            line = read_error_line(self._log_path(w.job_id, w.id))
+            who = f"{w.id.rsplit('-', 1)[-1]} " if attempt.host is not None else ""
+            attempt.first_error = f"{who}{line}" if line else None
         coordinator = attempt.host.coordinator if attempt.host is not None else None
         if coordinator is not None and (
                 (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
@@ -125,7 +130,9 @@ class Settling:
                                               timed_out_after=attempt.timed_out)
             status, reason, used, counted = (outcome.status, outcome.reason,
                                              outcome.attempts_used, outcome.counted)
+            if attempt.first_error and counted and status is not JobStatus.SUCCEEDED:
+                reason = f"{reason}; {attempt.first_error}"
         s.ends.append(AttemptEnd(job.id, attempt.number, code, reason, now, status.value, used,
-                                 job.preemptions + (0 if counted else 1),
+                                 job.preemptions + attempt.shrunk + (0 if counted else 1),
                                  now if status.is_terminal() else None))
         s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ CAPACITY_TYPES = ("ON_DEMAND", "RESERVED", "SPOT")
 STATES = ("ENABLED", "DISABLED")
 JOB_STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 POLL_SECONDS = 0.5
+MAX_ATTEMPTS = 10
+_CHILD_FOLDER = re.compile(r"^(.+)_(\d+)$")  # an array child as its run folder names it
 _META_URL, _META_TOKEN = "dyntrain.url", "dyntrain.token"
 
 
@@ -63,6 +66,46 @@ def friendly(f: Callable) -> Callable:
 
 def one_line(text: Any) -> str:
     return " ".join(str(text).split())
+
+
+def resolve_job(client, ref: str) -> dict[str, Any]:
+    """The job ``ref`` names: its id or a unique prefix of one (as ``status`` shows them); an
+    array child as ``PARENT:N`` or, as its run folder is named, ``PARENT_N``."""
+    from dyntrain.service.client import ApiError
+
+    try:
+        return client.get_job(ref)
+    except ApiError as first:
+        if first.status != 404:
+            raise
+        error = first
+    parent, sep, index = ref.partition(":")
+    folder = _CHILD_FOLDER.match(ref) if not sep else None
+    if folder:
+        parent, sep, index = folder.group(1), ":", folder.group(2)
+        try:
+            return client.get_job(f"{parent}:{index}")
+        except ApiError as e:
+            if e.status != 404:
+                raise
+    from dyntrain.cli.service.output import list_items
+
+    try:
+        jobs = list_items(client.list_jobs(limit=1000), "jobs", "items")
+    except ApiError:
+        raise error from None
+    matches = [j for j in jobs if str(j.get("id", "")).startswith(parent)]
+    if len(matches) > 1:
+        some = ", ".join(j["id"] for j in matches[:3]) + (", ..." if len(matches) > 3 else "")
+        raise DyntrainError(f"job id {ref!r} is ambiguous: {len(matches)} job ids start "
+                            f"with it ({some})")
+    if len(matches) == 1:
+        try:
+            return client.get_job(matches[0]["id"] + sep + index)
+        except ApiError as e:
+            if e.status != 404:
+                raise
+    raise error from None
 
 
 # ------------------------------------------------------------------------------ parsing
@@ -116,6 +159,21 @@ def parse_dependency(text: str) -> dict[str, str]:
     return {"job_id": text, "type": "STANDARD"}
 
 
+def attempts_from_flags(attempts: int | None, retries: int | None) -> int | None:
+    """``--attempts N`` (in all, the first included) or ``--retries N`` (after the first: N+1
+    attempts), checked; None when neither is given."""
+    if attempts is not None and retries is not None:
+        raise DyntrainError("give --attempts (in all) or --retries (after the first attempt), "
+                            "not both")
+    if attempts is not None and not 1 <= attempts <= MAX_ATTEMPTS:
+        raise DyntrainError(f"--attempts must be 1-{MAX_ATTEMPTS} (attempts in all, the first "
+                            f"included), got {attempts}")
+    if retries is not None and not 0 <= retries < MAX_ATTEMPTS:
+        raise DyntrainError(f"--retries must be 0-{MAX_ATTEMPTS - 1} (retries after the first "
+                            f"attempt), got {retries}")
+    return attempts if retries is None else retries + 1
+
+
 def split_names(text: str, flag: str) -> list[str]:
     names = [n.strip() for n in text.split(",")]
     if not all(names):
@@ -157,6 +215,20 @@ def load_yaml(path: str) -> dict[str, Any]:
     bad = [k for k in data if not isinstance(k, str)]
     if bad:
         raise DyntrainError(f"{path}: field names must be strings, got {bad[0]!r}")
+    return data
+
+
+def load_body(path: str, body: str) -> dict[str, Any]:
+    """A YAML file of the fields of REST body ``body`` (a class in
+    ``dyntrain.service.api.schemas``); unknown fields are named."""
+    from dyntrain.service.api import schemas
+
+    data = load_yaml(path)
+    known = sorted(getattr(schemas, body).model_fields)
+    unknown = [k for k in data if k not in known]
+    if unknown:
+        raise DyntrainError(f"{path}: unknown field(s) {', '.join(unknown)} (known: "
+                            f"{', '.join(known)})")
     return data
 
 

@@ -13,7 +13,7 @@ from dyntrain.cli.service.common import (
     conn_options,
     friendly,
     from_file,
-    load_yaml,
+    load_body,
     make_client,
     parse_slots,
     remember_conn,
@@ -67,7 +67,7 @@ def _ce_table(envs: list[dict[str, Any]]):
 def ce_create(name, path, capacity_type, price, slots, slot_cpus, slot_gpus, slot_memory, state,
               url, token):
     """Create compute environment NAME from flags or -f FILE.yaml."""
-    body = load_yaml(path) if path else {}
+    body = load_body(path, "ComputeEnvironmentIn") if path else {}
     if name:
         body["name"] = name
     if not body.get("name"):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from dyntrain.cli.service.common import (
+    attempts_from_flags,
     conn_options,
     friendly,
     from_file,
-    load_yaml,
+    load_body,
     make_client,
     parse_kv,
     parse_min_max,
@@ -32,7 +33,10 @@ def jobdef(ctx, url, token):
 @click.option("-f", "--file", "path", default=None, metavar="FILE.yaml",
               help="Fields of the definition (flags override them).")
 @click.option("--workers", default=None, metavar="MIN:MAX", help="Elastic between MIN and MAX.")
-@click.option("--retries", type=int, default=None, metavar="N", help="Attempts in all (1-10).")
+@click.option("--attempts", type=int, default=None, metavar="N",
+              help="Attempts in all, the first included (1-10; retry_strategy.attempts).")
+@click.option("--retries", type=int, default=None, metavar="N",
+              help="Retries after a failed first attempt (0-9): the same as --attempts N+1.")
 @click.option("--timeout", type=float, default=None, metavar="S", help="Seconds per attempt.")
 @click.option("--param", "params", multiple=True, metavar="K=V", help="Default of Ref::K.")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Environment variable.")
@@ -42,14 +46,15 @@ def jobdef(ctx, url, token):
 @conn_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @friendly
-def jobdef_register(name, path, workers, retries, timeout, params, envs, cpus, gpus, memory,
-                    url, token, command):
+def jobdef_register(name, path, workers, attempts, retries, timeout, params, envs, cpus, gpus,
+                    memory, url, token, command):
     """Register job definition NAME (a new revision if it exists) from flags or -f FILE.yaml.
 
     \b
     dyntrain jobdef register train --workers 1:4 --param epochs=3 -- python t.py Ref::epochs
     """
-    body = load_yaml(path) if path else {}
+    body = load_body(path, "JobDefinitionIn") if path else {}
+    attempts = attempts_from_flags(attempts, retries)
     if name:
         body["name"] = name
     if not body.get("name"):
@@ -61,9 +66,9 @@ def jobdef_register(name, path, workers, retries, timeout, params, envs, cpus, g
     if workers is not None:
         w = parse_min_max(workers)
         body["elastic"] = {"min_workers": w["min"], "max_workers": w["max"]}
-    if retries is not None:
+    if attempts is not None:
         base = body.get("retry_strategy") if isinstance(body.get("retry_strategy"), dict) else {}
-        body["retry_strategy"] = {**base, "attempts": retries}
+        body["retry_strategy"] = {**base, "attempts": attempts}
     if timeout is not None:
         body["timeout_seconds"] = timeout
     if params:

@@ -11,7 +11,7 @@ from dyntrain.cli.service.common import (
     conn_options,
     friendly,
     from_file,
-    load_yaml,
+    load_body,
     make_client,
     remember_conn,
     split_names,
@@ -39,7 +39,7 @@ def queue(ctx, url, token):
 @friendly
 def queue_create(name, path, priority, envs, state, url, token):
     """Create job queue NAME from flags or -f FILE.yaml."""
-    body = load_yaml(path) if path else {}
+    body = load_body(path, "JobQueueIn") if path else {}
     if name:
         body["name"] = name
     if not body.get("name"):

@@ -54,7 +54,8 @@ def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
         depends_on=[Dependency(d.job_id, d.type) for d in body.depends_on],
         workers=None if body.workers is None else (body.workers.min, body.workers.max),
         retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
-        job_id=body.job_id)
+        job_id=body.job_id, workdir=body.workdir,
+        exported_environment=body.exported_environment)
     return views.job(job)
 
 
@@ -79,6 +80,7 @@ def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
     job = _job(service, job_id)
     out = views.job(job, _waiting(service).get(job_id))
     out["workers"] = [views.worker(w) for w in service.store.list_workers(job_id, active=True)]
+    out["exported_environment"] = service.store.exported_environment(job)
     if job.is_array_parent:
         counts = service.store.child_status_counts([job_id])[job_id]
         out["array"] = {"size": job.array_size,

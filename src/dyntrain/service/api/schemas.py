@@ -39,6 +39,12 @@ def _env_name(value: str) -> str:
     return value
 
 
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError("must be an absolute path")
+    return value
+
+
 def _definition_ref(value: str) -> str:
     if not _DEFINITION_REF.match(value):
         raise ValueError("a job definition is NAME or NAME:REVISION (a revision is a number "
@@ -181,3 +187,10 @@ class JobIn(Body):
     retry_attempts: Annotated[int, Field(ge=1, le=MAX_ATTEMPTS)] | None = None
     timeout_seconds: Seconds | None = None
     job_id: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    workdir: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_no_nul),
+                       AfterValidator(_absolute)] | None = Field(
+        None, description="where the workers start (the CLI sends the submitter's directory); "
+                          "default: the service's working directory")
+    exported_environment: Environment | None = Field(
+        None, description="the submitter's environment variables (`--export`), under "
+                          "`environment` and the job definition's")

@@ -85,6 +85,7 @@ def job(j: Job, waiting: WaitInfo | None = None) -> dict[str, Any]:
         "current_workers": j.current_workers,
         "waiting": (None if waiting is None or j.status is not JobStatus.RUNNABLE
                     else {"reason": waiting.reason, "position": waiting.position}),
+        "workdir": j.workdir, "progress": j.progress,
         "created_at": j.created_at, "updated_at": j.updated_at, "started_at": j.started_at,
         "stopped_at": j.stopped_at,
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ from dyntrain.service.model import (
     ValidationError,
     check_array_size,
     check_name,
+    never_fits,
     substitute,
 )
 from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
@@ -33,7 +35,15 @@ from dyntrain.service.store.records import (
     _retry_from_json,
     _retry_to_json,
 )
-from dyntrain.service.store.schema import attempts, job_dependencies, job_queues, jobs
+from dyntrain.service.store.schema import (
+    attempts,
+    compute_environments,
+    job_dependencies,
+    job_queues,
+    jobs,
+    queue_environments,
+)
+from dyntrain.service.submitter import clean
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -47,14 +57,19 @@ class JobStore(StoreBase):
                environment: dict[str, str] | None = None, resources: Resources | None = None,
                array_size: int | None = None, depends_on: Iterable[Dependency] = (),
                workers: tuple[int, int] | None = None, retry_attempts: int | None = None,
-               timeout_seconds: float | None = None, job_id: str | None = None) -> Job:
+               timeout_seconds: float | None = None, job_id: str | None = None,
+               workdir: str | None = None,
+               exported_environment: dict[str, str] | None = None) -> Job:
         """Create a job (and, for an array job, its ``array_size`` children) as SUBMITTED.
 
         ``definition`` is ``name`` (latest active revision) or ``name:revision``; ``command``
         alone makes an inline job, and with a definition overrides its command. ``parameters``
         and ``environment`` are merged over the definition's; ``Ref::x`` in the command is
         resolved now. ``workers=(min, max)`` makes the job elastic. A ``SEQUENTIAL`` dependency
-        names the job itself (``job_id`` or ``""``).
+        names the job itself (``job_id`` or ``""``). ``workdir`` (absolute) is where its workers
+        start; ``exported_environment`` is the submitter's environment, under the job's own
+        (see ``dyntrain.service.submitter``). A job whose workers fit no slot of the queue's
+        environments is refused: it could never run.
         """
         array_size = check_array_size(array_size)
         if definition is None and command is None:
@@ -67,6 +82,10 @@ class JobStore(StoreBase):
         elastic = ElasticSettings(*workers) if workers is not None else None
         if timeout_seconds is not None and not timeout_seconds > 0:
             raise ValidationError(f"timeout must be positive, got {timeout_seconds}")
+        if workdir is not None and not (isinstance(workdir, str) and os.path.isabs(workdir)
+                                        and "\x00" not in workdir):
+            raise ValidationError(f"workdir must be an absolute path, got {workdir!r}")
+        exports = None if exported_environment is None else clean(exported_environment)
         with self._tx() as conn:
             # Dated inside the write transaction, submits serialised (SQLite: by its write lock;
             # PostgreSQL: by an advisory lock): jobs commit in created_at order, which is what
@@ -119,7 +138,11 @@ class JobStore(StoreBase):
                 "status": JobStatus.SUBMITTED.value, "status_reason": None, "attempts": 0,
                 "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
                 "created_at": now, "updated_at": now, "started_at": None, "stopped_at": None,
+                "workdir": workdir, "exported_environment": exports, "progress": None,
             }
+            never = never_fits(queue, res, _queue_slots(conn, queue))
+            if never:
+                raise ValidationError(f"job refused: it {never}")
             conn.execute(jobs.insert(), [row])
             if deps:
                 conn.execute(job_dependencies.insert(), [
@@ -127,9 +150,19 @@ class JobStore(StoreBase):
                     for d in deps])
             if array_size:
                 conn.execute(jobs.insert(), [
-                    {**row, "id": f"{job_id}:{i}", "array_parent_id": job_id, "array_index": i}
+                    {**row, "id": f"{job_id}:{i}", "array_parent_id": job_id, "array_index": i,
+                     "exported_environment": None}  # read from the parent
                     for i in range(array_size)])
         return _job_from_row(row, deps)
+
+    def exported_environment(self, job: Job) -> dict[str, str]:
+        """The submitter's environment of ``job`` (an array child's is on its parent)."""
+        if job.array_parent_id is None:
+            return dict(job.exported_environment or {})
+        with self._tx(write=False) as conn:
+            found = conn.execute(sa.select(jobs.c.exported_environment)
+                                 .where(jobs.c.id == job.array_parent_id)).scalar()
+        return dict(found or {})
 
     def get_job(self, job_id: str) -> Job:
         with self._tx(write=False) as conn:
@@ -249,6 +282,16 @@ class JobStore(StoreBase):
                             r.reason) for r in rows]
 
 
+def _queue_slots(conn: Connection, queue: str) -> list[tuple[str, Resources]]:
+    """(name, slot) of each of ``queue``'s compute environments, in the queue's order."""
+    ce = compute_environments
+    rows = conn.execute(
+        sa.select(ce.c.name, ce.c.slot_cpus, ce.c.slot_gpus, ce.c.slot_memory_mib)
+        .join(queue_environments, queue_environments.c.compute_environment == ce.c.name)
+        .where(queue_environments.c.queue == queue).order_by(queue_environments.c.position))
+    return [(r.name, Resources(r.slot_cpus, r.slot_gpus, r.slot_memory_mib)) for r in rows]
+
+
 def _normalise_deps(job_id: str, depends_on: Iterable[Dependency],
                     array_size: int | None) -> list[Dependency]:
     out: dict[str, Dependency] = {}
@@ -330,4 +373,6 @@ def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
         array_index=r["array_index"], array_size=r["array_size"], depends_on=tuple(deps),
         attempts=r["attempts"], preemptions=r["preemptions"], exit_code=r["exit_code"],
         current_workers=r["current_workers"], created_at=r["created_at"],
-        updated_at=r["updated_at"], started_at=r["started_at"], stopped_at=r["stopped_at"])
+        updated_at=r["updated_at"], started_at=r["started_at"], stopped_at=r["stopped_at"],
+        workdir=r["workdir"], exported_environment=r["exported_environment"],
+        progress=r["progress"])

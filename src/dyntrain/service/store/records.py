@@ -92,6 +92,9 @@ class Job:
     updated_at: float
     started_at: float | None
     stopped_at: float | None
+    workdir: str | None = None  # where its workers start; None: the executor's directory
+    exported_environment: dict[str, str] | None = None  # the submitter's (on an array's parent)
+    progress: dict | None = None  # an elastic job's latest step, world size, loss, samples/s
 
     @property
     def elastic(self) -> ElasticSettings | None:
@@ -192,7 +195,7 @@ class Event:
 # Columns update_job may change; everything else about a job is fixed at submit.
 MUTABLE_JOB_FIELDS = frozenset({
     "status", "status_reason", "attempts", "preemptions", "started_at", "stopped_at",
-    "exit_code", "current_workers", "min_workers", "max_workers",
+    "exit_code", "current_workers", "min_workers", "max_workers", "progress",
 })
 
 

@@ -97,6 +97,9 @@ jobs = sa.Table(
     sa.Column("log_seq", sa.Integer, nullable=False),  # last log line's sequence number
     *_times("created_at", "updated_at"),
     *_times("started_at", "stopped_at", nullable=True),
+    sa.Column("workdir", sa.Text),  # None: the executor's own working directory
+    sa.Column("exported_environment", sa.JSON),  # the submitter's; an array's on its parent only
+    sa.Column("progress", sa.JSON),  # an elastic job's latest training metrics
     sa.Index("ix_jobs_created", "created_at", "id"),
     sa.Index("ix_jobs_queue_status", "queue", "status", "created_at"),
     sa.Index("ix_jobs_status", "status"),

@@ -1,0 +1,163 @@
+"""``dyntrain logs``, and following a job until it ends (``logs -f``, ``submit --wait``).
+
+A job's log lines go to stdout; what the service says about the job goes to stderr: its status
+changes with their reasons (``--wait``), why it waits as soon as the scheduler knows, and, while an
+elastic job trains, its step, world size, loss and samples/s. An array job has no log of its own:
+``logs PARENT`` prints its children's statuses and how to reach a child's log.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from dyntrain.cli.service.common import (
+    POLL_SECONDS,
+    TERMINAL,
+    conn_options,
+    friendly,
+    make_client,
+    resolve_job,
+)
+from dyntrain.cli.service.output import list_items, reason_text, short_id
+
+PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
+FAILED_SHOWN = 5  # failed children listed under an array job's summary
+
+
+def progress_text(progress: dict[str, Any] | None) -> str:
+    """``step 120/600  epoch 3  world 2  loss 0.4321  812.3 samples/s``; '' without a step."""
+    if not isinstance(progress, dict) or progress.get("step") is None:
+        return ""
+    total = progress.get("total_steps")
+    parts = [f"step {progress['step']}" + (f"/{total}" if total else "")]
+    if progress.get("epoch") is not None:
+        parts.append(f"epoch {progress['epoch']}")
+    if progress.get("world_size") is not None:
+        parts.append(f"world {progress['world_size']}")
+    if isinstance(progress.get("loss"), (int, float)):
+        parts.append(f"loss {progress['loss']:.4f}")
+    if isinstance(progress.get("samples_per_s"), (int, float)):
+        parts.append(f"{progress['samples_per_s']:.1f} samples/s")
+    return "  ".join(parts)
+
+
+def _print_log_page(client, job_id: str, after: int) -> tuple[int, dict[str, Any]]:
+    """Print the lines after ``after``; returns the seq to go on from and the page."""
+    page = client.logs(job_id, after_seq=after)
+    for line in page.get("lines") or []:
+        click.echo(line.get("line", "") if isinstance(line, dict) else str(line))
+    return int(page.get("last_seq", after)), page
+
+
+def print_log(client, job_id: str) -> None:
+    after = 0
+    while True:
+        after, page = _print_log_page(client, job_id, after)
+        if not page.get("lines"):
+            return
+
+
+class _Watcher:
+    """Says on stderr what changed about a job since it last looked."""
+
+    def __init__(self, job_id: str, announce: bool) -> None:
+        self.tag, self.announce = f"[{short_id(job_id)}]", announce
+        self.said: tuple[str, str] | None = None
+        self.step: Any = None
+
+    def look(self, job: dict[str, Any]) -> None:
+        status = str(job.get("status"))
+        waiting = job.get("waiting") if isinstance(job.get("waiting"), dict) else None
+        # a waiting job's place in its queue moves; only a new reason is news
+        key = (status, waiting.get("reason", "") if waiting else job.get("status_reason") or "")
+        if self.announce and key != self.said:
+            reason = reason_text(job)
+            click.echo(f"{self.tag} {status}" + (f": {reason}" if reason else ""), err=True)
+            self.said = key
+        progress = job.get("progress")
+        if status not in TERMINAL and isinstance(progress, dict) and \
+                progress.get("step") != self.step:
+            self.step = progress.get("step")
+            text = progress_text(progress)
+            if text:
+                click.echo(f"{self.tag} {text}", err=True)
+
+
+def follow(client, job_id: str, *, announce: bool) -> dict[str, Any]:
+    """Print a job's log until it ends, with its progress (and, with ``announce``, its status
+    changes and why it waits) on stderr; returns the finished job."""
+    watcher, after, seen_status, next_look = _Watcher(job_id, announce), 0, None, 0.0
+    while True:
+        after, page = _print_log_page(client, job_id, after)
+        now = time.monotonic()
+        if page.get("status") != seen_status or now >= next_look:
+            job = client.get_job(job_id)
+            watcher.look(job)
+            seen_status, next_look = page.get("status"), now + PROGRESS_SECONDS
+        if page.get("done") and not page.get("lines"):
+            return client.get_job(job_id)
+        if not page.get("lines"):
+            time.sleep(POLL_SECONDS)
+
+
+def array_summary(client, job: dict[str, Any]) -> list[str]:
+    """An array job's children by status, a few failed ones, and how to read a child's log."""
+    counts = (job.get("array") or {}).get("status_counts") or {}
+    size = (job.get("array") or {}).get("size") or job.get("array_size")
+    lines = [f"array job {job['id']} ({job.get('status')}): {size} children: "
+             + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none yet")]
+    if counts.get("FAILED"):
+        failed = list_items(client.list_jobs(parent=job["id"], status="FAILED",
+                                             limit=FAILED_SHOWN), "jobs", "items")
+        for child in failed:
+            lines.append(f"  {child['id']}  FAILED: {child.get('status_reason') or ''}".rstrip())
+        if counts["FAILED"] > len(failed):
+            lines.append(f"  ... and {counts['FAILED'] - len(failed)} more failed")
+    lines.append(f"a child's log: dyntrain logs {job['id']}:INDEX (INDEX 0-{int(size) - 1}); "
+                 f"its files: the service's state folder, runs/jobs/{job['id']}_INDEX/")
+    return lines
+
+
+def _follow_array(client, job: dict[str, Any]) -> None:
+    shown = None
+    while job.get("status") not in TERMINAL:
+        counts = (job.get("array") or {}).get("status_counts")
+        if counts != shown:
+            click.echo(f"[{short_id(job['id'])}] children: "
+                       + ", ".join(f"{n} {s}" for s, n in (counts or {}).items() if n), err=True)
+            shown = counts
+        time.sleep(POLL_SECONDS)
+        job = client.get_job(job["id"])
+    for line in array_summary(client, job):
+        click.echo(line)
+
+
+@click.command()
+@click.option("--follow", "-f", "follow_", is_flag=True,
+              help="Keep printing new lines (and the job's progress) until the job ends.")
+@click.argument("job")
+@conn_options
+@friendly
+def logs(follow_, job, url, token):
+    """Print JOB's log (an array job: its children's statuses; a child is PARENT:INDEX)."""
+    client = make_client(url, token)
+    found = resolve_job(client, job)
+    if isinstance(found.get("array"), dict):
+        if follow_:
+            _follow_array(client, found)
+        else:
+            for line in array_summary(client, found):
+                click.echo(line)
+        return
+    try:
+        if follow_:
+            follow(client, found["id"], announce=False)
+        else:
+            print_log(client, found["id"])
+    except KeyboardInterrupt:
+        click.echo(f"\ndyntrain: stopped following; job {found['id']} goes on (stop it with: "
+                   f"dyntrain terminate {found['id']})", err=True)
+        raise SystemExit(130) from None
