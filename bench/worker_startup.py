@@ -118,17 +118,16 @@ def main() -> None:
                      "join_hello_median_s": median(hello), "join_hello_max_s": maximum(hello),
                      "join_first_step_median_s": median(first),
                      "join_first_step_max_s": maximum(first)})
-    header = (f"{'mode':<12} {'n':>2} {'initial hello s':>16} {'join hello s':>14} "
-              f"{'join -> first step s':>21}")
+    def cell(row: dict, key: str) -> str:
+        return f"{fmt(row[key + '_median_s'], 2)} ({fmt(row[key + '_max_s'], 2)})"
+
+    header = (f"{'mode':<12} {'n':>2}  {'initial hello s':<16} {'join hello s':<14} "
+              "join -> first step s")
     lines = ["Worker start-up in `dyntrain run` (digits, --workers 1:3 --nproc 2, "
              "step=5:join=1; medians, max in brackets)", header, "-" * len(header)]
     for row in rows:
-        lines.append(
-            f"{row['mode']:<12} {row['n']:>2} "
-            f"{fmt(row['initial_hello_median_s'], 2):>8} ({fmt(row['initial_hello_max_s'], 2)})"
-            f"{fmt(row['join_hello_median_s'], 2):>8} ({fmt(row['join_hello_max_s'], 2)})"
-            f"{fmt(row['join_first_step_median_s'], 2):>12} "
-            f"({fmt(row['join_first_step_max_s'], 2)})")
+        lines.append(f"{row['mode']:<12} {row['n']:>2}  {cell(row, 'initial_hello'):<16} "
+                     f"{cell(row, 'join_hello'):<14} {cell(row, 'join_first_step')}")
     plain, fork = rows
     if plain["join_hello_median_s"] and fork["join_hello_median_s"]:
         ratio = plain["join_hello_median_s"] / fork["join_hello_median_s"]
