@@ -52,16 +52,22 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def wait_exit(executor: LocalExecutor, worker: str, timeout: float = 60.0):
+def wait_for(condition, what: str, timeout: float = 120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for exit_ in executor.poll():
-            if exit_.worker_id == worker:
-                return exit_
-        executor.wait(0.05)
-    raise AssertionError(f"{worker} did not exit within {timeout:g} s")
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def exits(executor: LocalExecutor, seen: dict) -> dict:
+    seen.update({e.worker_id: e for e in executor.poll()})
+    return seen
+
+
+@pytest.mark.slow
 def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
     job = tmp_path / "scripts" / "job.py"
     job.parent.mkdir()
@@ -69,27 +75,33 @@ def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
     # in the executor's own environment: its warm workers start with it, its workers get it
     monkeypatch.setenv("JOB_VAR", "from-the-service")
     executor = LocalExecutor(tmp_path / "state", cpus=2, memory_mib=4096, warm_workers=2)
-    try:
-        def spec(wid: str, arg: str) -> WorkerSpec:
-            return WorkerSpec("j", 1, wid, [PY, str(job), arg], {"DYNTRAIN_JOB_ID": "j"},
-                              Resources(0.5, 0, 256), str(tmp_path), str(tmp_path / f"{wid}.log"))
+    ended: dict = {}
 
-        first = executor.start(spec("w0", "3"))
-        second = executor.start(spec("w1", "wait"))
-        assert wait_exit(executor, "w0").exit_code == 3
-        log = (tmp_path / "w0.log").read_text().splitlines()
-        assert log[0] == "torch already imported: True", log
-        assert log[1] == f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True"
-        log1 = tmp_path / "w1.log"
-        deadline = time.monotonic() + 60
-        while "torch already imported" not in (log1.read_text() if log1.exists() else ""):
-            assert time.monotonic() < deadline, "w1 did not start"
-            time.sleep(0.05)
-        assert log1.read_text().startswith("torch already imported: True")
+    def start(wid: str, arg: str):
+        return executor.start(WorkerSpec(
+            "j", 1, wid, [PY, str(job), arg], {"DYNTRAIN_JOB_ID": "j"}, Resources(0.5, 0, 256),
+            str(tmp_path), str(tmp_path / f"{wid}.log")))
+
+    def log(wid: str) -> list[str]:
+        path = tmp_path / f"{wid}.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    try:
+        start("w0", "0")  # the first that could use one starts cold, and fills the pool
+        wait_for(lambda: "w0" in exits(executor, ended), "w0")
+        assert log("w0")[0] == "torch already imported: False"
+        supervisor_log = tmp_path / "state" / "workers" / "supervisor.log"
+        wait_for(lambda: supervisor_log.read_text().count("warm worker") >= 2, "the pool")
+        first, second = start("w1", "3"), start("w2", "wait")
+        assert wait_for(lambda: exits(executor, ended).get("w1"), "w1").exit_code == 3
+        assert log("w1") == ["torch already imported: True",
+                             f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True"]
+        wait_for(lambda: log("w2"), "w2 to start")
+        assert log("w2")[0] == "torch already imported: True"
         assert first.ref.split(":")[0] != second.ref.split(":")[0]  # one worker per process
-        executor.signal("w1", "TERM")  # reaches the worker's process group
-        gone = wait_exit(executor, "w1")
+        executor.signal("w2", "TERM")  # reaches the worker's process group
+        gone = wait_for(lambda: exits(executor, ended).get("w2"), "w2 to end")
         assert gone.signal == 15 and gone.exit_code is None, gone
     finally:
         executor.shutdown()
-    assert Path(executor.status_path("w1")).exists()
+    assert Path(executor.status_path("w2")).exists()

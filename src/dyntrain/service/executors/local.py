@@ -12,7 +12,8 @@ With ``warm_workers`` the supervisor also keeps that many warm workers ready (``
 with torch imported); a worker whose command and environment allow it (``warm.eligible``: this
 interpreter running a script or module, nothing read at start-up changed) becomes one of them
 instead of starting a new interpreter, and so skips the seconds of importing torch. Each warm
-worker serves one worker, then exits like any other. They exist from the first start on.
+worker serves one worker, then exits like any other. The pool fills after the first worker
+that could have used one (which starts cold).
 
 A handle's ref is ``"<pid>:<start time>"`` (field 22 of ``/proc/<pid>/stat``, clock ticks since
 boot): a pid alone may have been reused by an unrelated process by the time it is adopted.

@@ -21,7 +21,8 @@ outlives a killed service:
   imported, waiting for one assignment on stdin). A start request with ``"warm": true`` (the
   executor decided the command may run in one) is handed to a ready one, which becomes that
   worker - same status file, exit event and process group as any other - and a new one is
-  started ``WARM_REFILL_S`` later; with none ready the worker starts cold.
+  started ``WARM_REFILL_S`` later; with none ready the worker starts cold. The pool fills only
+  after the first such request (a service that runs no Python workers pays nothing for it).
 
 ``DIR/supervisor-<pid>.live`` exists while the supervisor may still read requests. At the end of
 stdin (the service closed it or died) the supervisor has started everything it was asked to,
@@ -81,13 +82,14 @@ class WarmPool:
 
     def __init__(self, size: int) -> None:
         self.size = size
+        self.wanted = False  # set by the first request that could use a warm worker
         self.ready: dict[int, subprocess.Popen] = {}  # pid -> process, oldest first
         self.refill_at = 0.0
         self.failures = 0
 
     def fill(self) -> None:
-        while (len(self.ready) < self.size and time.monotonic() >= self.refill_at
-               and self.failures < WARM_MAX_FAILURES):
+        while (self.wanted and len(self.ready) < self.size
+               and time.monotonic() >= self.refill_at and self.failures < WARM_MAX_FAILURES):
             proc = subprocess.Popen([sys.executable, "-m", "dyntrain.service.executors.warm"],
                                     stdin=subprocess.PIPE, stdout=sys.stderr.fileno(),
                                     start_new_session=True, close_fds=True)
@@ -95,6 +97,7 @@ class WarmPool:
 
     def assign(self, req: dict) -> subprocess.Popen | None:
         """Hand ``req`` to a ready warm worker; None when there is none (or it just died)."""
+        self.wanted = True
         if req.get("cwd") is not None and not os.path.isdir(req["cwd"]):
             return None  # the cold start reports it
         while self.ready:
