@@ -62,10 +62,20 @@ QUIET = 0.5  # cores' worth of other load below which a run counts as undisturbe
 
 @dataclass(frozen=True)
 class Config:
-    name: str  # "like-for-like", "like-for-like-f32" or "small-chunk"
+    name: str  # see ``VARIANTS`` and "small-chunk"
     world: int
     chunk: int
-    exact: bool = True  # dyntrain's default float64 reduction; False: float32 like DDP
+    flags: tuple[str, ...] = ()  # overhead_worker.py flags
+
+
+# The one-chunk-per-worker variants: (name, overhead_worker flags). The first is the default.
+VARIANTS = [
+    ("like-for-like", ()),  # exact ring sum (float32 on the wire), overlapped with backward
+    ("float64-allreduce", ("--float64-allreduce",)),  # exact, the earlier float64 all-reduce
+    ("no-overlap", ("--no-overlap",)),  # exact ring, buckets summed after backward
+    ("float64-no-overlap", ("--float64-allreduce", "--no-overlap")),  # the previous release
+    ("float32", ("--float32-reduction",)),  # not exact: float32 all-reduce like DDP
+]
 
 
 def dyntrain_command() -> list[str]:
@@ -98,10 +108,16 @@ def cpu_per_step(records: list[dict], k: int) -> list[float]:
     return [1000 * (r["cpu"][-1] - r["cpu"][k - 1]) / (len(r["cpu"]) - k) for r in records]
 
 
+def model_name(args: argparse.Namespace) -> str:
+    if args.hidden:
+        return f"MLP 64-{args.hidden}-{args.hidden}-{args.hidden}-10"
+    return f"DigitsNet(width={args.width})"
+
+
 def workload_args(args: argparse.Namespace) -> list[str]:
-    return ["--width", str(args.width), "--global-batch", str(args.global_batch),
-            "--steps", str(args.steps), "--seed", "0", "--threads", "1",
-            "--warmup", str(warmup_steps(args))]
+    return ["--width", str(args.width), "--hidden", str(args.hidden),
+            "--global-batch", str(args.global_batch), "--steps", str(args.steps), "--seed", "0",
+            "--threads", "1", "--warmup", str(warmup_steps(args))]
 
 
 def run_ddp(args: argparse.Namespace, world: int, work: Path, tag: str) -> dict:
@@ -131,7 +147,7 @@ def run_dyntrain(args: argparse.Namespace, cfg: Config, work: Path, tag: str,
     out = work / tag
     cmd = [*dyntrain_command(), "run", "--workers", str(cfg.world), "--nproc", str(cfg.world),
            "--out", str(out), "--quiet", str(DYN_WORKER), *workload_args(args),
-           "--chunk-size", str(cfg.chunk), *([] if cfg.exact else ["--float32-reduction"]),
+           "--chunk-size", str(cfg.chunk), *cfg.flags,
            *extra]
     k = warmup_steps(args)
     wall, launcher = _run_watching(cmd, args.timeout, work / f"{tag}.log",
@@ -211,8 +227,8 @@ def configs(args: argparse.Namespace) -> list[Config]:
         if args.global_batch % world:
             raise SystemExit(f"global batch {args.global_batch} does not split over {world}")
         full = args.global_batch // world
-        out.append(Config("like-for-like", world, full))
-        out.append(Config("like-for-like-f32", world, full, exact=False))
+        out += [Config(name, world, full, flags) for name, flags in VARIANTS
+                if name in args.variants]
         if args.small_chunk and args.small_chunk != full:
             if args.global_batch % args.small_chunk:
                 raise SystemExit(f"--small-chunk {args.small_chunk} does not divide the batch")
@@ -362,7 +378,7 @@ def profile(args: argparse.Namespace, work: Path) -> list[dict]:
     """One instrumented dyntrain run per config, beside one DDP run: ms per step by part."""
     out = []
     for cfg in configs(args):
-        tag = f"profile-w{cfg.world}-c{cfg.chunk}"
+        tag = f"profile-w{cfg.world}-c{cfg.chunk}-{cfg.name}"
         prefix = work / tag
         ddp = run_ddp(args, cfg.world, work, f"{tag}-ddp")
         dyn = run_dyntrain(args, cfg, work, tag, ["--profile", str(prefix)])
@@ -397,6 +413,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=None, help="steps per run [50; quick: 30]")
     ap.add_argument("--worlds", default="1,2", help="world sizes, comma-separated")
     ap.add_argument("--width", type=int, default=32, help="DigitsNet width")
+    ap.add_argument("--hidden", type=int, default=0,
+                    help="> 0: an MLP 64-H-H-H-10 instead of DigitsNet (e.g. 2048: 8.5M params)")
+    ap.add_argument("--variants", default="like-for-like,float64-allreduce,no-overlap,float32",
+                    help="one-chunk-per-worker variants, comma-separated, of: "
+                    + ", ".join(name for name, _ in VARIANTS))
     ap.add_argument("--global-batch", type=int, default=256)
     ap.add_argument("--small-chunk", type=int, default=32,
                     help="chunk size of the accumulation config (0: skip it)")
@@ -415,6 +436,10 @@ def main(argv: list[str] | None = None) -> None:
     args.rounds = args.rounds or (2 if args.quick else 5)
     args.steps = args.steps or (30 if args.quick else 50)
     args.worlds = [int(w) for w in args.worlds.split(",")]
+    args.variants = args.variants.split(",")
+    unknown = set(args.variants) - {name for name, _ in VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown --variants: {', '.join(sorted(unknown))}")
     name = "overhead_profile.json" if args.profile_only else "overhead.json"
     args.out = args.out or str(BENCH / "results" / name)
 
@@ -425,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tempfile.mkdtemp(prefix="dyntrain-overhead-"))
     info = machine_info()
     started = time.perf_counter()
-    print(f"dyntrain vs DDP: DigitsNet(width={args.width}), global batch {args.global_batch}, "
+    print(f"dyntrain vs DDP: {model_name(args)}, global batch {args.global_batch}, "
           f"{args.steps} steps/run (first {args.warmup_frac:.0%} skipped), {args.rounds} rounds, "
           f"{info['cpu_count']} CPUs, torch {info['torch']}", flush=True)
     try:
@@ -443,7 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         print_profile(prof)
     result = {"benchmark": "dyntrain vs torch DDP steady-state throughput (CPU, gloo)",
               "machine": info,
-              "settings": {"model": f"DigitsNet(width={args.width})",
+              "settings": {"model": model_name(args),
                            "data": "synthetic 8x8x1, 10 classes",
                            "optimizer": "SGD lr 0.05 momentum 0.9 nesterov wd 1e-4",
                            "global_batch": args.global_batch, "steps_per_run": args.steps,

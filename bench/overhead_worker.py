@@ -147,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk-size", type=int, default=None, help="default: the global batch")
     ap.add_argument("--float32-reduction", action="store_true",
                     help="TrainConfig(exact_reduction=False): all-reduce float32 like DDP")
+    ap.add_argument("--float64-allreduce", action="store_true",
+                    help="TrainConfig(exact_ring=False): exact, by a float64 all-reduce")
     ap.add_argument("--no-overlap", action="store_true",
                     help="TrainConfig(overlap=False): sum the buckets after backward")
     ap.add_argument("--profile", default=None, metavar="PREFIX")
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     config = dyntrain.TrainConfig(global_batch=g, chunk_size=args.chunk_size or g, epochs=1,
                                   max_steps=args.steps, seed=args.seed,
                                   exact_reduction=not args.float32_reduction,
-                                  overlap=not args.no_overlap)
+                                  overlap=not args.no_overlap,
+                                  exact_ring=not args.float64_allreduce)
     data = make_dataset(args.steps * g, args.seed)
     model = make_model(args.width, args.seed, args.hidden)
     trainer = dyntrain.ElasticTrainer(config, model, make_optimizer(model, args.lr), data,

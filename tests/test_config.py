@@ -154,6 +154,7 @@ _BASE = dict(
     noise_every=4,
     grad_clip_norm=None,
     overlap=True,
+    exact_ring=True,
     bucket_mb=4.0,
 )
 
@@ -174,6 +175,7 @@ _CHANGES = {
     "noise_every": 2,
     "grad_clip_norm": 1.0,
     "overlap": False,
+    "exact_ring": False,
     "bucket_mb": 1.0,
 }
 

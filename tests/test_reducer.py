@@ -44,32 +44,36 @@ def reference(steps: int, config: TrainConfig):
     return parts
 
 
-def run_group(world: int, steps: int, config: TrainConfig, chunks_of=None) -> list:
+def run_group(world: int, steps: int, config: TrainConfig, chunks_of=None,
+              ring: bool = False) -> list:
     """``steps`` steps on ``world`` thread workers over real gloo; returns each one's parts and
     whether each all-reduce was started while backward still ran."""
     store = dist.HashStore()
     results: list = [None] * world
+    # the initial parameters come from the global generator: made here, not in the threads
+    replicas = [no_dropout_worker() for _ in range(world)]
     errors: list[BaseException] = []
 
     def worker(rank: int) -> None:
         try:
-            parts = no_dropout_worker()
+            parts = replicas[rank]
             stepper = ChunkStepper(config, parts, dataset(), loss_fn, CPU)
             pg = dist.ProcessGroupGloo(dist.PrefixStore("pg/", store), rank, world,
                                        timedelta(seconds=60))
-            group = Group(pg, rank, world, CPU)
+            group = Group(pg, rank, world, CPU, ring=ring)
             during: list[bool] = []
-            launch = group.allreduce_async
+            def watch(launch):
+                def watched(*tensors):
+                    during.append(stepper._live is not None)
+                    return launch(*tensors)
+                return watched
 
-            def watched(tensor):
-                during.append(stepper._live is not None)
-                return launch(tensor)
-
-            group.allreduce_async = watched
+            group.allreduce_async = watch(group.allreduce_async)
+            group.exact_sum_async = watch(group.exact_sum_async)
             for step in range(steps):
-                chunks = (chunks_of(step, rank) if chunks_of
-                          else stepper.my_chunks(rank, world))
-                red = stepper.start(step, chunks, group)
+                plan = ([chunks_of(step, r) for r in range(world)] if chunks_of
+                        else [stepper.my_chunks(r, world) for r in range(world)])
+                red = stepper.start(step, plan[rank], group, max(map(len, plan)))
                 stepper.finish(red, False, False, lambda: False)
             results[rank] = (parts, during, len(stepper.buckets))
         except BaseException as exc:  # reported in the main thread
@@ -84,17 +88,38 @@ def run_group(world: int, steps: int, config: TrainConfig, chunks_of=None) -> li
     return results
 
 
-@pytest.mark.parametrize("overlap", [True, False])
-def test_bucketed_reduction_matches_the_one_worker_flat_path(overlap):
+@pytest.mark.parametrize("overlap, ring", [(True, True), (True, False), (False, True)])
+def test_bucketed_reduction_matches_the_one_worker_flat_path(overlap, ring):
     # tiny buckets: several per step, and the unused layer's bucket waits for the end
     config = TrainConfig(global_batch=40, chunk_size=5, overlap=overlap, bucket_mb=2e-4)
     expected = reference(4, config)
-    results = run_group(3, 4, config)
+    results = run_group(3, 4, config, ring=ring)
     for parts, during, buckets in results:
         assert_same(expected, parts)
         assert buckets >= 4
         assert len(during) == 4 * (buckets + 1)  # one all-reduce per bucket, one for the tail
         assert any(during) == overlap  # started while backward still ran
+
+
+def test_ring_sends_one_chunk_gradients_as_float32_and_matches():
+    # two chunks, two workers: each sends its own float32 gradient, never a float64 copy
+    config = TrainConfig(global_batch=10, chunk_size=5, bucket_mb=2e-4)
+    expected = reference(4, config)
+    sent: list[torch.dtype] = []
+    send = dist.ProcessGroupGloo.send
+
+    def recording_send(self, tensors, *args):
+        sent.append(tensors[0].dtype)
+        return send(self, tensors, *args)
+
+    dist.ProcessGroupGloo.send = recording_send
+    try:
+        results = run_group(2, 4, config, ring=True)
+    finally:
+        dist.ProcessGroupGloo.send = send
+    for parts, _, _ in results:
+        assert_same(expected, parts)
+    assert sent and set(sent) == {torch.float32}
 
 
 def test_bucketed_reduction_with_uneven_and_empty_shares():
@@ -106,5 +131,5 @@ def test_bucketed_reduction_with_uneven_and_empty_shares():
         return split[rank]
 
     expected = reference(4, config)
-    for parts, _, _ in run_group(2, 4, config, chunks_of):
+    for parts, _, _ in run_group(2, 4, config, chunks_of, ring=True):
         assert_same(expected, parts)

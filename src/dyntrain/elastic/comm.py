@@ -15,6 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from dyntrain.elastic.ring import RingThread
+
 POLL_SECONDS = 0.05
 
 
@@ -56,10 +58,16 @@ def run_abortable(fn: Callable[[], object], should_abort: Callable[[], bool]) ->
 
 
 class Group:
-    """A process group for one generation, with sum all-reduce and byte broadcast."""
+    """A process group for one generation, with sum all-reduce and byte broadcast.
 
-    def __init__(self, pg: dist.ProcessGroup | None, rank: int, size: int, device: torch.device):
+    ``ring`` says whether ``exact_sum_async`` (``dyntrain.elastic.ring``) is available: on gloo
+    with CPU tensors."""
+
+    def __init__(self, pg: dist.ProcessGroup | None, rank: int, size: int, device: torch.device,
+                 ring: bool = False):
         self.pg, self.rank, self.size, self.device = pg, rank, size, device
+        self.ring = ring and pg is not None and device.type == "cpu"
+        self._ring_thread: RingThread | None = None
 
     def allreduce_sum(self, tensor: torch.Tensor, should_abort: Callable[[], bool]) -> None:
         """Sum ``tensor`` over all members, in place."""
@@ -72,9 +80,16 @@ class Group:
         Every member must start its collectives in the same order."""
         return self.pg.allreduce([tensor])
 
+    def exact_sum_async(self, contrib: torch.Tensor, out: torch.Tensor) -> torch.futures.Future:
+        """Start the exact ring sum of ``contrib`` into ``out`` (see ``ring``); ``wait`` for it."""
+        if self._ring_thread is None:
+            self._ring_thread = RingThread(self.pg, self.rank, self.size)
+        return self._ring_thread.submit(contrib, out)
+
     @staticmethod
-    def wait(work: dist.Work, should_abort: Callable[[], bool]) -> None:
-        wait_future(work.get_future(), should_abort)
+    def wait(work: dist.Work | torch.futures.Future, should_abort: Callable[[], bool]) -> None:
+        fut = work if isinstance(work, torch.futures.Future) else work.get_future()
+        wait_future(fut, should_abort)
 
     def broadcast_bytes(
         self, payload: bytes | None, root: int, should_abort: Callable[[], bool]
@@ -109,6 +124,11 @@ class Group:
             except Exception:  # aborting an already broken group may raise; it is gone either way
                 pass
             self.pg = None
+        if self._ring_thread is not None:
+            # after the abort: a send to a dead peer fails rather than blocking the join (a
+            # thread still running when the process exits makes gloo call std::terminate)
+            self._ring_thread.stop()
+            self._ring_thread = None
 
 
 def create_group(
@@ -134,4 +154,4 @@ def create_group(
         def make():
             return dist.ProcessGroupGloo(prefix, rank, size, timeout)
     pg = run_abortable(make, should_abort)
-    return Group(pg, rank, size, device)
+    return Group(pg, rank, size, device, ring=backend == "gloo")

@@ -22,6 +22,11 @@ class TrainConfig:
     identical across world sizes in practice. Without it the all-reduce moves half the bytes, and
     runs agree only up to float32 summation order, which training can amplify over many steps.
 
+    ``exact_ring`` (with ``exact_reduction``, on gloo) sums with a ring that adds in float64 but
+    sends float32 where that loses nothing (``dyntrain.elastic.ring``): DDP's bytes at two
+    workers with one chunk each. Off, one float64 all-reduce per bucket (the earlier way, kept
+    to compare). The sums are the same.
+
     ``overlap`` sums gradient buckets of about ``bucket_mb`` MiB while backward of a worker's
     last chunk still runs (``dyntrain.elastic.reducer``); off, the same buckets are summed after
     backward. Either way the result is the same.
@@ -54,6 +59,7 @@ class TrainConfig:
     noise_every: int = 4
     grad_clip_norm: float | None = None
     overlap: bool = True
+    exact_ring: bool = True
     bucket_mb: float = 4.0
 
     def __post_init__(self) -> None:
@@ -129,7 +135,7 @@ class TrainConfig:
 
 # Later additions and their defaults (see ``TrainConfig.fingerprint``).
 _LATER_FIELDS = {"noise_scale": False, "noise_ema": 0.95, "noise_every": 4,
-                 "grad_clip_norm": None, "overlap": True, "bucket_mb": 4.0}
+                 "grad_clip_norm": None, "overlap": True, "exact_ring": True, "bucket_mb": 4.0}
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

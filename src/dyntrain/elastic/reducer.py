@@ -59,37 +59,39 @@ class StepReduction:
     """One step's reduction: gradient buckets launched in order as they become final, then the
     small tail (BatchNorm rows, noise-scale slots, loss, flags) once the worker set its flags.
 
-    ``wire(b)`` returns bucket ``b``'s tensor to sum (called once, when the bucket is final);
-    without a group (a world of one) nothing is sent and the wires are the sums already.
+    ``wire(b)`` returns bucket ``b``'s pair (what this worker adds, where the rounded sum goes),
+    called once, when the bucket is final. With ``ring`` the pair goes to the exact ring sum
+    (``dyntrain.elastic.ring``); otherwise the first is summed in place by an all-reduce and
+    copied (rounded) into the second. Without a group (a world of one) nothing is sent.
     """
 
     def __init__(self, group: Group | None, buckets: Sequence[Bucket],
-                 wire: Callable[[int], torch.Tensor], overlap: bool) -> None:
+                 wire: Callable[[int], tuple[torch.Tensor, torch.Tensor]], overlap: bool,
+                 ring: bool = False) -> None:
         self.group, self.buckets, self._wire, self.overlap = group, buckets, wire, overlap
-        self.wires: list[torch.Tensor | None] = [None] * len(buckets)
+        self.ring = ring
+        self.wires: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(buckets)
         self._missing = [len(b.params) for b in buckets]
         self._next = 0
         self._works: list = []
         self.meta: torch.Tensor | None = None
 
     @property
-    def launched(self) -> int:
-        return self._next
+    def sends(self) -> bool:
+        return self.group is not None and self.group.size > 1
 
     def param_ready(self, bucket: int) -> None:
         """A parameter of ``bucket`` has its final gradient (a post-accumulate-grad hook)."""
         self._missing[bucket] -= 1
         if self.overlap:
-            self._launch_ready()
-
-    def _launch_ready(self) -> None:
-        while self._next < len(self.buckets) and self._missing[self._next] <= 0:
-            self._launch(self._next)
+            while self._next < len(self.buckets) and self._missing[self._next] <= 0:
+                self._launch(self._next)
 
     def _launch(self, b: int) -> None:
-        tensor = self.wires[b] = self._wire(b)
-        if self.group is not None and self.group.size > 1:
-            self._works.append(self.group.allreduce_async(tensor))
+        contrib, out = self.wires[b] = self._wire(b)
+        if self.sends:
+            self._works.append(self.group.exact_sum_async(contrib, out) if self.ring
+                               else self.group.allreduce_async(contrib))
         self._next = b + 1
 
     def launch_all(self) -> None:
@@ -98,11 +100,16 @@ class StepReduction:
             self._launch(self._next)
 
     def finish(self, meta: torch.Tensor, should_abort: Callable[[], bool]) -> torch.Tensor:
-        """Sum ``meta`` too, wait for every collective; returns the summed ``meta``."""
+        """Sum ``meta`` too, wait for every sum and put the rounded gradient sums in place;
+        returns the summed ``meta``."""
         self.launch_all()
         self.meta = meta
-        if self.group is not None and self.group.size > 1:
+        if self.sends:
             self._works.append(self.group.allreduce_async(meta))
             for work in self._works:
                 self.group.wait(work, should_abort)
+        if not (self.ring and self.sends):
+            for contrib, out in self.wires:
+                if contrib.data_ptr() != out.data_ptr():
+                    out.copy_(contrib)  # the one rounding back to the parameters' dtype
         return meta

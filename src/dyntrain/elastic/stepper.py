@@ -96,6 +96,7 @@ class ChunkStepper:
         for index, q in enumerate(self.params):
             q.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, index))
         self._grads = torch.zeros(numel, dtype=param_dtype, device=device)
+        self._total: torch.Tensor | None = None  # the sum of a step's chunks (reduction dtype)
         self.reduce_dtype = torch.float64 if config.exact_reduction else torch.float32
         self.order = BatchOrder(config.seed, self.dataset_size, config.global_batch)
         self.noise: NoiseScaleTracker | None = None
@@ -121,38 +122,53 @@ class ChunkStepper:
         """Forward/backward over ``chunks`` of step ``step``; returns the flat buffer to sum,
         ``[gradient sum | tail]`` (in the reduction dtype), for ``apply``."""
         red = self.start(step, chunks, None)
-        return torch.cat([*red.wires, red.meta])
+        return torch.cat([*(contrib for contrib, _ in red.wires), red.meta])
 
-    def start(self, step: int, chunks: Sequence[int], group: Group | None) -> StepReduction:
+    def start(self, step: int, chunks: Sequence[int], group: Group | None,
+              most_chunks: int | None = None) -> StepReduction:
         """Forward/backward over ``chunks`` of step ``step``. The gradient buckets of the last
         chunk are summed over ``group`` as backward finishes them (``TrainConfig.overlap``);
-        ``finish`` completes the step."""
+        ``finish`` completes the step. ``most_chunks``: the most chunks any member computes in
+        this step (1 lets the exact ring send single-chunk gradients as float32)."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
         self._attach_grads()
         self._grads.zero_()
         exact = self.reduce_dtype != self._grads.dtype
+        measure = self.measures(step)
+        chunks = list(chunks)
+        ring = (exact and cfg.exact_ring and group is not None and group.ring
+                and group.size > 1)
+        # One chunk is its own sum: alone, or in the ring when every member computes at most
+        # one chunk (it sends the float32 gradient as it is and writes the rounded sum over it),
+        # there is no float64 copy at all.
+        direct = len(chunks) <= 1 and group is not None and (
+            group.size == 1 or (ring and most_chunks is not None and most_chunks <= 1))
         # A chunk's own gradient is needed apart (float64 sum, or its norm for the noise scale):
         # backward writes it alone into the zeroed buffer, which is then added to ``total``. In
         # float32 that is the very addition backward would have done, so the sum is unchanged.
-        measure = self.measures(step)
-        separate = exact or measure
-        total = (torch.zeros_like(self._grads, dtype=self.reduce_dtype) if separate
-                 else self._grads)
-        chunks = list(chunks)
+        separate = (exact or measure) and not direct
+        total = self._grads
+        if separate:
+            if self._total is None:  # kept: a fresh buffer per step costs page faults
+                self._total = torch.zeros_like(self._grads, dtype=self.reduce_dtype)
+            total = self._total.zero_()
+        # |contribution| of each chunk as a 1-element tensor, from its per-bucket norms (the
+        # last chunk's buckets may be overwritten by their sums before backward ends)
+        norms: list[torch.Tensor] | None = [] if measure else None
+        bucket_norms: list[torch.Tensor] = []
 
-        def wire(b: int) -> torch.Tensor:
+        def wire(b: int) -> tuple[torch.Tensor, torch.Tensor]:
             # bucket b of the last chunk is final: add it (each chunk's gradient is added once,
             # in float64 if exact: exact for any grouping); a worker without chunks adds zeros
-            bucket = self.buckets[b]
+            part = slice(self.buckets[b].start, self.buckets[b].stop)
+            if norms is not None and chunks:
+                bucket_norms.append(_norm(self._grads[part]))
             if separate:
-                total[bucket.start : bucket.stop] += self._grads[bucket.start : bucket.stop]
-            return total[bucket.start : bucket.stop]
+                total[part] += self._grads[part]
+            return total[part], self._grads[part]
 
-        red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap)
-        # |contribution| of each chunk as a 1-element tensor: one op per chunk, and they go
-        # straight into the final concatenation (each op costs ~1% of a small model's step)
-        norms: list[torch.Tensor] | None = [] if measure else None
+        red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap, ring=ring)
         if self.loader is not None:
             self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
@@ -179,13 +195,15 @@ class ChunkStepper:
                 self._live = None
             self.bn.record_chunk(table[chunk])
             loss_sum += loss.detach()
-            if norms is not None:
-                norms.append(_row_norm(self._grads_row))
+            if norms is not None and not last:
+                norms.append(self._bucketed_norm(self._grads))
             if separate and not last:
                 total += self._grads
                 self._grads.zero_()
         self.bn.before_chunk()
         red.launch_all()
+        if norms is not None and chunks:
+            norms.append(_norm(torch.stack(bucket_norms)).view(1))
         tail = torch.zeros(TAIL, device=self.device, dtype=self.reduce_dtype)
         tail[0] = loss_sum
         pieces = [table.reshape(-1)]
@@ -201,11 +219,12 @@ class ChunkStepper:
         self.set_flags(red.meta, reform, leave)
         meta = red.finish(red.meta, should_abort)
         self._attach_grads()
-        for bucket, wire in zip(self.buckets, red.wires, strict=True):
-            view = self._grads[bucket.start : bucket.stop]
-            if wire.data_ptr() != view.data_ptr():
-                view.copy_(wire)  # the one rounding back to the parameters' dtype
         return self._apply_meta(meta)
+
+    def _bucketed_norm(self, grads: torch.Tensor) -> torch.Tensor:
+        """|grads| from its per-bucket norms (the same numbers however a chunk's norm is taken)."""
+        parts = [_norm(grads[b.start : b.stop]) for b in self.buckets]
+        return _norm(torch.stack(parts)).view(1)
 
     def _mark_unused(self, loss: torch.Tensor, red: StepReduction) -> None:
         """Mark the parameters that ``loss``'s backward cannot reach as final already."""
@@ -351,6 +370,13 @@ def _reachable_leaves(loss: torch.Tensor) -> set[int]:
             found.add(id(variable))
         stack.extend(next_fn for next_fn, _ in fn.next_functions)
     return found
+
+
+def _norm(t: torch.Tensor) -> torch.Tensor:
+    """|t| as a 0-d tensor, accumulated in at least float32."""
+    if t.dtype in (torch.float32, torch.float64):
+        return torch.linalg.vector_norm(t)
+    return torch.linalg.vector_norm(t, dtype=torch.float32)
 
 
 def _row_norm(row: torch.Tensor) -> torch.Tensor:

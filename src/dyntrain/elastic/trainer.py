@@ -290,9 +290,10 @@ class ElasticTrainer:
     def _train(self, gen: p.Generation, group: Group, aborted) -> Outcome:
         ch, stepper = self._channel, self.stepper
         chunks = stepper.my_chunks(self.rank, gen.world_size)
+        most_chunks = -(-self.config.num_chunks // gen.world_size)
         last = time.perf_counter()
         while self.step < self.total_steps:
-            red = stepper.start(self.step, chunks, group)
+            red = stepper.start(self.step, chunks, group, most_chunks)
             ctl = ch.ctl(gen.number)
             if ctl == p.CTL_ABORT:
                 raise Aborted()
