@@ -30,3 +30,15 @@ def read_jsonl(path: Path) -> list[dict]:
 @pytest.fixture
 def ledger_script() -> Path:
     return SCRIPTS / "ledger_train.py"
+
+
+@pytest.fixture(scope="session")
+def static_ledger(tmp_path_factory) -> Path:
+    """The ledger workload trained alone (plain ``python``, no coordinator): its final.pt is
+    what every elastic ledger run with the default settings must end with, bit for bit."""
+    out = tmp_path_factory.mktemp("static-ledger")
+    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+    env.pop("DYNTRAIN_COORDINATOR", None)
+    subprocess.run([sys.executable, str(SCRIPTS / "ledger_train.py")], env=env, check=True,
+                   timeout=240, cwd=ROOT, capture_output=True)
+    return out

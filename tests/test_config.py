@@ -155,6 +155,7 @@ _BASE = dict(
     grad_clip_norm=None,
     overlap=True,
     exact_ring=True,
+    balance=True,
     bucket_mb=4.0,
 )
 
@@ -176,6 +177,7 @@ _CHANGES = {
     "grad_clip_norm": 1.0,
     "overlap": False,
     "exact_ring": False,
+    "balance": False,
     "bucket_mb": 1.0,
 }
 

@@ -31,7 +31,9 @@ def main():
     ap.add_argument("--global-batch", type=int, default=16)
     ap.add_argument("--chunk-size", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=40)
-    ap.add_argument("--step-delay", type=float, default=0.0)
+    ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per chunk")
+    ap.add_argument("--slow-in", default=None, help="worker id whose chunks take longer")
+    ap.add_argument("--slow-factor", type=float, default=3.0, help="its chunks' delay factor")
     ap.add_argument("--slow-while", default=None, metavar="FILE",
                     help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
                          "in a phase until they saw what they wait for, then let it finish)")
@@ -67,7 +69,8 @@ def main():
                 and calls[0] > args.raise_after:
             raise RuntimeError("simulated device failure")
         if args.step_delay:
-            time.sleep(args.step_delay)
+            slow = args.slow_in is not None and args.slow_in == os.environ.get("DYNTRAIN_WORKER_ID")
+            time.sleep(args.step_delay * (args.slow_factor if slow else 1.0))
         if args.slow_while and os.path.exists(args.slow_while):
             time.sleep(0.05)
         target = x.sum(1, keepdim=True)

@@ -27,6 +27,9 @@ class TrainConfig:
     workers with one chunk each. Off, one float64 all-reduce per bucket (the earlier way, kept
     to compare). The sums are the same.
 
+    ``balance`` gives faster members more chunks, from their measured chunk times
+    (``dyntrain.elastic.balance``); off, every member gets an even share. Same result.
+
     ``overlap`` sums gradient buckets of about ``bucket_mb`` MiB while backward of a worker's
     last chunk still runs (``dyntrain.elastic.reducer``); off, the same buckets are summed after
     backward. Either way the result is the same.
@@ -60,6 +63,7 @@ class TrainConfig:
     grad_clip_norm: float | None = None
     overlap: bool = True
     exact_ring: bool = True
+    balance: bool = True
     bucket_mb: float = 4.0
 
     def __post_init__(self) -> None:
@@ -135,7 +139,8 @@ class TrainConfig:
 
 # Later additions and their defaults (see ``TrainConfig.fingerprint``).
 _LATER_FIELDS = {"noise_scale": False, "noise_ema": 0.95, "noise_every": 4,
-                 "grad_clip_norm": None, "overlap": True, "exact_ring": True, "bucket_mb": 4.0}
+                 "grad_clip_norm": None, "overlap": True, "exact_ring": True, "balance": True,
+                 "bucket_mb": 4.0}
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

@@ -75,6 +75,7 @@ class StepReduction:
         self._next = 0
         self._works: list = []
         self.meta: torch.Tensor | None = None
+        self.slots = 0  # numbers in the tail besides the step's own (ChunkStepper.finish)
 
     @property
     def sends(self) -> bool:

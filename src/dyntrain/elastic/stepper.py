@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.utils.data import Dataset, TensorDataset, default_collate
@@ -42,9 +42,9 @@ from dyntrain.errors import ConfigError
 
 LossFn = Callable[[torch.nn.Module, object], torch.Tensor]
 
-# The flat buffer ends with three scalars: the loss and two control flags. With the noise scale
-# on, ``num_chunks`` slots come right before them: the norm of what each chunk added to the
-# gradient.
+# The flat buffer ends with three scalars: the loss and two control flags. Right before them come
+# the caller's slots (``start``'s ``slots``: the balancer's chunk times) and, with the noise scale
+# on, before those ``num_chunks`` slots: the norm of what each chunk added to the gradient.
 TAIL = 3
 
 
@@ -58,6 +58,8 @@ class StepResult:
     noise: NoiseScale | None = None
     # The global norm of the reduced gradient before clipping (TrainConfig.grad_clip_norm).
     grad_norm: float | None = None
+    # The summed slots of the step's tail (``ChunkStepper.finish``): the members' chunk times.
+    slots: list[float] = field(default_factory=list)
 
 
 class ChunkStepper:
@@ -125,11 +127,12 @@ class ChunkStepper:
         return torch.cat([*(contrib for contrib, _ in red.wires), red.meta])
 
     def start(self, step: int, chunks: Sequence[int], group: Group | None,
-              most_chunks: int | None = None) -> StepReduction:
+              most_chunks: int | None = None, slots: int = 0) -> StepReduction:
         """Forward/backward over ``chunks`` of step ``step``. The gradient buckets of the last
         chunk are summed over ``group`` as backward finishes them (``TrainConfig.overlap``);
         ``finish`` completes the step. ``most_chunks``: the most chunks any member computes in
-        this step (1 lets the exact ring send single-chunk gradients as float32)."""
+        this step (1 lets the exact ring send single-chunk gradients as float32). ``slots``:
+        how many numbers the members add up besides (see ``finish``)."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
         self._attach_grads()
@@ -169,6 +172,7 @@ class ChunkStepper:
             return total[part], self._grads[part]
 
         red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap, ring=ring)
+        red.slots = slots
         if self.loader is not None:
             self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
@@ -209,17 +213,23 @@ class ChunkStepper:
         pieces = [table.reshape(-1)]
         if norms is not None:
             pieces += self._norm_slots(chunks, norms)
+        if slots:
+            pieces.append(torch.zeros(slots, device=self.device, dtype=self.reduce_dtype))
         # only float64 parameters with a float32 reduction make the norms wider
         red.meta = torch.cat([*pieces, tail]).to(self.reduce_dtype)
         return red
 
     def finish(self, red: StepReduction, reform: bool, leave: bool,
-               should_abort: Callable[[], bool]) -> StepResult:
-        """Set this worker's flags, wait for every sum of the step and take the optimizer step."""
+               should_abort: Callable[[], bool],
+               slot: tuple[int, float] | None = None) -> StepResult:
+        """Set this worker's flags (and its ``(index, value)`` slot: the others add zeros),
+        wait for every sum of the step and take the optimizer step."""
         self.set_flags(red.meta, reform, leave)
+        if slot is not None:
+            red.meta[red.meta.numel() - TAIL - red.slots + slot[0]] = slot[1]
         meta = red.finish(red.meta, should_abort)
         self._attach_grads()
-        return self._apply_meta(meta)
+        return self._apply_meta(meta, red.slots)
 
     def _bucketed_norm(self, grads: torch.Tensor) -> torch.Tensor:
         """|grads| from its per-bucket norms (the same numbers however a chunk's norm is taken)."""
@@ -285,13 +295,13 @@ class ChunkStepper:
         self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
         return self._apply_meta(flat[offset:])
 
-    def _apply_meta(self, meta: torch.Tensor) -> StepResult:
+    def _apply_meta(self, meta: torch.Tensor, slots: int = 0) -> StepResult:
         """With the summed gradient in place: replay BatchNorm, step, read the summed tail."""
         opt, scaler, sched = self.parts.optimizer, self.parts.scaler, self.parts.lr_scheduler
         # a measuring step's buffer has the norm slots (compute's ``measures``, same on all)
         width = self.bn.width * self.config.num_chunks
         measured = (self.noise is not None
-                    and meta.numel() == width + self.config.num_chunks + TAIL)
+                    and meta.numel() == width + self.config.num_chunks + slots + TAIL)
         # the loss scale this step's chunks were computed with (before the scaler's update)
         loss_scale = scaler.get_scale() if scaler is not None and measured else 1.0
         # Before the optimizer step: the scaler unscales the gradients in place.
@@ -309,14 +319,14 @@ class ChunkStepper:
             opt.step()
         if sched is not None:
             sched.step()
-        if big is None:
-            loss, reform, leavers = meta[-TAIL:].tolist()
-            noise = None
-        else:
-            *chunk_norms, loss, reform, leavers = meta[-TAIL - self.config.num_chunks :].tolist()
-            noise = self._update_noise(chunk_norms, big.item(), loss_scale)
+        tail = meta[-TAIL - slots - (self.config.num_chunks if measured else 0) :].tolist()
+        loss, reform, leavers = tail[-TAIL:]
+        extra = tail[len(tail) - TAIL - slots : len(tail) - TAIL]
+        noise = None
+        if big is not None:
+            noise = self._update_noise(tail[: self.config.num_chunks], big.item(), loss_scale)
         return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers), noise=noise,
-                          grad_norm=grad_norm)
+                          grad_norm=grad_norm, slots=extra)
 
     def _update_noise(self, chunk_norms: list[float], big_norm: float,
                       loss_scale: float) -> NoiseScale | None:

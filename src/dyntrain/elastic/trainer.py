@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.balance import ChunkBalancer
 from dyntrain.elastic.channel import CoordinatorGone, JobOver, WorkerChannel
 from dyntrain.elastic.checkpoint import (
     atomic_write_bytes,
@@ -117,6 +118,8 @@ class ElasticTrainer:
         self._last_checkpoint = time.monotonic()
         self.last_result: StepResult | None = None  # of the last step this worker applied
         self._alone = AloneOutput(self.out_dir)  # terminal and files of a world of one
+        # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
+        self.balancer: ChunkBalancer | None = None
 
     # ---- public --------------------------------------------------------------------------------
 
@@ -289,17 +292,24 @@ class ElasticTrainer:
 
     def _train(self, gen: p.Generation, group: Group, aborted) -> Outcome:
         ch, stepper = self._channel, self.stepper
-        chunks = stepper.my_chunks(self.rank, gen.world_size)
-        most_chunks = -(-self.config.num_chunks // gen.world_size)
+        self.balancer = ChunkBalancer(self.config.num_chunks, gen.world_size, self.step,
+                                      enabled=self.config.balance)
         last = time.perf_counter()
         while self.step < self.total_steps:
-            red = stepper.start(self.step, chunks, group, most_chunks)
+            plan, counts = self.balancer.plan(self.step), self.balancer.counts(self.step)
+            chunks = plan[self.rank]
+            began = time.perf_counter()
+            red = stepper.start(self.step, chunks, group, max(map(len, plan)),
+                                self.balancer.slots)
+            own = self.balancer.measured(time.perf_counter() - began, len(chunks))
             ctl = ch.ctl(gen.number)
             if ctl == p.CTL_ABORT:
                 raise Aborted()
             leave = self._leave_requested or ctl == p.CTL_DRAIN
             result = self.last_result = stepper.finish(
-                red, reform=leave or ctl == p.CTL_REFORM, leave=leave, should_abort=aborted)
+                red, reform=leave or ctl == p.CTL_REFORM, leave=leave, should_abort=aborted,
+                slot=(self.rank, own) if self.balancer.slots else None)
+            self.balancer.observe(self.step, result.slots)
             self.step += 1
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
@@ -307,7 +317,7 @@ class ElasticTrainer:
                                        or self.step == self.total_steps)
                 now = time.perf_counter()
                 ch.send("metrics", gen=gen.number,
-                        **self._metrics_row(result, gen.world_size, now - last))
+                        chunks=counts, **self._metrics_row(result, gen.world_size, now - last))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break
