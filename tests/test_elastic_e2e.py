@@ -96,11 +96,12 @@ def test_exactly_once_under_random_schedules(tmp_path_factory, actions, nproc):
 def test_mixed_speed_balancing_is_bitwise_equal_through_join_kill_and_leave(tmp_path,
                                                                           static_ledger):
     # w1's chunks take 4x longer: the faster members get more chunks (overlapped exact ring
-    # sums, balancing on: the defaults), while the world goes 2 -> 3 -> 2 -> 1
+    # sums, balancing on: the defaults), while the world goes 2 -> 3 -> 2 -> 1 (the joiner is
+    # started after the first step: it has the whole run to start up on a loaded machine)
     out = tmp_path / "run"
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--out", out, "--events",
-                    "step=30:join=1,step=70:kill=rank:2,step=110:leave=rank:0",
-                    SCRIPTS / "ledger_train.py", "--step-delay", "0.003", "--slow-in", "w1",
+                    "t=0:join=1,step=150:kill=rank:2,step=190:leave=rank:0",
+                    SCRIPTS / "ledger_train.py", "--step-delay", "0.004", "--slow-in", "w1",
                     "--slow-factor", "4"], check=True)
     assert world_sizes(out)[:4] == [2, 3, 2, 1], proc.stdout
     rows = read_jsonl(out / "metrics.jsonl")
