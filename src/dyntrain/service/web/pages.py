@@ -96,7 +96,12 @@ def build_router(service: Service, env: Environment, history: CapacityHistory) -
     @router.get("/ui/data/capacity")
     def capacity() -> JSONResponse:
         now = service.store.clock()
-        return JSONResponse(history.table(now, since=now - CAPACITY_WINDOW))
+        table = history.table(now, since=now - CAPACITY_WINDOW)
+        types = {ce.name: ce.spec.capacity_type.value
+                 for ce in service.store.list_compute_environments()}
+        for env in table["environments"]:
+            env["capacity_type"] = types.get(env["name"])
+        return JSONResponse(table)
 
     @router.get("/ui/lab", response_class=HTMLResponse)
     def lab_page() -> HTMLResponse:

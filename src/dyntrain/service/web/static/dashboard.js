@@ -9,7 +9,19 @@
     start: "#2f6fdf", resume: "#2f6fdf", reattach: "#2f6fdf", join: "#1f9d55",
     leave: "#c98a00", crash: "#d64545", hang: "#a52a8a",
   };
-  const ENV_COLOURS = ["#7b4fd6", "#0f8f8f", "#c2631a", "#2f6fdf", "#d64545", "#1f9d55"];
+  // an environment's colour is its capacity type's (as in the tables' badges) while that is
+  // unique, else the next free one of the palette
+  const TYPE_COLOURS = { SPOT: "#7b4fd6", RESERVED: "#0f8f8f", ON_DEMAND: "#c2631a" };
+  const ENV_COLOURS = ["#2f6fdf", "#d64545", "#1f9d55", "#8a6200", "#a52a8a", "#4a5468"];
+  function envColours(envs) {
+    const used = new Set();
+    const spare = ENV_COLOURS.slice();
+    return envs.map((env) => {
+      const colour = TYPE_COLOURS[env.capacity_type];
+      if (colour && !used.has(colour)) { used.add(colour); return colour; }
+      return spare.length ? spare.shift() : "#667085";
+    });
+  }
 
   // ------------------------------------------------------------------------- plumbing
 
@@ -205,8 +217,9 @@
       const key = data.environments.map((e) => e.name).join("|");
       if (!chart || key !== names) {
         const series = [{}];
+        const colours = envColours(data.environments);
         data.environments.forEach((env, i) => {
-          const colour = ENV_COLOURS[i % ENV_COLOURS.length];
+          const colour = colours[i];
           series.push({ label: `${env.name} available`, stroke: colour, width: 2, points: { show: false },
             paths: uPlot.paths.stepped({ align: 1 }) });
           series.push({ label: `${env.name} in use`, stroke: colour, width: 1.5, dash: [5, 4], points: { show: false },
