@@ -15,6 +15,16 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+# The environment of a worker process (set by the launcher or the service; torch-free, so the
+# service can set it without importing torch).
+ENV_COORDINATOR = "DYNTRAIN_COORDINATOR"
+ENV_WORKER_ID = "DYNTRAIN_WORKER_ID"
+ENV_OUT = "DYNTRAIN_OUT"
+ENV_CONNECT_TIMEOUT = "DYNTRAIN_CONNECT_TIMEOUT"
+# Seconds a worker that lost its coordinator trains on and waits for it to come back (a
+# restarted service); 0, the default outside the service, ends the worker at once.
+ENV_REATTACH = "DYNTRAIN_REATTACH_SECONDS"
+
 ROSTER = "roster"
 ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll, not the list
 GEN_LATEST = "gen/latest"

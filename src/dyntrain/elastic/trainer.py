@@ -30,6 +30,13 @@ from dyntrain.elastic.checkpoint import (
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.progress import AloneOutput
+from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
+    ENV_CONNECT_TIMEOUT,
+    ENV_COORDINATOR,
+    ENV_OUT,
+    ENV_REATTACH,
+    ENV_WORKER_ID,
+)
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
@@ -39,13 +46,6 @@ from dyntrain.errors import DataError, DyntrainError, install_excepthook
 
 log = logging.getLogger("dyntrain.trainer")
 
-ENV_COORDINATOR = "DYNTRAIN_COORDINATOR"
-ENV_WORKER_ID = "DYNTRAIN_WORKER_ID"
-ENV_OUT = "DYNTRAIN_OUT"
-ENV_CONNECT_TIMEOUT = "DYNTRAIN_CONNECT_TIMEOUT"
-# Seconds a worker that lost its coordinator trains on and waits for it to come back (a
-# restarted service); 0, the default outside the service, ends the worker at once.
-ENV_REATTACH = "DYNTRAIN_REATTACH_SECONDS"
 
 
 class Outcome(enum.Enum):

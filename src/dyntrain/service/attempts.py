@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from dyntrain.service.elastic_host import ElasticHost
 from dyntrain.service.executors.base import WorkerExit
 from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
+
+if TYPE_CHECKING:  # torch: imported only once an elastic job runs
+    from dyntrain.service.elastic_host import ElasticHost
 
 
 @dataclass

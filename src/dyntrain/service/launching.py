@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_REATTACH, ENV_WORKER_ID
+from dyntrain.elastic.protocol import ENV_COORDINATOR, ENV_OUT, ENV_REATTACH, ENV_WORKER_ID
 from dyntrain.service.attempts import Attempt, LogTail, worker_id
-from dyntrain.service.elastic_host import ElasticHost
 from dyntrain.service.executors.base import ExecutorError, StartError, WorkerHandle, WorkerSpec
 from dyntrain.service.model import JobStatus
 from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
@@ -53,6 +52,8 @@ class Launching:
             for wid in attempt.workers:
                 self._owner[wid] = job_id
             if job.elastic is not None:
+                from dyntrain.service.elastic_host import ElasticHost  # torch: only when needed
+
                 attempt.host = ElasticHost(
                     self.store, job_id, self.run_dir(job_id), job.min_workers, job.max_workers,
                     expected=len(attempt.workers), failure_timeout=self.config.failure_timeout,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dyntrain.elastic.coordinator import Phase
 from dyntrain.service import lifecycle
 from dyntrain.service.attempts import Attempt
 from dyntrain.service.executors.base import WorkerExit
@@ -76,6 +75,8 @@ class Settling:
 
     def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
         if attempt.host is not None:
+            from dyntrain.elastic.coordinator import Phase  # torch: only with elastic jobs
+
             host = attempt.host
             phase = host.tick()
             self._price_crashes(attempt)
@@ -116,6 +117,8 @@ class Settling:
         code = exit_.exit_code if exit_ else None
         reason = attempt.stop_reason or (exit_.reason if exit_ else "")
         if attempt.host is not None:
+            from dyntrain.elastic.coordinator import Phase
+
             phase = attempt.host.coordinator.phase
             attempt.host.close()
             code = 0 if phase is Phase.DONE else (code if code not in (0, None) else 1)

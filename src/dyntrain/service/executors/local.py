@@ -83,11 +83,15 @@ def _mem_total_mib() -> int:
 
 
 def detect_gpus() -> list[int]:
-    """CUDA device indices usable here: none unless torch imports and sees CUDA.
+    """CUDA device indices usable here: none unless torch imports and sees CUDA (without an
+    NVIDIA driver or ``CUDA_VISIBLE_DEVICES``, none, and torch is not imported).
 
     Indices are those of ``CUDA_VISIBLE_DEVICES`` when it already restricts this process to
     numbered devices, so that a worker's own ``CUDA_VISIBLE_DEVICES`` names the same devices.
     """
+    if not os.path.isdir("/proc/driver/nvidia/gpus") and not os.environ.get(
+            "CUDA_VISIBLE_DEVICES", "").strip():
+        return []  # no NVIDIA driver: spare the service a torch import (seconds) at start
     try:
         import torch
 
