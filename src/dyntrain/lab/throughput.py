@@ -400,6 +400,8 @@ def run_one(config: ThroughputConfig, mode: str, workers: int,
         before, t0 = cpu_accounts(), time.perf_counter()
         code = run_job(opts, stream=log)
         load = other_load(before, cpu_accounts(), time.perf_counter() - t0)
+    if code == 130:  # Ctrl-C: the job's workers are stopped; stop the measurement too
+        raise KeyboardInterrupt
     if code != 0:
         raise DyntrainError(f"{mode} scaling with {workers} worker(s) failed: "
                             f"{_failure_reason(run_dir)} (see {run_dir})")
