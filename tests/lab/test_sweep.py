@@ -326,6 +326,25 @@ def test_digits_workload_is_built_in():
 # ------------------------------------------------------------------------------ on a service
 
 
+def test_a_waiting_sweep_says_why_once_per_reason(capsys):
+    from dyntrain.lab.sweep import _say_why_waiting
+
+    class Queue:  # list_jobs(parent=..., status="RUNNABLE") as the service answers it
+        answers = [[], [{"waiting": {"reason": "no free slot", "position": 3}}],
+                   [{"waiting": {"reason": "no free slot", "position": 1}}],
+                   [{"waiting": {"reason": "queue q is DISABLED", "position": 1}}]]
+
+        def list_jobs(self, **filters):
+            assert filters == {"parent": "sweep-1", "status": "RUNNABLE", "limit": 1}
+            return self.answers.pop(0)
+
+    said, client = "", Queue()
+    for _ in range(4):
+        said = _say_why_waiting(client, "sweep-1", said)
+    assert capsys.readouterr().err.splitlines() == ["waiting: no free slot",
+                                                    "waiting: queue q is DISABLED"]
+
+
 @pytest.mark.slow
 def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
     from dyntrain.service.client import Client
