@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import statistics
@@ -216,3 +217,39 @@ def process_cpu_seconds(pids) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick
     return total
+
+
+def start_dyntrain_server(state: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    """`dyntrain server --port 0` on ``state`` (its output appended to ``log``); its process
+    and URL, once it listens."""
+    out = open(log, "a")
+    out.write("---- server start\n")
+    out.flush()
+    proc = subprocess.Popen([sys.executable, "-m", "dyntrain.cli.main", "server", "--port", "0",
+                             "--state-dir", str(state), "--grace-seconds", "2"],
+                            stdout=out, stderr=subprocess.STDOUT,
+                            cwd=Path(__file__).resolve().parent.parent,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    out.close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = re.findall(r"listening on (http://\S+)", log.read_text())
+        text = log.read_text()
+        if found and text.rfind("listening on") > text.rfind("---- server start"):
+            return proc, found[-1]
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"the server did not start:\n{log.read_text()[-2000:]}")
+
+
+def wait_until(cond, timeout: float, what: str, poll: float = 0.05):
+    """``cond()``'s first true value, polled; TimeoutError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")

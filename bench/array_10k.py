@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -41,6 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, machine_info  # noqa: E402
+from _common import start_dyntrain_server as start_server  # noqa: E402
+from _common import wait_until as wait  # noqa: E402
 from dyntrain.service.client import Client  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
@@ -48,25 +49,6 @@ ROOT = BENCH.parent
 RESULTS = BENCH / "results"
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 256}
 TRUE = ["/bin/true"]
-
-
-def start_server(state: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    out = open(log, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "dyntrain.cli.main", "server", "--port", "0",
-                             "--state-dir", str(state), "--grace-seconds", "2"],
-                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out.close()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = re.search(r"listening on (http://\S+)", log.read_text())
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the server did not start:\n{log.read_text()[-2000:]}")
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -111,16 +93,6 @@ class Mix:
         out = {k: summary(v) for k, v in self.ms.items()}
         out["all"] = summary([x for v in self.ms.values() for x in v])
         return out
-
-
-def wait(cond, timeout: float, what: str, poll: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll)
-    raise SystemExit(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def counts(client: Client, parent: str) -> dict[str, int]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,42 +27,14 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import start_dyntrain_server as start_server  # noqa: E402
+from _common import wait_until as wait  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 64}
-
-
-def start_server(state: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """`dyntrain server --port 0` on ``state``; its process and URL."""
-    out = open(log, "a")
-    out.write("---- server start\n")
-    out.flush()
-    proc = subprocess.Popen([sys.executable, "-m", "dyntrain.cli.main", "server", "--port", "0",
-                             "--state-dir", str(state), "--grace-seconds", "2"],
-                            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out.close()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        found = re.findall(r"listening on (http://\S+)", log.read_text())
-        text = log.read_text()
-        if found and text.rfind("listening on") > text.rfind("---- server start"):
-            return proc, found[-1]
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"the server did not start:\n{log.read_text()[-2000:]}")
-
-
-def wait(cond, timeout: float, what: str, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def run_trial(tmp: Path, jobs: int = 200, slots: int = 6, kills: int = 2,
