@@ -388,6 +388,19 @@ def test_start_many_starts_what_it_can_and_says_why_not_for_the_rest(executor, t
     assert all(e.exit_code == 0 for e in exits.values())
 
 
+def test_wait_returns_at_once_for_an_exit_read_while_starting_another(executor, tmp_path):
+    # The exit of the first worker reaches the service while it waits for the second's start
+    # answer: wait() must hand it over now, not sleep on a pipe with nothing more to come.
+    quick = WorkerSpec(**{**make_spec(tmp_path, "j17-a1-w0", "").__dict__, "argv": ["/bin/true"]})
+    executor.start(quick)
+    wait_for(executor.status_path(quick.worker_id).exists, "the first worker's exit recorded")
+    executor.start(make_spec(tmp_path, "j17-a1-w1", LONG))
+    started = time.monotonic()
+    executor.wait(60)
+    assert time.monotonic() - started < 10
+    assert [e.worker_id for e in executor.poll()] == [quick.worker_id]
+
+
 def test_cwd_and_env_are_applied(executor, tmp_path):
     work = tmp_path / "work"
     work.mkdir()

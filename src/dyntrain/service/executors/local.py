@@ -344,15 +344,13 @@ class LocalExecutor(Executor):
 
     def wait(self, timeout: float) -> None:
         with self._lock:
-            link = self._link
-            if link is None or not link.open or any(w.exit for w in self._workers.values()):
-                pending = False
-            else:
-                pending = True
-        if pending:
-            ready, _, _ = select.select([link.fd], [], [], timeout)
-            if ready:
+            self._take_exits()  # exits read while waiting for start answers are not in the pipe
+            if any(w.exit for w in self._workers.values()):
                 return
+            link = self._link
+            watch = link is not None and link.open
+        if watch:
+            select.select([link.fd], [], [], timeout)
         else:
             time.sleep(timeout)
 
