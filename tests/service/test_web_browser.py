@@ -98,7 +98,7 @@ def site(tmp_path_factory):
             train, waiting = setup_jobs(url)
             with Client(url, token=TOKEN) as client:
                 yield {"url": url, "browser": browser, "train": train, "waiting": waiting,
-                       "client": client}
+                       "client": client, "log": log}
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -118,6 +118,7 @@ def page(site):
 
 
 def test_a_wrong_token_is_refused_and_the_right_one_opens_the_dashboard(site, page):
+    assert f"dashboard: {site['url']}/" in site["log"].read_text()  # the server says where
     page.goto(site["url"] + "/")
     assert "/ui/login" in page.url  # no session: the login page, not the dashboard
     status = page.evaluate("fetch('/jobs', {headers: {Authorization: 'Bearer nope'}})"

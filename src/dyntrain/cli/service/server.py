@@ -92,6 +92,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
             service.start()
             url = _url_for(host, config.port)
             click.echo(f"dyntrain service listening on {url} (state: {config.state_dir})")
+            click.echo(f"dashboard: {url}/  metrics: {url}/metrics")
             for note in service.recovered:
                 click.echo(f"recovered: {note}")
             click.echo("Press Ctrl-C to stop.", err=True)
