@@ -32,7 +32,7 @@ from dyntrain.service.server import Service, ServiceConfig
 
 HERE = Path(__file__).resolve().parent
 DIGITS = ["-m", "dyntrain.workloads.digits", "--epochs", "30", "--global-batch", "64",
-          "--chunk-size", "8"]
+          "--chunk-size", "8", "--noise-scale"]  # B_simple: the dashboard charts it
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}
 
 

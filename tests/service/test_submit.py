@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from dyntrain.cli.main import main
-from dyntrain.cli.service.follow import _Watcher, progress_text
+from dyntrain.cli.service.follow import _Watcher
 from dyntrain.service.client import Client
+from dyntrain.service.jobtext import progress_text
 from dyntrain.service.model import ValidationError
 from dyntrain.service.submitter import ExportSpec, exported, parse_export
 from dyntrain.service.worker_log import error_line

@@ -67,6 +67,9 @@ def seeded(tmp_path_factory):
                            resources=SMALL, workers=(1, 3))
     assert store.transition(elastic.id, S.SUBMITTED, S.RUNNING, "training with 1 worker(s)",
                             started_at=now - 60)
+    store.add_attempt(elastic.id, 1, now - 60)
+    store.update_job(elastic.id, progress={"step": 30, "total_steps": 600, "world_size": 1,
+                                           "loss": 0.0667, "samples_per_s": 100.0})
     t0 = now - 58
     w = [f"{elastic.id}-a1-w{i}" for i in range(2)]
     for kind, workers, before, after, requested, first, extra in [
@@ -111,6 +114,8 @@ def seeded(tmp_path_factory):
     service.controller.step()  # one scheduling pass: waiting reasons, pass time, capacity
     for i, status in enumerate([S.SUCCEEDED, S.FAILED]):
         assert store.transition(f"{array.id}:{i}", S.RUNNABLE, status, f"set by the test {i}")
+    store.add_attempt(f"{array.id}:1", 1, now - 30)
+    store.finish_attempt(f"{array.id}:1", 1, 3, "exit code 3: ValueError: bad shard", now - 28)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -236,6 +241,9 @@ def test_elastic_job_page_shows_changes_latencies_workers_checkpoints_and_cost(b
     assert "ckpt-000000030.dtck" in page and "2.0 KiB" in page
     assert "lost: no heartbeat" in page and "EXITED" in page  # workers, exited ones too
     assert "Static on-demand" in page and "Cost so far" in page
+    attempts = re.search(r'<table class="grid" id="attempts">.*?</table>', page, re.S).group(0)
+    assert re.search(r'<td class="num">1</td>', attempts) and "1 of 1 (running)" in page
+    assert "step 30/600 · world 1 · loss 0.0667 · 100.0 samples/s" in page  # the last step
     assert 'data-elastic="yes"' in page and "Terminate" in page and ">Cancel<" not in page
     parts = browser.get(f"/ui/part/jobs/{seeded['elastic']}").json()
     assert "ckpt-000000030.dtck" in parts["checkpoints"] and "hang" in parts["membership"]
@@ -270,6 +278,9 @@ def test_array_page_summarises_children_by_state_and_drills_down(browser, seeded
     assert f"/ui/jobs/{array}:1" in children and f"/ui/jobs/{array}:0" not in children
     child = browser.get(f"/ui/jobs/{array}:1").text
     assert f'href="/ui/jobs/{array}"' in child and "set by the test 1" in child
+    attempts = re.search(r'id="attempts".*?</table>', child, re.S).group(0)
+    assert "ValueError: bad shard" in attempts and '<td class="num">3</td>' in attempts
+    assert "· 2.0 s" in attempts  # how long it ran
 
 
 def test_unknown_job_is_a_404_page(browser):

@@ -22,26 +22,10 @@ from dyntrain.cli.service.common import (
     resolve_job,
 )
 from dyntrain.cli.service.output import list_items, reason_text, short_id
+from dyntrain.service.jobtext import progress_text
 
 PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
 FAILED_SHOWN = 5  # failed children listed under an array job's summary
-
-
-def progress_text(progress: dict[str, Any] | None) -> str:
-    """``step 120/600  epoch 3  world 2  loss 0.4321  812.3 samples/s``; '' without a step."""
-    if not isinstance(progress, dict) or progress.get("step") is None:
-        return ""
-    total = progress.get("total_steps")
-    parts = [f"step {progress['step']}" + (f"/{total}" if total else "")]
-    if progress.get("epoch") is not None:
-        parts.append(f"epoch {progress['epoch']}")
-    if progress.get("world_size") is not None:
-        parts.append(f"world {progress['world_size']}")
-    if isinstance(progress.get("loss"), (int, float)):
-        parts.append(f"loss {progress['loss']:.4f}")
-    if isinstance(progress.get("samples_per_s"), (int, float)):
-        parts.append(f"{progress['samples_per_s']:.1f} samples/s")
-    return "  ".join(parts)
 
 
 def _print_log_page(client, job_id: str, after: int) -> tuple[int, dict[str, Any]]:

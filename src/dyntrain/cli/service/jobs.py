@@ -15,7 +15,6 @@ from dyntrain.cli.service.common import (
     make_client,
     resolve_job,
 )
-from dyntrain.cli.service.follow import progress_text
 from dyntrain.cli.service.output import (
     format_time,
     list_items,
@@ -25,6 +24,7 @@ from dyntrain.cli.service.output import (
     short_id,
     workers_text,
 )
+from dyntrain.service.jobtext import attempts_text, progress_text
 
 
 def _jobs_table(jobs: list[dict[str, Any]]):
@@ -116,16 +116,6 @@ def _job_details(client, job: dict[str, Any]) -> list[str]:
     if cost_lines:
         lines += ["", "cost", *cost_lines, *_price_hint(client, answer)]
     return lines
-
-
-def attempts_text(job: dict[str, Any]) -> str:
-    """Counted attempts of the allowed ones; a running job is in its next one."""
-    used = int(job.get("attempts") or 0)
-    allowed = (job.get("retry_strategy") or {}).get("attempts")
-    of = f" of {allowed}" if allowed else ""
-    if job.get("status") in ("STARTING", "RUNNING") and not job.get("array"):
-        return f"{used + 1}{of} (running)"
-    return f"{used}{of}"
 
 
 def _price_hint(client, answer: Any) -> list[str]:

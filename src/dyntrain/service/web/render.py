@@ -8,6 +8,8 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from dyntrain.service.jobtext import attempts_text, progress_text
+
 _HEX_ID = re.compile(r"^([0-9a-f]{32})(.*)$", re.DOTALL)
 
 
@@ -65,5 +67,6 @@ def make_environment() -> Environment:
                       autoescape=select_autoescape(["html"]), trim_blocks=True,
                       lstrip_blocks=True)
     env.filters.update(clock=clock, duration=duration, money=money, percent=percent,
-                       number=number, short=short)
+                       number=number, short=short, attempts=attempts_text,
+                       progress=progress_text)
     return env

@@ -171,30 +171,47 @@
   function noData(el, text) { el.innerHTML = `<p class="no-data">${text}</p>`; }
 
   // Vertical marks (a line, a band and a label) drawn over a chart, in the x scale's units.
+  // Labels sit on a light backing, right of their line (left of it near the right edge), each
+  // on the first of three rows where it overlaps no other label.
   function markerPlugin(getMarks) {
+    const ROWS = 3;
     return {
       hooks: {
         draw: [(u) => {
           const ctx = u.ctx;
-          const { top, height } = u.bbox;
+          const px = devicePixelRatio;
+          const { left, top, width, height } = u.bbox;
           ctx.save();
-          ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
-          let row = 0;
+          ctx.font = `${11 * px}px system-ui, sans-serif`;
+          ctx.textAlign = "left";
+          ctx.textBaseline = "alphabetic";
+          const rowEnds = new Array(ROWS).fill(-Infinity);
+          const labels = [];
           for (const m of getMarks()) {
             const x0 = u.valToPos(m.from, "x", true);
             const x1 = u.valToPos(m.to === undefined ? m.from : m.to, "x", true);
-            if (x1 < u.bbox.left || x0 > u.bbox.left + u.bbox.width) continue;
+            if (x1 < left || x0 > left + width) continue;
             ctx.fillStyle = m.colour + "26";
             if (x1 - x0 >= 1) ctx.fillRect(x0, top, x1 - x0, height);
             ctx.strokeStyle = m.colour;
-            ctx.lineWidth = devicePixelRatio;
-            ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+            ctx.lineWidth = px;
+            ctx.setLineDash([4 * px, 3 * px]);
             ctx.beginPath(); ctx.moveTo(x0, top); ctx.lineTo(x0, top + height); ctx.stroke();
-            if (m.label) {
-              ctx.fillStyle = m.colour;
-              // labels of nearby changes go on three staggered rows so they do not overlap
-              ctx.fillText(m.label, x0 + 3 * devicePixelRatio, top + (12 + 13 * (row++ % 3)) * devicePixelRatio);
-            }
+            if (!m.label) continue;
+            const w = ctx.measureText(m.label).width + 4 * px;
+            const x = x0 + 3 * px + w > left + width ? x0 - 3 * px - w : x0 + 3 * px;
+            let row = rowEnds.findIndex((end) => end <= x);
+            if (row < 0) row = rowEnds.indexOf(Math.min(...rowEnds));
+            rowEnds[row] = x + w + 4 * px;
+            labels.push({ x, w, row, text: m.label, colour: m.colour });
+          }
+          ctx.setLineDash([]);
+          for (const l of labels) {
+            const y = top + (4 + 14 * l.row) * px;
+            ctx.fillStyle = "rgba(255, 255, 255, 0.85)";
+            ctx.fillRect(l.x, y, l.w, 13 * px);
+            ctx.fillStyle = l.colour;
+            ctx.fillText(l.text, l.x + 2 * px, y + 10 * px);
           }
           ctx.restore();
         }],
@@ -278,7 +295,7 @@
             height: 250, plugins: [markerPlugin(timeMarks)], legend: { show: false },
             series: [{}, { label: "world size", stroke: "#2f6fdf", width: 2, fill: "#2f6fdf1f", points: { show: false },
               paths: uPlot.paths.stepped({ align: 1 }) }],
-            scales: { y: { range: (u, lo, hi) => [0, Math.max(2, hi + 1)] } },
+            scales: { y: { range: (u, lo, hi) => [0, Math.max(3, Math.ceil(hi * 1.5))] } },  // room for the labels
             axes: [{}, { label: "workers", incrs: [1, 2, 5, 10, 20, 50, 100] }],
           }, worldData);
         } else {
@@ -357,11 +374,13 @@
       const marks = fit ? [{ from: fit.b_crit, colour: "#7b4fd6", label: `B_crit ≈ ${fit.b_crit.toFixed(0)}` }] : [];
       makeChart(el, {
         height: 260, plugins: [markerPlugin(() => marks)], legend: { live: false },
-        scales: { x: { time: false, distr: 3, log: 2 }, y: { distr: 3, log: 10 } },
+        // padded so that no point sits on the chart's edge
+        scales: { x: { time: false, distr: 3, log: 2, range: (u, lo, hi) => [lo / 1.25, hi * 1.25] },
+          y: { distr: 3, log: 10, range: (u, lo, hi) => [lo / 1.5, hi * 1.5] } },
         series: [{ label: "batch size" },
           { label: "steps to result", stroke: "#2f6fdf", width: 0, paths: () => null, points: { show: true, size: 8, fill: "#2f6fdf" } },
           { label: "fit S(B)", stroke: "#d64545", width: 1.5, dash: [6, 4], points: { show: false } }],
-        axes: [{ label: "batch size" }, { label: "steps" }],
+        axes: [{ label: "batch size", splits: () => [...new Set(bs)].sort((a, b) => a - b) }, { label: "steps" }],
       }, data);
     }
   }
