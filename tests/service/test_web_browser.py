@@ -164,6 +164,9 @@ def test_job_page_follows_the_world_size_after_a_capacity_change_and_shows_logs(
     join = page.locator("#membership tbody tr", has_text="join")
     expect(join).to_contain_text("1 → 2")
     expect(page.locator("#world-now")).to_have_text("2")
+    # the joiner's first line is followed into the open page's log
+    page.wait_for_function("document.getElementById('log').textContent"
+                           ".split('hello from').length > 2")
     assert page.evaluate("window.notReloaded") is True  # it changed without a reload
     assert site["client"].get_job(site["train"])["current_workers"] == 2
 
