@@ -5,8 +5,8 @@ The image workload (``digits-resnet`` recipe on digits JPEGs packed into shards)
 kill, join per repetition, ``bench/rescale_latency.py``), once with 2 loader processes per
 worker and once loading in the training process, side by side. Latency: from the change's
 request to the first completed step in the new world (``events.jsonl``). The benchmark also
-watches every training worker's child processes in /proc: a loader process that appears
-under a worker after its first ones is a respawn.
+watches every training worker's loader processes in /proc (the other members of the session
+each worker leads): a loader process that appears beside a worker's first ones is a respawn.
 
     .venv/bin/python bench/loader_rescale.py --reps 2      # ~4 minutes
 """
@@ -14,11 +14,13 @@ under a worker after its first ones is a respawn.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 from _common import (  # bench/ is sys.path[0] when run as a script
@@ -34,12 +36,36 @@ from dyntrain.workloads.digits_images import write_digits_images
 from rescale_latency import _count_kinds, dyntrain_schedule
 
 
-def children(pid: int) -> set[int]:
+def session(pid: int) -> int | None:
+    """The session id of ``pid`` (training workers lead their own sessions, with or without the
+    fork server; their loader processes stay in them)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return {int(x) for x in f.read().split()}
-    except OSError:
-        return set()
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[4])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def loader_processes(pids: list[int]) -> dict[int, set[int]]:
+    """Training worker pid -> its loader processes: the members of a descendant's session
+    other than its leader (the fork server's session holds no other process)."""
+    found: dict[int, set[int]] = {}
+    for pid in pids:
+        sid = session(pid)
+        if sid is not None and sid != pid and sid in pids:
+            found.setdefault(sid, set()).add(pid)
+    return found
+
+
+def step_seconds(metrics: Path) -> float | None:
+    """The median time between consecutive steps of one generation (the run's pace)."""
+    try:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    gaps = [b["time"] - a["time"] for a, b in pairwise(rows)
+            if a.get("gen") == b.get("gen") and b.get("step") == a.get("step", -2) + 1]
+    return median(gaps)
 
 
 def run(data: Path, out: Path, loader_workers: int, reps: int, timeout: float) -> dict:
@@ -60,9 +86,9 @@ def run(data: Path, out: Path, loader_workers: int, reps: int, timeout: float) -
     try:
         while time.time() - t0 < timeout:
             tail.poll()
-            seen |= set(descendants(proc.pid))
-            for worker in children(proc.pid) if loader_workers else ():
-                kids = children(worker)
+            now = descendants(proc.pid)
+            seen |= set(now)
+            for worker, kids in loader_processes(now).items():
                 if len(kids) < loader_workers and worker not in loaders:
                     continue  # still forking its loader processes
                 if worker not in loaders:
@@ -86,6 +112,7 @@ def run(data: Path, out: Path, loader_workers: int, reps: int, timeout: float) -
             by_kind.setdefault("kill" if r["event"] == "crash" else r["event"], []).append(
                 r["latency_s"])
     return {"loader_workers": loader_workers, "status": status, "latency_s": by_kind,
+            "step_s": step_seconds(out / "metrics.jsonl"),
             "loader_processes_per_worker": sorted({len(v) for v in loaders.values()}),
             "respawned_loader_processes": respawned, "wall_s": round(time.time() - t0, 1)}
 
@@ -105,14 +132,15 @@ def main() -> None:
     load = os.getloadavg()
     print(f"\ndigits-resnet from packed shards, --workers 1:4 --nproc 2, {args.reps} x (join, "
           f"leave, kill, join); load average {load[0]:.2f}")
-    print("| loader processes per worker | change | n | median s | max s |\n"
-          "| ---: | --- | ---: | ---: | ---: |")
+    print("| loader processes per worker | change | n | median s | max s | median step s |\n"
+          "| ---: | --- | ---: | ---: | ---: | ---: |")
     for r in runs:
         for kind in ("join", "leave", "kill"):
             values = r["latency_s"].get(kind, [])
             nan = float("nan")
             print(f"| {r['loader_workers']} | {kind} | {len(values)} | "
-                  f"{median(values) or nan:.3f} | {max(values, default=nan):.3f} |")
+                  f"{median(values) or nan:.3f} | {max(values, default=nan):.3f} | "
+                  f"{r['step_s'] or nan:.3f} |")
         print(f"(loader processes {r['loader_workers']}: status {r['status']}, loader "
               f"processes per worker seen {r['loader_processes_per_worker']}, respawned "
               f"{r['respawned_loader_processes']})")

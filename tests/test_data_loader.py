@@ -92,6 +92,67 @@ def test_corrupt_file_is_a_clear_error_not_a_hang(tmp_path):
     loader.close()
 
 
+class GatedSamples(torch.utils.data.Dataset):
+    """Sample ``index`` * 10 as a 1-element tensor; sample ``gated`` waits until ``gate[0]`` is
+    set (a loader process half-way through a chunk)."""
+
+    def __init__(self, n, gated):
+        self.n, self.gated = n, gated
+        self.gate = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        deadline = time.monotonic() + 60
+        while index == self.gated and not self.gate[0]:
+            assert time.monotonic() < deadline, "the test never opened the gate"
+            time.sleep(0.002)
+        return torch.tensor([index * 10.0]), index
+
+
+def test_a_plan_change_drops_requests_in_flight_in_the_loader_process():
+    """A request the plan no longer wants is dropped by the loader process mid-chunk (the rest
+    of it is never loaded), and the new plan's chunks come next, correct."""
+    order = BatchOrder(0, 32, 8)
+    gated = int(order.chunk(0, 1, 4)[0])
+    data = GatedSamples(32, gated)
+    loader = ChunkLoader(data, order, 4, 4, 5, CPU, LoaderConfig(workers=1, prefetch=3))
+    loader.expect(0, [0, 1])  # requests (0, 0), (0, 1), (1, 0): (0, 1) stops at its first sample
+    x, y = loader.fetch(0, 0, order.chunk(0, 0, 4))
+    assert y.tolist() == order.chunk(0, 0, 4).tolist()
+    loader.expect(1, [1])  # the plan changes: (0, 1) and (1, 0) are no longer wanted
+    data.gate[0] = 1
+    x, y = loader.fetch(1, 1, order.chunk(1, 1, 4))
+    assert y.tolist() == order.chunk(1, 1, 4).tolist() and torch.equal(x[:, 0], y * 10.0)
+    assert loader.dropped >= 1 and loader.discarded >= loader.dropped
+    loader.close()
+
+
+def test_a_request_dropped_by_a_stale_plan_read_is_asked_again(digits_train, monkeypatch):
+    """A loader process that reads the plan while it changes may drop a chunk that is still
+    wanted: the loader asks for it again and returns the same content."""
+    order = BatchOrder(0, len(digits_train), 20)
+    ref = ChunkLoader(digits_train, order, 4, 2, 7, CPU, LoaderConfig(workers=0))
+    ref.expect(0, [0, 1])
+    want = [ref.fetch(0, c, order.chunk(0, c, 4)) for c in (0, 1)]
+    loader = ChunkLoader(digits_train, order, 4, 2, 7, CPU, LoaderConfig(workers=0))
+    reads = []
+    real = loader._plan.wanted
+
+    def stale_once(step, chunk):  # the third read (mid-way through chunk 0) sees another plan
+        reads.append((step, chunk))
+        return len(reads) != 3 and real(step, chunk)
+
+    monkeypatch.setattr(loader._plan, "wanted", stale_once)
+    loader.expect(0, [0, 1])
+    for c, (x, y) in zip((0, 1), want, strict=True):
+        got = loader.fetch(0, c, order.chunk(0, c, 4))
+        assert torch.equal(got[0], x) and torch.equal(got[1], y)
+    assert loader.dropped == 1
+    loader.close()
+
+
 class TinyNet(nn.Module):
     def __init__(self):
         super().__init__()

@@ -111,6 +111,29 @@ def test_image_dataset_outputs(images):
     assert a.shape == (3, 12, 12) and img.shape == (3, 16, 16) and img.dtype == torch.uint8
 
 
+def test_jpeg_decoding_equals_pil_and_falls_back_to_it():
+    """JPEGs go through libjpeg-turbo directly (simplejpeg): the same pixels as PIL; what it
+    cannot decode (CMYK) goes to PIL, and a grey JPEG becomes three equal channels."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgb = rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)
+    for mode, sub in (("RGB", 0), ("RGB", 2), ("L", 0), ("CMYK", 0)):
+        img = Image.fromarray(rgb).convert(mode)
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90, subsampling=sub)
+        data = buf.getvalue()
+        with Image.open(io.BytesIO(data)) as ref:
+            want = torch.from_numpy(np.array(ref.convert("RGB"))).permute(2, 0, 1)
+        got = decode(data, f"x.{mode}.jpg")
+        assert got.shape == (3, 37, 53) and torch.equal(got, want), (mode, sub)
+    with pytest.raises(DataError, match=r"cannot decode image y\.jpg"):
+        decode(data[:40], "y.jpg")
+
+
 def test_pack_command(images, tmp_path):
     from conftest import run_cli
 

@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import simplejpeg
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch.nn import functional as F
 
 from dyntrain.data.sources import DataError, ImageFolder, PackedShards, open_source
@@ -41,10 +43,8 @@ IMAGENET_STD = (58.393, 57.12, 57.375)
 _GRAY = (0.299, 0.587, 0.114)
 _TYIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.321), (0.211, -0.523, 0.311))
 _ITYIQ = ((1.0, 0.956, 0.621), (1.0, -0.272, -0.647), (1.0, -1.107, 1.705))
-# as float64 tensors once: building small tensors costs more than the arithmetic on them
-_F64 = {name: torch.tensor(value, dtype=torch.float64) for name, value in (
-    ("eye", ((1.0, 0, 0), (0, 1.0, 0), (0, 0, 1.0))), ("gray", (_GRAY,) * 3), ("tyiq", _TYIQ),
-    ("ityiq", _ITYIQ), ("eigvec", IMAGENET_EIGVEC), ("eigval", IMAGENET_EIGVAL))}
+_EYE = ((1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (0.0, 0.0, 1.0))
+Matrix = tuple[tuple[float, float, float], ...]
 
 
 @dataclass(frozen=True)
@@ -95,18 +95,24 @@ class ImageTransform:
         return apply_affine(out, m, b)
 
     def color_affine(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """A random colour jitter + lighting + normalisation as (M [3, 3], b [3]), float32."""
+        """A random colour jitter + lighting + normalisation as (M [3, 3], b [3]), float32.
+
+        The 3x3 algebra runs on Python floats (float64): building and multiplying small
+        tensors would cost more than the arithmetic."""
         u = torch.rand(3, dtype=torch.float64).tolist()
-        noise = torch.randn(3, dtype=torch.float64)
-        m = _F64["eye"]
+        noise = torch.randn(3, dtype=torch.float64).tolist()
+        m: Matrix = _EYE
         if self.brightness:
-            m = m * (1 + self.brightness * (2 * u[0] - 1))
+            c = 1 + self.brightness * (2 * u[0] - 1)
+            m = tuple(tuple(c * v for v in row) for row in m)
         if self.saturation:
             a = 1 + self.saturation * (2 * u[1] - 1)
-            m = (a * _F64["eye"] + (1 - a) * _F64["gray"]) @ m
+            sat = tuple(tuple(a * e + (1 - a) * g for e, g in zip(row, _GRAY, strict=True))
+                        for row in _EYE)
+            m = _matmul(sat, m)
         if self.hue:
-            m = hue_matrix(self.hue * (2 * u[2] - 1)) @ m
-        offset = lighting_offset(noise * self.pca_noise)
+            m = _matmul(_hue(self.hue * (2 * u[2] - 1)), m)
+        offset = _lighting([n * self.pca_noise for n in noise])
         return _normalised(m, offset, self.mean, self.std)
 
     def _evaluate(self, img: torch.Tensor) -> torch.Tensor:
@@ -119,8 +125,7 @@ class ImageTransform:
         if top < 0 or left < 0:
             raise ConfigError(f"val_resize {short} is smaller than the crop {self.size}")
         out = out[:, top:top + self.size, left:left + self.size]
-        m, b = _normalised(torch.eye(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64),
-                           self.mean, self.std)
+        m, b = _normalised(_EYE, (0.0, 0.0, 0.0), self.mean, self.std)
         return apply_affine(out, m, b)
 
 
@@ -143,22 +148,36 @@ def crop_box(h: int, w: int, scale, ratio, u: list[float]) -> tuple[int, int, in
     return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
+def _matmul(a: Matrix, b: Matrix) -> Matrix:
+    return tuple(tuple(r[0] * b[0][j] + r[1] * b[1][j] + r[2] * b[2][j] for j in range(3))
+                 for r in a)
+
+
+def _hue(alpha: float) -> Matrix:
+    c, s = math.cos(alpha * math.pi), math.sin(alpha * math.pi)
+    return _matmul(_matmul(_ITYIQ, ((1.0, 0.0, 0.0), (0.0, c, -s), (0.0, s, c))), _TYIQ)
+
+
+def _lighting(alpha) -> tuple[float, float, float]:
+    scaled = [a * e for a, e in zip(alpha, IMAGENET_EIGVAL, strict=True)]
+    return tuple(sum(v * x for v, x in zip(row, scaled, strict=True)) for row in IMAGENET_EIGVEC)
+
+
 def hue_matrix(alpha: float) -> torch.Tensor:
     """MXNet's hue jitter: rotate the I/Q plane of YIQ by ``alpha`` half turns."""
-    c, s = math.cos(alpha * math.pi), math.sin(alpha * math.pi)
-    rot = torch.tensor(((1.0, 0.0, 0.0), (0.0, c, -s), (0.0, s, c)), dtype=torch.float64)
-    return _F64["ityiq"] @ rot @ _F64["tyiq"]
+    return torch.tensor(_hue(alpha), dtype=torch.float64)
 
 
 def lighting_offset(alpha: torch.Tensor) -> torch.Tensor:
     """AlexNet's PCA lighting: the RGB offset eigvec @ (alpha * eigval), 0-255 scale."""
-    return _F64["eigvec"] @ (alpha.to(torch.float64) * _F64["eigval"])
+    return torch.tensor(_lighting(alpha.tolist()), dtype=torch.float64)
 
 
-def _normalised(m, offset, mean, std) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / torch.tensor(std, dtype=torch.float64)
-    b = (offset - torch.tensor(mean, dtype=torch.float64)) * inv
-    return (inv[:, None] * m).to(torch.float32), b.to(torch.float32)
+def _normalised(m: Matrix, offset, mean, std) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = [1.0 / s for s in std]
+    b = [(o - mu) * i for o, mu, i in zip(offset, mean, inv, strict=True)]
+    return (torch.tensor([[i * v for v in row] for i, row in zip(inv, m, strict=True)],
+                         dtype=torch.float32), torch.tensor(b, dtype=torch.float32))
 
 
 def apply_affine(img: torch.Tensor, m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -203,9 +222,22 @@ def horizontal_flip(img: torch.Tensor) -> torch.Tensor:
 
 
 def decode(data: bytes, name: str) -> torch.Tensor:
-    """JPEG/PNG bytes -> uint8 [3, H, W] (RGB; a channels-last view of the decoded pixels)."""
-    from PIL import Image, UnidentifiedImageError
+    """JPEG/PNG bytes -> uint8 [3, H, W] (RGB; a channels-last view of the decoded pixels).
 
+    YCbCr and grey JPEGs go to libjpeg-turbo through simplejpeg (the same pixels as PIL, which
+    costs many times the decoding per image for small ones); PIL takes the rest (PNG, CMYK
+    JPEGs, whose RGB conversion differs) and names what is wrong with a file it cannot read."""
+    if data[:2] == b"\xff\xd8":
+        try:
+            if simplejpeg.decode_jpeg_header(data)[2] in ("YCbCr", "Gray"):
+                arr = simplejpeg.decode_jpeg(data, colorspace="RGB", strict=True)
+                return torch.from_numpy(arr).permute(2, 0, 1)
+        except ValueError:  # corrupt: PIL says what is wrong
+            pass
+    return _decode_pil(data, name)
+
+
+def _decode_pil(data: bytes, name: str) -> torch.Tensor:
     try:
         with Image.open(io.BytesIO(data)) as im:
             arr = np.asarray(im.convert("RGB"))

@@ -10,8 +10,12 @@ which loader process or training worker produced it, and prefetching cannot chan
 
 When the plan changes (a membership change, a re-balanced assignment, a step recomputed after a
 failure) ``expect`` is told different chunks or a step out of sequence: chunks already prefetched
-that are still in the plan are kept, the others are discarded as they arrive, and requests for
-the new plan follow. The loader processes stay up the whole time.
+that are still in the plan are kept, the others are discarded, and requests for the new plan
+follow at once. The plan lives in a small shared-memory tensor that the loader processes read
+before every sample: a request the plan no longer needs is dropped where it stands (queued or
+half loaded) and comes back empty, so the new plan's chunks do not wait behind the old plan's
+(a rescale does not pay for loading what nobody will compute). The loader processes stay up the
+whole time.
 
 A failing sample (missing, unreadable or corrupt file) comes back as a one-line ``DataError``
 naming the file, raised in the training process.
@@ -79,16 +83,90 @@ class _Failure:
     message: str
 
 
+@dataclass(frozen=True)
+class _Small:
+    """A small tensor sent by value through the result pipe (as bytes): passing a shared-memory
+    segment costs a socket connection and an authentication handshake per tensor in both
+    processes, about 1 ms, far more than copying up to ``BY_VALUE`` bytes."""
+
+    data: object  # numpy uint8 array of the tensor's bytes
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+BY_VALUE = 1 << 20  # bytes: tensors up to this size leave a loader process by value
+
+
+def _pack(batch):
+    if isinstance(batch, torch.Tensor):
+        if batch.nbytes > BY_VALUE:
+            return batch
+        raw = batch.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+        return _Small(raw, batch.dtype, tuple(batch.shape))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_pack(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _pack(v) for k, v in batch.items()}
+    return batch
+
+
+def _unpack(batch, pin: bool):
+    if isinstance(batch, _Small):
+        t = torch.from_numpy(batch.data).view(batch.dtype).reshape(batch.shape)
+        return t.pin_memory() if pin else t
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_unpack(b, pin) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _unpack(v, pin) for k, v in batch.items()}
+    return batch
+
+
+class _Dropped:
+    """A request the plan no longer needed when a loader process got to it (or mid-chunk)."""
+
+
+class SharedPlan:
+    """The loader's plan in shared memory: ``[first step, chunk 0 in plan, chunk 1 in plan, ...]``.
+
+    Written by the training process, read by the loader processes (inherited by fork, passed
+    as a shared tensor otherwise). A torn read can only drop a request that is still needed
+    (it is asked again) or load one that is not (it is discarded), never change a chunk."""
+
+    def __init__(self, num_chunks: int) -> None:
+        self.tensor = torch.full((1 + num_chunks,), -1, dtype=torch.int64).share_memory_()
+        self._view = None
+
+    def set(self, step: int, chunks: Sequence[int]) -> None:
+        t = self.tensor
+        t[1:] = 0
+        if chunks:
+            t[1 + torch.tensor(chunks)] = 1
+        t[0] = step
+
+    def wanted(self, step: int, chunk: int) -> bool:
+        if self._view is None:  # a numpy view: reading two numbers costs ~100 ns, not ~2 us
+            self._view = self.tensor.numpy()
+        v = self._view
+        return step >= v[0] and 0 <= chunk < len(v) - 1 and v[1 + chunk] == 1
+
+    def __getstate__(self) -> dict:
+        return {"tensor": self.tensor}
+
+    def __setstate__(self, state: dict) -> None:
+        self.tensor, self._view = state["tensor"], None
+
+
 def sample_seed(seed: int, step: int, chunk: int, position: int) -> int:
     """The generator seed for one sample's augmentation, whoever loads it."""
     return derive_seed(seed, "sample", step, chunk, position)
 
 
 class SeededChunks(Dataset):
-    """Loads whole chunks: seeds the generators per sample, then ``dataset[i]``, collated."""
+    """Loads whole chunks: seeds the generators per sample, then ``dataset[i]``, collated.
+    With a ``plan``, a chunk it no longer wants is dropped before its next sample."""
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
-        self.dataset, self.seed = dataset, seed
+    def __init__(self, dataset: Dataset, seed: int, plan: SharedPlan | None = None) -> None:
+        self.dataset, self.seed, self.plan = dataset, seed, plan
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -104,11 +182,14 @@ class SeededChunks(Dataset):
             with guard:
                 samples = []
                 for pos, index in enumerate(request.indices):
+                    if self.plan is not None and not self.plan.wanted(*key):
+                        return key, _Dropped()
                     s = sample_seed(self.seed, request.step, request.chunk, pos)
                     torch.default_generator.manual_seed(s)
                     random.seed(s)
                     samples.append(self.dataset[index])
-                return key, default_collate(samples)
+                batch = default_collate(samples)
+                return key, batch if get_worker_info() is None else _pack(batch)
         except Exception as exc:  # sent back as data: DataLoader would wrap it in a traceback
             return key, _Failure(f"{exc}" if isinstance(exc, DataError)
                                  else f"{type(exc).__name__}: {exc}".splitlines()[0])
@@ -146,16 +227,19 @@ class ChunkLoader:
         self._in_flight: set[Key] = set()
         self._ready: dict[Key, object] = {}
         self.discarded = 0  # prefetched chunks the plan no longer needed
+        self.dropped = 0  # of those, the ones a loader process dropped before finishing them
+        self._plan = SharedPlan(order.global_batch // chunk_size)
         cfg = self.config
         pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
+        self._pin = pin and cfg.workers > 0  # (the DataLoader pins the shared-memory tensors)
         extra = {}
         if cfg.workers:
             extra = {"prefetch_factor": max(1, math.ceil(cfg.prefetch / cfg.workers)),
                      "persistent_workers": True, "timeout": cfg.timeout,
                      "multiprocessing_context": cfg.start_method}
-        self._loader = DataLoader(SeededChunks(dataset, seed), batch_sampler=_PlanSampler(self),
-                                  collate_fn=_identity, num_workers=cfg.workers, pin_memory=pin,
-                                  **extra)
+        self._loader = DataLoader(SeededChunks(dataset, seed, self._plan),
+                                  batch_sampler=_PlanSampler(self), collate_fn=_identity,
+                                  num_workers=cfg.workers, pin_memory=pin, **extra)
         # Start the loader processes now (before the trainer starts its own threads); the
         # pipeline holds idle requests until the first ``expect``.
         self._it = iter(self._loader)
@@ -168,13 +252,16 @@ class ChunkLoader:
             self._replan(step, chunks)
             return
         self.plan_step = step
+        self._plan.tensor[0] = step
         self._cursor = max(self._cursor, (step, 0))
         self._purge()
 
     def _replan(self, step: int, chunks: tuple[int, ...]) -> None:
         """Request from (step, first chunk) on again; in-flight and ready keys are skipped, so
-        only chunks never requested or already consumed (a recomputed step) load again."""
+        only chunks never requested or already consumed (a recomputed step) load again. The
+        loader processes drop the in-flight requests outside the new plan."""
         self.plan_step, self.plan_chunks, self._cursor = step, chunks, (step, 0)
+        self._plan.set(step, chunks)
         self._purge()
 
     def _purge(self) -> None:
@@ -185,19 +272,24 @@ class ChunkLoader:
     def fetch(self, step: int, chunk: int, indices: torch.Tensor):
         """The batch of (``step``, ``chunk``) on the device; ``indices`` must be its samples."""
         key = (step, chunk)
-        if key not in self._ready and key not in self._in_flight:
-            # next in the plan but not requested yet (no loader processes), consumed before (a
-            # recomputed step) or outside the plan: request from it on
-            if chunk in self.plan_chunks and step >= self.plan_step:
-                self._cursor = (step, self.plan_chunks.index(chunk))
-            else:
-                self._replan(step, (chunk,))
         while key not in self._ready:
+            if key not in self._in_flight:
+                # next in the plan but not requested yet (no loader processes), consumed before
+                # (a recomputed step), dropped, or outside the plan: request from it on
+                if chunk in self.plan_chunks and step >= self.plan_step:
+                    self._cursor = (step, self.plan_chunks.index(chunk))
+                else:
+                    self._replan(step, (chunk,))
             got, batch = self._next()
             if got is None:
                 continue
             self._in_flight.discard(got)
-            if self._useful(got):
+            if isinstance(batch, _Dropped):
+                self.discarded += 1
+                self.dropped += 1
+                if self._useful(got):  # the plan changed back meanwhile: ask for it again
+                    self._cursor = min(self._cursor, (got[0], self.plan_chunks.index(got[1])))
+            elif self._useful(got):
                 self._ready[got] = batch
             else:
                 self.discarded += 1
@@ -207,7 +299,7 @@ class ChunkLoader:
         expected = self.order.chunk(step, chunk, self.chunk_size)
         if not torch.equal(expected, indices):
             raise RuntimeError(f"loader and stepper disagree on the samples of chunk {key}")
-        return _to_device(batch, self.device)
+        return _to_device(_unpack(batch, self._pin), self.device)
 
     def close(self) -> None:
         """Stop the loader processes."""
