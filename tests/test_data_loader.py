@@ -1,5 +1,6 @@
 """The chunk loader: per-sample seeding, plan changes, discards, no respawn, clear errors."""
 
+import pickle
 import time
 
 import pytest
@@ -151,6 +152,21 @@ def test_a_request_dropped_by_a_stale_plan_read_is_asked_again(digits_train, mon
         assert torch.equal(got[0], x) and torch.equal(got[1], y)
     assert loader.dropped == 1
     loader.close()
+
+
+def test_small_tensors_leave_loader_processes_by_value_bitwise():
+    from dyntrain.data.loader import BY_VALUE, _pack, _Small, _unpack
+
+    batch = {"x": torch.randn(4, 3, 5).to(torch.bfloat16), "m": torch.tensor([True, False]),
+             "s": torch.tensor(7), "big": torch.zeros(BY_VALUE // 4 + 1),
+             "pair": (torch.arange(6).reshape(2, 3).t(), 3)}
+    packed = _pack(batch)
+    assert isinstance(packed["x"], _Small) and isinstance(packed["pair"][0], _Small)
+    assert packed["big"] is batch["big"]  # large ones go through shared memory
+    out = _unpack(pickle.loads(pickle.dumps(packed)), pin=False)
+    for k in ("x", "m", "s", "big"):
+        assert out[k].dtype == batch[k].dtype and torch.equal(out[k], batch[k]), k
+    assert torch.equal(out["pair"][0], batch["pair"][0]) and out["pair"][1] == 3
 
 
 class TinyNet(nn.Module):
