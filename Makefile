@@ -60,7 +60,27 @@ test: $(STAMP) browser
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples tools
+
+# moto's AWS Batch test suite against a dyntrain server (tools/moto_batch/run.py says how;
+# MOTO_ARGS="-k NAME" passes pytest arguments).
+# moto's tests come from its source distribution on PyPI at run time, into build/moto-batch;
+# moto itself (the embedded server answering the EC2/IAM setup calls) gets a venv of its own.
+MOTO_VERSION ?= 5.2.5
+MOTO_WORK := build/moto-batch
+MOTO_VENV := build/moto-venv
+moto-batch: $(STAMP)
+	test -x $(MOTO_VENV)/bin/python || $(PYTHON) -m venv $(MOTO_VENV)
+	$(MOTO_VENV)/bin/python -m pip install --quiet "moto==$(MOTO_VERSION)" flask flask-cors pytest
+	rm -rf $(MOTO_WORK) && mkdir -p $(MOTO_WORK)
+	$(MOTO_VENV)/bin/python -m pip download --quiet --no-binary :all: --no-deps \
+		"moto==$(MOTO_VERSION)" -d $(MOTO_WORK)
+	tar -xzf $(MOTO_WORK)/moto-$(MOTO_VERSION).tar.gz -C $(MOTO_WORK) \
+		moto-$(MOTO_VERSION)/tests/__init__.py moto-$(MOTO_VERSION)/tests/conftest.py \
+		moto-$(MOTO_VERSION)/tests/markers.py moto-$(MOTO_VERSION)/tests/test_batch
+	$(MOTO_VENV)/bin/python tools/moto_batch/run.py --moto-version $(MOTO_VERSION) \
+		--tests $(MOTO_WORK)/moto-$(MOTO_VERSION)/tests --dyntrain $(VENV)/bin/dyntrain \
+		--work $(MOTO_WORK) -- $(MOTO_ARGS)
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache build

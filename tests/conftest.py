@@ -2,10 +2,14 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +25,42 @@ def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess
         raise AssertionError(
             f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def start_server(state_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """`dyntrain server --port 0 ... ARGS`; returns the process and the URL it printed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("DYNTRAIN_URL", None)
+    env.pop("DYNTRAIN_TOKEN", None)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([*DYNTRAIN, "server", "--port", "0", "--state-dir",
+                                 str(state_dir), "--grace-seconds", "2", *args], stdout=out,
+                                stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = re.search(r"listening on (http://\S+)", log.read_text())
+        if m:
+            url = m.group(1)
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"the server did not start:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 def read_jsonl(path: Path) -> list[dict]:

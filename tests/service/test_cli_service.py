@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
+from conftest import start_server, stop_server
 from dyntrain.service.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,40 +25,6 @@ def _env() -> dict[str, str]:
     env.pop("DYNTRAIN_URL", None)
     env.pop("DYNTRAIN_TOKEN", None)
     return env
-
-
-def start_server(state_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """`dyntrain server --port 0`; returns the process and the URL it printed."""
-    out = open(log, "w")
-    proc = subprocess.Popen([*DYNTRAIN, "server", "--port", "0", "--state-dir", str(state_dir),
-                             "--grace-seconds", "2"], stdout=out, stderr=subprocess.STDOUT,
-                            env=_env(), cwd=ROOT)
-    out.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        m = re.search(r"listening on (http://\S+)", log.read_text())
-        if m:
-            url = m.group(1)
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"the server did not start:\n{log.read_text()[-3000:]}")
-
-
-def stop_server(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
 
 
 @pytest.fixture(scope="module")

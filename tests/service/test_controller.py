@@ -429,3 +429,22 @@ def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path
     assert wasted and all(0 < u.worker_seconds < 5 for u in wasted)
     counts = torch.load(c.run_dir(job.id) / "final.pt", weights_only=True)["counts"]
     assert torch.equal(counts, expected_counts(30))
+
+
+def test_a_multinode_job_starts_its_nodes_together_and_ends_with_its_main_node(tmp_path):
+    store, c = spot_setup(tmp_path, slots=3, grace=5.0)
+    node = ("import os, sys, time\n"
+            "i = int(os.environ['AWS_BATCH_JOB_NODE_INDEX'])\n"
+            "print('node', i, 'of', os.environ['AWS_BATCH_JOB_NUM_NODES'], 'main',"
+            " os.environ['AWS_BATCH_JOB_MAIN_NODE_INDEX'], flush=True)\n"
+            "time.sleep(60) if i else sys.exit(5)\n")
+    job = store.submit(queue="q", command=[PY, "-c", node], resources=SMALL, num_nodes=3)
+    drive(c, terminal(store, job.id), timeout=60)
+    job = store.get_job(job.id)
+    assert (job.status, job.exit_code, job.attempts) == (JobStatus.FAILED, 5, 1)  # node 0's
+    workers = store.list_workers(job.id, active=False)
+    assert len(workers) == 3 and all(w.state == WORKER_EXITED for w in workers)
+    assert sorted(w.leave_reason or "" for w in workers) == ["", "the main node exited",
+                                                             "the main node exited"]
+    assert sorted(x.line for x in store.read_log(job.id)[0]) == [
+        f"node {i} of 3 main 0" for i in range(3)]

@@ -24,8 +24,9 @@ class Attempt:
     stop_reason: str | None = None  # why every worker was told to leave
     preempted: bool = False
     timed_out: float | None = None
-    terminated: bool = False
+    terminated: str | None = None  # why the user terminated it
     last_exit: WorkerExit | None = None
+    main_exit: WorkerExit | None = None  # a multi-node job's node 0: its exit decides
     workers_started: int = 0
     wasted: dict[str, float] = field(default_factory=dict)  # worker -> seconds thrown away
     priced_events: int = 0  # membership events already looked at for crash waste
@@ -84,3 +85,8 @@ def after_lines(path: Path, n: int) -> int:
 
 def worker_id(job_id: str, attempt: int, index: int) -> str:
     return f"{job_id.replace(':', '_')}-a{attempt}-w{index}"
+
+
+def worker_index(wid: str) -> int:
+    """The start order of a worker in its attempt (a multi-node job's node index)."""
+    return int(wid.rsplit("-w", 1)[1])

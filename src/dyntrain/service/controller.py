@@ -109,7 +109,7 @@ class Controller(Recovery, Launching, Settling):
 
     # ---- user requests ---------------------------------------------------------------------------
 
-    def cancel(self, job_id: str) -> bool:
+    def cancel(self, job_id: str, reason: str = "cancelled by user") -> bool:
         """Cancel a job that has not started (AWS Batch: cancel); False if it already runs.
 
         For an array job, every child that has not started is cancelled with one statement per
@@ -122,26 +122,25 @@ class Controller(Recovery, Launching, Settling):
             moved = []
             for status in (*WAITING, JobStatus.RUNNABLE):
                 moved += [(i, status) for i in self.store.transition_children(
-                    job_id, status, JobStatus.FAILED, "cancelled by user", stopped_at=now)]
+                    job_id, status, JobStatus.FAILED, reason, stopped_at=now)]
             self.index.drop_children(job_id, moved, JobStatus.FAILED)
             done = bool(moved)
         for status in (*WAITING, JobStatus.RUNNABLE):
-            if self.store.transition(job_id, status, JobStatus.FAILED, "cancelled by user",
-                                     stopped_at=now):
+            if self.store.transition(job_id, status, JobStatus.FAILED, reason, stopped_at=now):
                 self.index.moved(job_id, job.array_parent_id, status, JobStatus.FAILED)
                 done = True
                 break
         self._changed = True
         return done
 
-    def terminate(self, job_id: str) -> None:
+    def terminate(self, job_id: str, reason: str = "terminated by user") -> None:
         """Stop a job whatever its state (AWS Batch: terminate); it ends FAILED, not retried.
         Running workers get their notice now and end in the background."""
-        self.cancel(job_id)
+        self.cancel(job_id, reason)
         for attempt in list(self.attempts.values()):
             if attempt.job_id == job_id or attempt.job.array_parent_id == job_id:
-                attempt.terminated = True
-                self._stop_all(attempt, "terminated by user")
+                attempt.terminated = reason
+                self._stop_all(attempt, reason)
 
     # ---- capacity and the scheduler --------------------------------------------------------------
 
@@ -190,7 +189,9 @@ class Controller(Recovery, Launching, Settling):
             job = attempt.job
             if attempt.stop_reason:
                 continue  # stopping: its slots free up as its workers exit
-            lo, hi = (job.min_workers, job.max_workers) if job.elastic else (1, 1)
+            lo, hi = job.workers_range
+            if job.elastic is None:  # a plain or multi-node job never grows back
+                lo = hi = max(1, sum(running.get(job.id, {}).values()))
             status = JobStatus.RUNNING if attempt.workers else JobStatus.STARTING
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),

@@ -30,7 +30,7 @@ _FIFO = attrgetter("created", "id")
 
 def job_view(e: JobEntry | Job) -> JobView:
     """The scheduler's view of a RUNNABLE job; array children keep their index order."""
-    lo, hi = (e.min_workers, e.max_workers) if e.min_workers is not None else (1, 1)
+    lo, hi = e.workers_range
     return JobView(e.id, e.queue, e.created_at + (e.array_index or 0) * 1e-7, e.resources,
                    lo, hi, JobStatus.RUNNABLE, {}, preemptible=e.min_workers is not None)
 

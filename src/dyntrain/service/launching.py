@@ -6,10 +6,12 @@ import dataclasses
 from pathlib import Path
 
 from dyntrain.elastic.protocol import ENV_COORDINATOR, ENV_OUT, ENV_REATTACH, ENV_WORKER_ID
-from dyntrain.service.attempts import Attempt, LogTail, worker_id
+from dyntrain.service.attempts import Attempt, LogTail, worker_id, worker_index
 from dyntrain.service.executors.base import ExecutorError, StartError, WorkerHandle, WorkerSpec
 from dyntrain.service.model import JobStatus
 from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
+
+MAIN_NODE_ADDRESS = "127.0.0.1"  # every worker of the local executor runs on this host
 
 CANNOT_START = "CannotStartContainerError"
 MAX_PARENT_EXPORTS = 64  # array parents whose exported environment is kept in memory
@@ -121,7 +123,7 @@ class Launching:
                 if record.handle is None:
                     specs.append(WorkerSpec(
                         job.id, attempt.number, record.id, list(job.command),
-                        self._worker_env(job, attempt, record.id), job.resources, job.workdir,
+                        self._worker_env(job, attempt, record), job.resources, job.workdir,
                         str(self._log_path(job.id, record.id))))
                     owners.append(attempt)
         out = {a.job_id: ({}, None) for a in attempts}
@@ -181,15 +183,23 @@ class Launching:
                 del self._parent_exports[next(iter(self._parent_exports))]
         return found
 
-    def _worker_env(self, job: Job, attempt: Attempt, wid: str) -> dict[str, str]:
+    def _worker_env(self, job: Job, attempt: Attempt, w: WorkerRecord) -> dict[str, str]:
+        """AWS Batch's variables too; a multi-node job's nodes are its workers in start order
+        (an elastic one's ranks come from its coordinator, not from the node index)."""
         # the submitter's variables, under the job's own, under the service's (submitter.py)
         env = {**self._exported(job), **job.environment,
                "DYNTRAIN_JOB_ID": job.id, "DYNTRAIN_JOB_NAME": job.name,
                "DYNTRAIN_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JOB_ID": job.id,
-               "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), ENV_WORKER_ID: wid,
+               "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JQ_NAME": job.queue,
+               "AWS_BATCH_CE_NAME": w.compute_environment, ENV_WORKER_ID: w.id,
                ENV_OUT: str(self.run_dir(job.id)), "PYTHONUNBUFFERED": "1"}
         if job.array_index is not None:
             env["AWS_BATCH_JOB_ARRAY_INDEX"] = env["DYNTRAIN_ARRAY_INDEX"] = str(job.array_index)
+        if job.num_nodes:
+            env.update(AWS_BATCH_JOB_NUM_NODES=str(job.num_nodes),
+                       AWS_BATCH_JOB_NODE_INDEX=str(worker_index(w.id)),
+                       AWS_BATCH_JOB_MAIN_NODE_INDEX="0",
+                       AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS=MAIN_NODE_ADDRESS)
         if attempt.host is not None:
             env[ENV_COORDINATOR] = attempt.host.address
             env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"

@@ -212,10 +212,10 @@ class JobDefinitionSpec:
 
     def __post_init__(self) -> None:
         check_name("job definition", self.name)
-        command = tuple(self.command)
-        if not command or not all(isinstance(a, str) and a for a in command):
-            raise ValidationError(f"job definition {self.name}: command must be a non-empty "
-                                  "list of non-empty strings")
+        command = tuple(self.command)  # empty: each job brings its own (AWS: an image's CMD)
+        if not all(isinstance(a, str) and a for a in command):
+            raise ValidationError(f"job definition {self.name}: command must be a list of "
+                                  "non-empty strings")
         object.__setattr__(self, "command", command)
         object.__setattr__(self, "environment", tuple(sorted(dict(self.environment).items())))
         object.__setattr__(self, "parameters", tuple(sorted(dict(self.parameters).items())))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dyntrain.service import lifecycle
-from dyntrain.service.attempts import Attempt
+from dyntrain.service.attempts import Attempt, worker_index
 from dyntrain.service.executors.base import WorkerExit
 from dyntrain.service.jobindex import job_view
 from dyntrain.service.model import JobStatus
@@ -69,6 +69,11 @@ class Settling:
         if coordinator is not None and (
                 (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
             coordinator.mark_dead(w.id, f"exit code {code}")
+        if (coordinator is None and attempt.job.num_nodes and attempt.stop_reason is None
+                and worker_index(w.id) == 0):
+            # AWS Batch: a multi-node job ends when its main node does; the others are stopped
+            attempt.main_exit = exit_
+            self._stop_all(attempt, "the main node exited")
         if attempt.workers:
             self._count_workers(attempt)
         self._changed = True
@@ -113,9 +118,11 @@ class Settling:
         job = attempt.job
         del self.attempts[attempt.job_id]
         self._changed = True
-        exit_ = attempt.last_exit
+        exit_ = attempt.main_exit or attempt.last_exit
         code = exit_.exit_code if exit_ else None
         reason = attempt.stop_reason or (exit_.reason if exit_ else "")
+        if attempt.main_exit is not None:
+            reason = attempt.main_exit.reason or ""
         if attempt.host is not None:
             from dyntrain.elastic.coordinator import Phase
 
@@ -125,7 +132,7 @@ class Settling:
             if phase is Phase.FAILED:
                 reason = attempt.host.coordinator.failure or reason
         if attempt.terminated:
-            status, reason, used, counted = JobStatus.FAILED, "terminated by user", \
+            status, reason, used, counted = JobStatus.FAILED, attempt.terminated, \
                 job.attempts, True
         else:
             outcome = lifecycle.after_attempt(job.id, code, reason, attempt.preempted,

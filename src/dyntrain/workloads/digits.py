@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from torch.utils.data import TensorDataset
 
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.trainer import ElasticTrainer
+from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DyntrainError
 
 
@@ -148,7 +150,30 @@ def build_parser() -> argparse.ArgumentParser:
                     help="moving-average factor of the noise scale estimates [0.95]")
     ap.add_argument("--noise-every", type=int, default=4,
                     help="measure the noise scale every K steps [4]")
+    ap.add_argument("--log-every", type=int, default=0,
+                    help="print a progress line (step, workers, loss, samples/s, validation "
+                    "accuracy) every K steps, from the leader; it does not change training "
+                    "[0: off]")
     return ap
+
+
+def progress_printer(trainer_ref: list, val: TensorDataset, global_batch: int):
+    """A validation hook that prints one progress line per call (the trainer is
+    ``trainer_ref[0]``, set once it exists) and returns the validation accuracy."""
+    last = {"time": time.perf_counter(), "step": 0}
+
+    def evaluate(model: nn.Module) -> dict[str, float]:
+        trainer = trainer_ref[0]
+        acc = accuracy(model, val)
+        now = time.perf_counter()
+        rate = (trainer.step - last["step"]) * global_batch / max(now - last["time"], 1e-9)
+        last.update(time=now, step=trainer.step)
+        loss = trainer.last_result.loss if trainer.last_result is not None else float("nan")
+        print(f"step {trainer.step}/{trainer.total_steps} workers {trainer.world_size} "
+              f"loss {loss:.4f} samples/s {rate:.1f} validation-accuracy {acc:.4f}", flush=True)
+        return {"accuracy": acc}
+
+    return evaluate
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,13 +201,20 @@ def main(argv: list[str] | None = None) -> None:
              if args.lr_schedule == "cosine" else None)
     loss_fn = cross_entropy
     if args.step_delay > 0:
-        import time
-
         def loss_fn(model, batch):  # noqa: F811 - same loss, slowed down for demos
             time.sleep(args.step_delay)
             return cross_entropy(model, batch)
 
-    trainer = ElasticTrainer(config, model, opt, train, loss_fn, lr_scheduler=sched)
+    if args.log_every < 0:
+        print(f"digits: error: --log-every must be >= 0, got {args.log_every}", file=sys.stderr)
+        sys.exit(2)
+    trainer_ref: list = []
+    validation = None if not args.log_every else Validation(
+        progress_printer(trainer_ref, val, args.global_batch), every_steps=args.log_every,
+        at_end=False)
+    trainer = ElasticTrainer(config, model, opt, train, loss_fn, lr_scheduler=sched,
+                             validation=validation)
+    trainer_ref.append(trainer)
     trainer.fit()
     if trainer.is_leader:
         acc = accuracy(model, val)

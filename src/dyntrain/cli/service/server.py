@@ -56,12 +56,18 @@ def _url_for(host: str, port: int) -> str:
 @click.option("--warm-workers", default=1, show_default=True, type=int,
               help="Python processes with torch imported kept ready to become workers (each "
                    "holds ~300 MiB; 0: every worker starts a new Python).")
+@click.option("--aws-credentials", default=None, type=click.Path(dir_okay=False),
+              help="AWS credentials file (INI: aws_access_key_id, aws_secret_access_key): the "
+                   "AWS Batch and CloudWatch Logs endpoints then need requests signed with one "
+                   "of its keys. Without it they answer loopback clients only.")
 def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds,
-           warm_workers):
+           warm_workers, aws_credentials):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
     from dyntrain.service.api.app import create_app
+    from dyntrain.service.aws.app import with_aws
+    from dyntrain.service.aws.sigv4 import load_credentials
     from dyntrain.service.server import Service, ServiceConfig
 
     if not 0 <= port <= 65535:
@@ -73,6 +79,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     if warm_workers < 0:
         raise DyntrainError(f"--warm-workers must be >= 0, got {warm_workers}")
     token = token or os.environ.get("DYNTRAIN_TOKEN") or None
+    aws_keys = load_credentials(aws_credentials) if aws_credentials else None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
                            grace_seconds=grace_seconds, reattach_seconds=reattach_seconds,
                            warm_workers=warm_workers)
@@ -86,7 +93,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
         except Exception as e:  # a bad --db URL, an unreadable state dir, ...
             raise DyntrainError(f"cannot start the service: {one_line(e)[:300]}") from None
         try:
-            app = create_app(service)
+            app = with_aws(create_app(service), service, aws_keys)
             userver = uvicorn.Server(uvicorn.Config(
                 app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
             service.start()

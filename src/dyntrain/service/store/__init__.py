@@ -17,7 +17,7 @@ One module per aggregate: ``schema`` (tables and the upgrade on open), ``records
 returned), ``environments`` (compute environments, queues, capacity traces), ``definitions``,
 ``jobs`` (jobs, dependencies, attempts), ``scheduling`` (the controller's bulk reads and
 writes), ``workers`` (workers, usage), ``logs`` (log lines, events), ``summaries`` (counts and
-searches for the dashboard and /metrics); ``Store`` is all of them over one engine.
+searches for the dashboard and /metrics), ``tags``; ``Store`` is all of them over one engine.
 """
 
 from dyntrain.service.store.definitions import DefinitionStore
@@ -39,22 +39,24 @@ from dyntrain.service.store.records import (
     JobEntry,
     JobQueue,
     LogLine,
+    LogStream,
     Usage,
     WorkerRecord,
 )
 from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
 from dyntrain.service.store.summaries import SummaryStore
+from dyntrain.service.store.tags import TagStore
 from dyntrain.service.store.workers import WorkerStore
 
 
 class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, WorkerStore,
-            LogStore, SummaryStore):
+            LogStore, SummaryStore, TagStore):
     """The service's database. Thread-safe: each call takes a pooled connection of its own."""
 
 
 __all__ = [
     "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "WORKER_EXITED", "WORKER_LEAVING",
     "WORKER_RUNNING", "Attempt", "ComputeEnvironment", "Event", "Job", "JobDefinition", "JobEntry",
-    "JobQueue", "LogLine", "Store", "Usage", "WorkerRecord", "metadata",
+    "JobQueue", "LogLine", "LogStream", "Store", "Usage", "WorkerRecord", "metadata",
 ]

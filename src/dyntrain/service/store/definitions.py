@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
@@ -22,7 +24,9 @@ from dyntrain.service.store.schema import job_definitions
 class DefinitionStore(StoreBase):
     """Job definitions and their revisions."""
 
-    def register_job_definition(self, spec: JobDefinitionSpec) -> tuple[str, int]:
+    def register_job_definition(self, spec: JobDefinitionSpec, *,
+                                tags: dict[str, str] | None = None,
+                                aws: dict[str, Any] | None = None) -> tuple[str, int]:
         """Store ``spec`` as the next revision of its name (1 for a new name)."""
         for attempt in range(5):
             try:
@@ -42,7 +46,7 @@ class DefinitionStore(StoreBase):
                         timeout_seconds=spec.timeout_seconds,
                         min_workers=spec.elastic.min_workers if spec.elastic else None,
                         max_workers=spec.elastic.max_workers if spec.elastic else None,
-                        created_at=self.clock()))
+                        created_at=self.clock(), tags=tags or None, aws=aws or None))
                 return spec.name, revision
             except ValidationError as e:
                 # a concurrent register took the same revision number (only if another
@@ -94,6 +98,7 @@ def _definition_from_row(r: sa.Row) -> JobDefinition:
         resources=Resources(r.cpus, r.gpus, r.memory_mib),
         retry_strategy=_retry_from_json(r.retry_strategy), timeout_seconds=r.timeout_seconds,
         elastic=_elastic(r.min_workers, r.max_workers))
-    return JobDefinition(spec, r.revision, r.status, r.created_at)
+    return JobDefinition(spec, r.revision, r.status, r.created_at, dict(r.tags or {}),
+                         dict(r.aws or {}))
 
 

@@ -32,15 +32,18 @@ from dyntrain.service.store.schema import (
 class EnvironmentStore(StoreBase):
     """Compute environments, job queues and capacity traces."""
 
-    def create_compute_environment(self, spec: ComputeEnvironmentSpec) -> ComputeEnvironment:
+    def create_compute_environment(self, spec: ComputeEnvironmentSpec, *,
+                                   tags: dict[str, str] | None = None,
+                                   aws: dict[str, Any] | None = None) -> ComputeEnvironment:
         now = self.clock()
         with self._tx() as conn:
             if _exists(conn, compute_environments, name=spec.name):
                 raise ValidationError(f"compute environment {spec.name!r} already exists")
             conn.execute(compute_environments.insert().values(
                 **_ce_values(spec), status=CEStatus.VALID.value, status_reason=None,
-                created_at=now, updated_at=now))
-        return ComputeEnvironment(spec, CEStatus.VALID, None, now, now)
+                created_at=now, updated_at=now, tags=tags or None, aws=aws or None))
+        return ComputeEnvironment(spec, CEStatus.VALID, None, now, now, dict(tags or {}),
+                                  dict(aws or {}))
 
     def get_compute_environment(self, name: str) -> ComputeEnvironment:
         with self._tx(write=False) as conn:
@@ -56,8 +59,10 @@ class EnvironmentStore(StoreBase):
             self, name: str, *, state: State | str | None = None, min_slots: int | None = None,
             desired_slots: int | None = None, max_slots: int | None = None,
             price_per_slot_hour: float | None = None, status: CEStatus | str | None = None,
-            status_reason: str | None = _UNSET) -> ComputeEnvironment:
-        """Change the given fields (the result is validated as a whole spec)."""
+            status_reason: str | None = _UNSET,
+            aws: dict[str, Any] | None = None) -> ComputeEnvironment:
+        """Change the given fields (the result is validated as a whole spec); ``aws`` replaces
+        the AWS fields kept with it."""
         changes = {k: v for k, v in (("state", state), ("min_slots", min_slots),
                                      ("desired_slots", desired_slots), ("max_slots", max_slots),
                                      ("price_per_slot_hour", price_per_slot_hour))
@@ -68,12 +73,14 @@ class EnvironmentStore(StoreBase):
             spec = dataclasses.replace(old.spec, **changes)
             new_status = old.status if status is None else _enum(CEStatus, status, "status")
             reason = old.status_reason if status_reason is _UNSET else status_reason
+            kept = old.aws if aws is None else aws
             now = self.clock()
             conn.execute(compute_environments.update()
                          .where(compute_environments.c.name == name)
                          .values(**_ce_values(spec), status=new_status.value,
-                                 status_reason=reason, updated_at=now))
-        return ComputeEnvironment(spec, new_status, reason, old.created_at, now)
+                                 status_reason=reason, updated_at=now, aws=kept or None))
+        return ComputeEnvironment(spec, new_status, reason, old.created_at, now, old.tags,
+                                  dict(kept))
 
     def delete_compute_environment(self, name: str) -> None:
         with self._tx() as conn:
@@ -88,7 +95,8 @@ class EnvironmentStore(StoreBase):
 
     # ------------------------------------------------------------------------------ job queues
 
-    def create_job_queue(self, spec: JobQueueSpec) -> JobQueue:
+    def create_job_queue(self, spec: JobQueueSpec, *, tags: dict[str, str] | None = None,
+                         aws: dict[str, Any] | None = None) -> JobQueue:
         now = self.clock()
         with self._tx() as conn:
             if _exists(conn, job_queues, name=spec.name):
@@ -96,9 +104,9 @@ class EnvironmentStore(StoreBase):
             _check_envs(conn, spec)
             conn.execute(job_queues.insert().values(
                 name=spec.name, priority=spec.priority, state=spec.state.value,
-                created_at=now, updated_at=now))
+                created_at=now, updated_at=now, tags=tags or None, aws=aws or None))
             _write_queue_envs(conn, spec)
-        return JobQueue(spec, now, now)
+        return JobQueue(spec, now, now, dict(tags or {}), dict(aws or {}))
 
     def get_job_queue(self, name: str) -> JobQueue:
         with self._tx(write=False) as conn:
@@ -119,7 +127,9 @@ class EnvironmentStore(StoreBase):
 
     def update_job_queue(self, name: str, *, priority: int | None = None,
                          state: State | str | None = None,
-                         compute_environments: Sequence[str] | None = None) -> JobQueue:
+                         compute_environments: Sequence[str] | None = None,
+                         aws: dict[str, Any] | None = None) -> JobQueue:
+        """Change the given fields; ``aws`` replaces the AWS fields kept with it."""
         with self._tx() as conn:
             old = self._queue(conn, _one(conn, job_queues, "job queue", name=name,
                                          for_update=True))
@@ -128,15 +138,17 @@ class EnvironmentStore(StoreBase):
             if compute_environments is not None:
                 changes["compute_environments"] = tuple(compute_environments)
             spec = dataclasses.replace(old.spec, **changes)
+            kept = old.aws if aws is None else aws
             now = self.clock()
             conn.execute(job_queues.update().where(job_queues.c.name == name).values(
-                priority=spec.priority, state=spec.state.value, updated_at=now))
+                priority=spec.priority, state=spec.state.value, updated_at=now,
+                aws=kept or None))
             if spec.compute_environments != old.spec.compute_environments:
                 _check_envs(conn, spec)
                 conn.execute(queue_environments.delete()
                              .where(queue_environments.c.queue == name))
                 _write_queue_envs(conn, spec)
-        return JobQueue(spec, old.created_at, now)
+        return JobQueue(spec, old.created_at, now, old.tags, dict(kept))
 
     def delete_job_queue(self, name: str) -> None:
         """Refused while the queue holds unfinished jobs; finished jobs keep the queue's name."""
@@ -195,12 +207,12 @@ def _ce_from_row(r: sa.Row) -> ComputeEnvironment:
         slot=Resources(r.slot_cpus, r.slot_gpus, r.slot_memory_mib), min_slots=r.min_slots,
         desired_slots=r.desired_slots, max_slots=r.max_slots, state=State(r.state))
     return ComputeEnvironment(spec, CEStatus(r.status), r.status_reason, r.created_at,
-                              r.updated_at)
+                              r.updated_at, dict(r.tags or {}), dict(r.aws or {}))
 
 
 def _queue_from_row(r: sa.Row, envs: Sequence[str]) -> JobQueue:
     return JobQueue(JobQueueSpec(r.name, r.priority, tuple(envs), State(r.state)),
-                    r.created_at, r.updated_at)
+                    r.created_at, r.updated_at, dict(r.tags or {}), dict(r.aws or {}))
 
 
 def _check_envs(conn: Connection, spec: JobQueueSpec) -> None:

@@ -10,11 +10,13 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
 from dyntrain.service.model import (
     Dependency,
     DependencyType,
     ElasticSettings,
+    JobDefinitionSpec,
     JobStatus,
     Resources,
     RetryStrategy,
@@ -45,6 +47,7 @@ from dyntrain.service.store.schema import (
 )
 from dyntrain.service.submitter import clean
 
+MAX_NODES = 1000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
@@ -59,7 +62,10 @@ class JobStore(StoreBase):
                workers: tuple[int, int] | None = None, retry_attempts: int | None = None,
                timeout_seconds: float | None = None, job_id: str | None = None,
                workdir: str | None = None,
-               exported_environment: dict[str, str] | None = None) -> Job:
+               exported_environment: dict[str, str] | None = None,
+               retry_strategy: RetryStrategy | None = None, num_nodes: int | None = None,
+               tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
+               client_token: str | None = None) -> Job:
         """Create a job (and, for an array job, its ``array_size`` children) as SUBMITTED.
 
         ``definition`` is ``name`` (latest active revision) or ``name:revision``; ``command``
@@ -69,7 +75,11 @@ class JobStore(StoreBase):
         names the job itself (``job_id`` or ``""``). ``workdir`` (absolute) is where its workers
         start; ``exported_environment`` is the submitter's environment, under the job's own
         (see ``dyntrain.service.submitter``). A job whose workers fit no slot of the queue's
-        environments is refused: it could never run.
+        environments is refused: it could never run. ``retry_strategy`` replaces the
+        definition's (``retry_attempts`` then sets its attempts). ``num_nodes`` makes a
+        multi-node job: without ``workers``, that many plain workers start together and node 0
+        decides the outcome. ``client_token`` makes the submit idempotent: a submit with a token
+        already used returns that job, unchanged. ``tags`` and ``aws`` are kept with the job.
         """
         array_size = check_array_size(array_size)
         if definition is None and command is None:
@@ -85,75 +95,85 @@ class JobStore(StoreBase):
         if workdir is not None and not (isinstance(workdir, str) and os.path.isabs(workdir)
                                         and "\x00" not in workdir):
             raise ValidationError(f"workdir must be an absolute path, got {workdir!r}")
+        if num_nodes is not None and not 1 <= num_nodes <= MAX_NODES:
+            raise ValidationError(f"a multi-node job needs 1-{MAX_NODES} nodes, got {num_nodes}")
         exports = None if exported_environment is None else clean(exported_environment)
-        with self._tx() as conn:
-            # Dated inside the write transaction, submits serialised (SQLite: by its write lock;
-            # PostgreSQL: by an advisory lock): jobs commit in created_at order, which is what
-            # lets the controller find new jobs after a watermark (Store.scan_jobs).
-            if conn.dialect.name == "postgresql":
-                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
-                    sa.func.hashtext("dyntrain:submit"))))
-            now = self.clock()
-            if explicit_id and _exists(conn, jobs, id=job_id):
-                raise ValidationError(f"job id {job_id!r} already exists")
-            qrow = _one(conn, job_queues, "job queue", name=queue)
-            if qrow.state != State.ENABLED.value:
-                raise ValidationError(f"job queue {queue!r} is {qrow.state} and takes no jobs")
-            if definition is not None:
-                dname, _, drev = definition.partition(":")
-                if drev and not drev.isdigit():
-                    raise ValidationError(f"job definition {definition!r}: revision must be a "
-                                          "number")
-                d = _definition_from_row(_find_definition(conn, dname,
-                                                          int(drev) if drev else None))
-                if d.status != ACTIVE:
-                    raise ValidationError(f"job definition {d.ref} is deregistered")
-                spec, ref = d.spec, (d.name, d.revision)
-            else:
-                spec, ref = None, (None, None)
-            base_cmd = tuple(command) if command is not None else spec.command
-            if not base_cmd or not all(isinstance(a, str) and a for a in base_cmd):
-                raise ValidationError("command must be a non-empty list of non-empty strings")
-            params = {**dict(spec.parameters if spec else ()),
-                      **{str(k): str(v) for k, v in (parameters or {}).items()}}
-            env = {**dict(spec.environment if spec else ()),
-                   **{str(k): str(v) for k, v in (environment or {}).items()}}
-            retry = spec.retry_strategy if spec else RetryStrategy()
-            if retry_attempts is not None:
-                retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)
-            elastic = elastic or (spec.elastic if spec else None)
-            job_name = check_name("job", name or (spec.name if spec else "inline"))
-            res = resources or (spec.resources if spec else Resources())
-            timeout = timeout_seconds or (spec.timeout_seconds if spec else None)
-            _check_deps(conn, job_id, deps, array_size)
-            row = {
-                "id": job_id, "name": job_name, "queue": queue, "definition_name": ref[0],
-                "definition_revision": ref[1], "command": substitute(base_cmd, params),
-                "environment": env, "parameters": params, "cpus": res.cpus, "gpus": res.gpus,
-                "memory_mib": res.memory_mib, "retry_strategy": _retry_to_json(retry),
-                "timeout_seconds": timeout,
-                "min_workers": elastic.min_workers if elastic else None,
-                "max_workers": elastic.max_workers if elastic else None,
-                "array_parent_id": None, "array_index": None, "array_size": array_size,
-                "status": JobStatus.SUBMITTED.value, "status_reason": None, "attempts": 0,
-                "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
-                "created_at": now, "updated_at": now, "started_at": None, "stopped_at": None,
-                "workdir": workdir, "exported_environment": exports, "progress": None,
-            }
-            never = never_fits(queue, res, _queue_slots(conn, queue))
-            if never:
-                raise ValidationError(f"job refused: it {never}")
-            conn.execute(jobs.insert(), [row])
-            if deps:
-                conn.execute(job_dependencies.insert(), [
-                    {"job_id": job_id, "depends_on": d.job_id, "type": d.type.value}
-                    for d in deps])
-            if array_size:
-                conn.execute(jobs.insert(), [
-                    {**row, "id": f"{job_id}:{i}", "array_parent_id": job_id, "array_index": i,
-                     "exported_environment": None}  # read from the parent
-                    for i in range(array_size)])
-        return _job_from_row(row, deps)
+        try:
+            with self._tx() as conn:
+                # Dated inside the write transaction, submits serialised (SQLite: by its write
+                # lock; PostgreSQL: by an advisory lock): jobs commit in created_at order, which
+                # is what lets the controller find new jobs after a watermark (Store.scan_jobs).
+                if conn.dialect.name == "postgresql":
+                    conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
+                        sa.func.hashtext("dyntrain:submit"))))
+                found = None if client_token is None else _by_token(conn, client_token)
+                if found is not None:
+                    return found
+                now = self.clock()
+                if explicit_id and _exists(conn, jobs, id=job_id):
+                    raise ValidationError(f"job id {job_id!r} already exists")
+                qrow = _one(conn, job_queues, "job queue", name=queue)
+                if qrow.state != State.ENABLED.value:
+                    raise ValidationError(f"job queue {queue!r} is {qrow.state} and takes no "
+                                          "jobs")
+                spec, ref = _definition(conn, definition)
+                base_cmd = tuple(command) if command is not None else spec.command
+                if not base_cmd or not all(isinstance(a, str) and a for a in base_cmd):
+                    raise ValidationError(
+                        "command must be a non-empty list of non-empty strings" if spec is None
+                        or command is not None else f"job definition {ref[0]}:{ref[1]} has no "
+                        "command: give one with the job")
+                params = {**dict(spec.parameters if spec else ()),
+                          **{str(k): str(v) for k, v in (parameters or {}).items()}}
+                env = {**dict(spec.environment if spec else ()),
+                       **{str(k): str(v) for k, v in (environment or {}).items()}}
+                retry = retry_strategy or (spec.retry_strategy if spec else RetryStrategy())
+                if retry_attempts is not None:
+                    retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)
+                elastic = elastic or (spec.elastic if spec else None)
+                job_name = check_name("job", name or (spec.name if spec else "inline"))
+                res = resources or (spec.resources if spec else Resources())
+                timeout = timeout_seconds or (spec.timeout_seconds if spec else None)
+                _check_deps(conn, job_id, deps, array_size)
+                row = {
+                    "id": job_id, "name": job_name, "queue": queue, "definition_name": ref[0],
+                    "definition_revision": ref[1], "command": substitute(base_cmd, params),
+                    "environment": env, "parameters": params, "cpus": res.cpus,
+                    "gpus": res.gpus, "memory_mib": res.memory_mib,
+                    "retry_strategy": _retry_to_json(retry), "timeout_seconds": timeout,
+                    "min_workers": elastic.min_workers if elastic else None,
+                    "max_workers": elastic.max_workers if elastic else None,
+                    "array_parent_id": None, "array_index": None, "array_size": array_size,
+                    "status": JobStatus.SUBMITTED.value, "status_reason": None, "attempts": 0,
+                    "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
+                    "created_at": now, "updated_at": now, "started_at": None,
+                    "stopped_at": None, "workdir": workdir, "exported_environment": exports,
+                    "progress": None, "num_nodes": num_nodes, "tags": tags or None,
+                    "aws": aws or None, "client_token": client_token,
+                }
+                never = never_fits(queue, res, _queue_slots(conn, queue))
+                if never:
+                    raise ValidationError(f"job refused: it {never}")
+                conn.execute(jobs.insert(), [row])
+                if deps:
+                    conn.execute(job_dependencies.insert(), [
+                        {"job_id": job_id, "depends_on": d.job_id, "type": d.type.value}
+                        for d in deps])
+                if array_size:
+                    conn.execute(jobs.insert(), [
+                        {**row, "id": f"{job_id}:{i}", "array_parent_id": job_id,
+                         "array_index": i, "client_token": None,
+                         "exported_environment": None}  # read from the parent
+                        for i in range(array_size)])
+            return _job_from_row(row, deps)
+        except ValidationError as e:
+            if client_token is None or not isinstance(e.__cause__, IntegrityError):
+                raise
+            with self._tx(write=False) as conn:  # a concurrent retry inserted it first
+                found = _by_token(conn, client_token)
+            if found is None:
+                raise
+            return found
 
     def exported_environment(self, job: Job) -> dict[str, str]:
         """The submitter's environment of ``job`` (an array child's is on its parent)."""
@@ -172,11 +192,32 @@ class JobStore(StoreBase):
     def list_jobs(self, queue: str | None = None,
                   status: JobStatus | str | Iterable[JobStatus | str] | None = None,
                   parent: str | None = None, *, top_level: bool = False, limit: int = 100,
-                  offset: int = 0) -> list[Job]:
-        """Jobs by creation time (then array index, then id); ``top_level`` hides children."""
+                  offset: int = 0, name: str | None = None, definition: str | None = None,
+                  created_after: float | None = None, created_before: float | None = None,
+                  newest_first: bool = False) -> list[Job]:
+        """Jobs by creation time (then array index, then id); ``top_level`` hides children.
+
+        ``name`` (case-insensitive) and ``definition`` (a definition's name, or
+        ``name:revision``) match exactly, or as a prefix when they end with ``*``;
+        ``created_after``/``created_before`` bound the creation time (exclusive).
+        """
         if limit < 1 or offset < 0:
             raise ValidationError(f"need limit >= 1 and offset >= 0, got {limit} and {offset}")
         q = sa.select(jobs)
+        if name is not None:
+            q = q.where(_matches(sa.func.lower(jobs.c.name), name.lower()))
+        if definition is not None:
+            dname, colon, drev = definition.partition(":")
+            q = q.where(_matches(jobs.c.definition_name, dname))
+            if colon:
+                if not drev.isdigit():
+                    raise ValidationError(f"job definition {definition!r}: revision must be a "
+                                          "number")
+                q = q.where(jobs.c.definition_revision == int(drev))
+        if created_after is not None:
+            q = q.where(jobs.c.created_at > created_after)
+        if created_before is not None:
+            q = q.where(jobs.c.created_at < created_before)
         if queue is not None:
             q = q.where(jobs.c.queue == queue)
         if status is not None:
@@ -187,7 +228,11 @@ class JobStore(StoreBase):
             q = q.where(jobs.c.array_parent_id == parent)
         if top_level:
             q = q.where(jobs.c.array_parent_id.is_(None))
-        q = q.order_by(jobs.c.created_at, jobs.c.array_index.nulls_first(), jobs.c.id)
+        if newest_first:
+            q = q.order_by(jobs.c.created_at.desc(), jobs.c.array_index.desc().nulls_last(),
+                           jobs.c.id.desc())
+        else:
+            q = q.order_by(jobs.c.created_at, jobs.c.array_index.nulls_first(), jobs.c.id)
         with self._tx(write=False) as conn:
             rows = conn.execute(q.limit(limit).offset(offset)).all()
             deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
@@ -292,6 +337,34 @@ def _queue_slots(conn: Connection, queue: str) -> list[tuple[str, Resources]]:
     return [(r.name, Resources(r.slot_cpus, r.slot_gpus, r.slot_memory_mib)) for r in rows]
 
 
+def _definition(conn: Connection, definition: str | None
+                ) -> tuple[JobDefinitionSpec | None, tuple[str | None, int | None]]:
+    """The spec and (name, revision) of ``name`` or ``name:revision``; (None, (None, None))."""
+    if definition is None:
+        return None, (None, None)
+    dname, _, drev = definition.partition(":")
+    if drev and not drev.isdigit():
+        raise ValidationError(f"job definition {definition!r}: revision must be a number")
+    d = _definition_from_row(_find_definition(conn, dname, int(drev) if drev else None))
+    if d.status != ACTIVE:
+        raise ValidationError(f"job definition {d.ref} is deregistered")
+    return d.spec, (d.name, d.revision)
+
+
+def _matches(column: sa.ColumnElement, pattern: str) -> sa.ColumnElement:
+    """``column == pattern``, or a prefix match when ``pattern`` ends with ``*``."""
+    if not pattern.endswith("*"):
+        return column == pattern
+    return column.startswith(pattern[:-1], autoescape=True)
+
+
+def _by_token(conn: Connection, client_token: str) -> Job | None:
+    row = conn.execute(sa.select(jobs).where(jobs.c.client_token == client_token)).first()
+    if row is None:
+        return None
+    return _job_from_row(row._mapping, _deps_of(conn, [row.id]).get(row.id, ()))
+
+
 def _normalise_deps(job_id: str, depends_on: Iterable[Dependency],
                     array_size: int | None) -> list[Dependency]:
     out: dict[str, Dependency] = {}
@@ -375,4 +448,5 @@ def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
         current_workers=r["current_workers"], created_at=r["created_at"],
         updated_at=r["updated_at"], started_at=r["started_at"], stopped_at=r["stopped_at"],
         workdir=r["workdir"], exported_environment=r["exported_environment"],
-        progress=r["progress"])
+        progress=r["progress"], num_nodes=r.get("num_nodes"), tags=dict(r.get("tags") or {}),
+        aws=dict(r.get("aws") or {}))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dyntrain.service.model import (
@@ -35,6 +35,10 @@ class _NamedBySpec:
         return self.spec.name
 
 
+def _dict() -> Any:
+    return field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class ComputeEnvironment(_NamedBySpec):
     spec: ComputeEnvironmentSpec
@@ -42,6 +46,8 @@ class ComputeEnvironment(_NamedBySpec):
     status_reason: str | None
     created_at: float
     updated_at: float
+    tags: dict[str, str] = _dict()
+    aws: dict[str, Any] = _dict()  # AWS fields kept to describe it back (dyntrain.service.aws)
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,8 @@ class JobQueue(_NamedBySpec):
     spec: JobQueueSpec
     created_at: float
     updated_at: float
+    tags: dict[str, str] = _dict()
+    aws: dict[str, Any] = _dict()
 
 
 @dataclass(frozen=True)
@@ -57,14 +65,31 @@ class JobDefinition(_NamedBySpec):
     revision: int
     status: str  # ACTIVE or INACTIVE (deregistered)
     created_at: float
+    tags: dict[str, str] = _dict()
+    aws: dict[str, Any] = _dict()
 
     @property
     def ref(self) -> str:
         return f"{self.spec.name}:{self.revision}"
 
 
+class _Workers:
+    """Records that know how many workers their job runs with."""
+
+    min_workers: int | None
+    max_workers: int | None
+    num_nodes: int | None
+
+    @property
+    def workers_range(self) -> tuple[int, int]:
+        """Its elastic range, its nodes all at once (a multi-node job), or one."""
+        if self.min_workers is not None and self.max_workers is not None:
+            return self.min_workers, self.max_workers
+        return (self.num_nodes, self.num_nodes) if self.num_nodes else (1, 1)
+
+
 @dataclass(frozen=True)
-class Job:
+class Job(_Workers):
     id: str
     name: str
     queue: str
@@ -95,6 +120,9 @@ class Job:
     workdir: str | None = None  # where its workers start; None: the executor's directory
     exported_environment: dict[str, str] | None = None  # the submitter's (on an array's parent)
     progress: dict | None = None  # an elastic job's latest step, world size, loss, samples/s
+    num_nodes: int | None = None  # a multi-node job (AWS Batch's nodeProperties.numNodes)
+    tags: dict[str, str] = _dict()
+    aws: dict[str, Any] = _dict()
 
     @property
     def elastic(self) -> ElasticSettings | None:
@@ -123,6 +151,7 @@ class JobEntry:
     array_index: int | None
     array_size: int | None
     depends_on: tuple[Dependency, ...] = ()
+    num_nodes: int | None = None
 
     @property
     def is_array_parent(self) -> bool:
@@ -181,6 +210,20 @@ class LogLine:
     worker: str | None
     line: str
     at: float
+
+
+@dataclass(frozen=True)
+class LogStream:
+    """The log of one attempt of one job: what a CloudWatch log stream describes."""
+
+    job_id: str
+    attempt_no: int
+    job_name: str
+    definition_name: str | None
+    created_at: float  # the attempt's start
+    first_at: float | None  # first and last line, None while it has none
+    last_at: float | None
+    stored_bytes: int
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ CHUNK = 500  # ids per IN (...) list
 
 _ENTRY_COLUMNS = [jobs.c[n] for n in (
     "id", "queue", "status", "status_reason", "created_at", "cpus", "gpus", "memory_mib",
-    "min_workers", "max_workers", "array_parent_id", "array_index", "array_size")]
+    "min_workers", "max_workers", "array_parent_id", "array_index", "array_size", "num_nodes")]
 
 
 def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -91,7 +91,8 @@ class SchedulingStore(StoreBase):
             deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
         return [JobEntry(r.id, r.queue, JobStatus(r.status), r.status_reason, r.created_at,
                          Resources(r.cpus, r.gpus, r.memory_mib), r.min_workers, r.max_workers,
-                         r.array_parent_id, r.array_index, r.array_size, deps.get(r.id, ()))
+                         r.array_parent_id, r.array_index, r.array_size, deps.get(r.id, ()),
+                         r.num_nodes)
                 for r in rows]
 
     def get_jobs(self, ids: Sequence[str]) -> dict[str, Job]:

@@ -15,6 +15,12 @@ def _times(*names: str, nullable: bool = False) -> list[sa.Column]:
     return [sa.Column(n, sa.Double, nullable=nullable) for n in names]
 
 
+def _aws() -> list[sa.Column]:
+    """Tags, and the AWS Batch request fields dyntrain keeps only to describe a resource back
+    (an image, volumes, a service role): see ``dyntrain.service.aws``. NULL for native ones."""
+    return [sa.Column("tags", sa.JSON), sa.Column("aws", sa.JSON)]
+
+
 compute_environments = sa.Table(
     "compute_environments", metadata,
     sa.Column("name", _Name, primary_key=True),
@@ -30,6 +36,7 @@ compute_environments = sa.Table(
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("status_reason", sa.Text),
     *_times("created_at", "updated_at"),
+    *_aws(),
 )
 
 job_queues = sa.Table(
@@ -38,6 +45,7 @@ job_queues = sa.Table(
     sa.Column("priority", sa.Integer, nullable=False),
     sa.Column("state", sa.String(16), nullable=False),
     *_times("created_at", "updated_at"),
+    *_aws(),
 )
 
 queue_environments = sa.Table(
@@ -66,6 +74,7 @@ job_definitions = sa.Table(
     sa.Column("min_workers", sa.Integer),
     sa.Column("max_workers", sa.Integer),
     *_times("created_at"),
+    *_aws(),
 )
 
 jobs = sa.Table(
@@ -100,7 +109,12 @@ jobs = sa.Table(
     sa.Column("workdir", sa.Text),  # None: the executor's own working directory
     sa.Column("exported_environment", sa.JSON),  # the submitter's; an array's on its parent only
     sa.Column("progress", sa.JSON),  # an elastic job's latest training metrics
+    *_aws(),
+    sa.Column("num_nodes", sa.Integer),  # a multi-node job: its workers, one per node
+    # who submitted it (AWS: the SDK's invocation id): a retried submit finds the job it made
+    sa.Column("client_token", sa.String(128)),
     sa.Index("ix_jobs_created", "created_at", "id"),
+    sa.Index("ix_jobs_client_token", "client_token", unique=True),
     sa.Index("ix_jobs_queue_status", "queue", "status", "created_at"),
     sa.Index("ix_jobs_status", "status"),
     sa.Index("ix_jobs_parent", "array_parent_id", "array_index"),
