@@ -444,7 +444,7 @@ def test_a_multinode_job_starts_its_nodes_together_and_ends_with_its_main_node(t
     assert (job.status, job.exit_code, job.attempts) == (JobStatus.FAILED, 5, 1)  # node 0's
     workers = store.list_workers(job.id, active=False)
     assert len(workers) == 3 and all(w.state == WORKER_EXITED for w in workers)
-    assert sorted(w.leave_reason or "" for w in workers) == ["", "the main node exited",
-                                                             "the main node exited"]
+    assert sorted(w.leave_reason or "" for w in workers) == [
+        "exited with code 5", "the main node exited", "the main node exited"]
     assert sorted(x.line for x in store.read_log(job.id)[0]) == [
         f"node {i} of 3 main 0" for i in range(3)]

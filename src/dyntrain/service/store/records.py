@@ -76,6 +76,7 @@ class JobDefinition(_NamedBySpec):
 class _Workers:
     """Records that know how many workers their job runs with."""
 
+    __slots__ = ()
     min_workers: int | None
     max_workers: int | None
     num_nodes: int | None
@@ -136,7 +137,7 @@ class Job(_Workers):
 
 
 @dataclass(frozen=True, slots=True)
-class JobEntry:
+class JobEntry(_Workers):
     """What the controller keeps in memory about an unfinished job: no command, no JSON."""
 
     id: str
