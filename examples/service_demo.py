@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import uvicorn
@@ -107,6 +108,45 @@ def progress(client: Client, train_id: str, array_id: str, t0: float) -> int | N
     return world if isinstance(world, int) else None
 
 
+def watch(client: Client, train_id: str, array_id: str, url: str, shots_dir: str | None) -> None:
+    """Print progress until the training job ends; take the pool back after 45 s; screenshots."""
+    t0, taken_back, shots = time.time(), False, None
+    previous = low = None  # world sizes: the screenshots wait until the world grew back
+    while client.get_job(train_id)["status"] not in ("SUCCEEDED", "FAILED"):
+        world = progress(client, train_id, array_id, t0)
+        if not taken_back and time.time() - t0 > 45:
+            client.update_compute_environment("reserved", desired_slots=0)
+            print("   >> the reserved pool takes its 2 slots back for other work", flush=True)
+            taken_back = True
+        if world is not None and previous is not None and world < previous:
+            low = world if low is None else min(low, world)
+        previous = world if world is not None else previous
+        if shots_dir and shots is None and None not in (world, low) and world > low:
+            shots = threading.Thread(target=screenshots, args=(url, shots_dir, train_id))
+            shots.start()
+        time.sleep(2.0)
+    if shots_dir and shots is None:  # the world never grew back: the job as it ended
+        screenshots(url, shots_dir, train_id)
+    if shots is not None:
+        shots.join()
+    progress(client, train_id, array_id, t0)
+    client.wait(array_id, timeout=120)
+
+
+def interrupted(client: Client, service: Service, server: uvicorn.Server,
+                jobs: list[str]) -> NoReturn:
+    """Ctrl-C: terminate the demo's jobs (their workers outlive this process), stop, exit 130."""
+    print("\n== interrupted: terminating the demo's jobs and stopping the service", flush=True)
+    for job_id in jobs:
+        if client.get_job(job_id)["status"] not in ("SUCCEEDED", "FAILED"):
+            client.terminate(job_id)
+    for job_id in jobs:
+        client.wait(job_id, timeout=120)
+    server.should_exit = True
+    service.stop()
+    sys.exit(130)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="runs/service-demo")
@@ -134,27 +174,10 @@ def main() -> None:
                                    "os.environ['AWS_BATCH_JOB_ARRAY_INDEX'], 'done')"])
     print(f"== submitted {train['id'][:8]} (elastic, 1-4 workers) and {array['id'][:8]} "
           "(array of 4)", flush=True)
-    t0, taken_back, shots = time.time(), False, None
-    previous = low = None  # world sizes: the screenshots wait until the world grew back
-    while client.get_job(train["id"])["status"] not in ("SUCCEEDED", "FAILED"):
-        world = progress(client, train["id"], array["id"], t0)
-        if not taken_back and time.time() - t0 > 45:
-            client.update_compute_environment("reserved", desired_slots=0)
-            print("   >> the reserved pool takes its 2 slots back for other work", flush=True)
-            taken_back = True
-        if world is not None and previous is not None and world < previous:
-            low = world if low is None else min(low, world)
-        previous = world if world is not None else previous
-        if args.screenshots and shots is None and None not in (world, low) and world > low:
-            shots = threading.Thread(target=screenshots, args=(url, args.screenshots, train["id"]))
-            shots.start()
-        time.sleep(2.0)
-    if args.screenshots and shots is None:  # the world never grew back: the job as it ended
-        screenshots(url, args.screenshots, train["id"])
-    if shots is not None:
-        shots.join()
-    progress(client, train["id"], array["id"], t0)
-    client.wait(array["id"], timeout=120)
+    try:
+        watch(client, train["id"], array["id"], url, args.screenshots)
+    except KeyboardInterrupt:
+        interrupted(client, service, server, [train["id"], array["id"]])
     job = client.get_job(train["id"])
     cost = client.cost(train["id"])
     run_dir = service.controller.run_dir(train["id"])
