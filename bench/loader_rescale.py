@@ -41,7 +41,7 @@ def session(pid: int) -> int | None:
     fork server; their loader processes stay in them)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[4])
+            return int(f.read().rsplit(")", 1)[1].split()[3])
     except (OSError, IndexError, ValueError):
         return None
 

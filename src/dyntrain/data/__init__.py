@@ -7,10 +7,28 @@
   this worker's chunks in DataLoader worker processes, ahead of time, seeded per sample.
 """
 
-from dyntrain.data.images import ImageDataset, ImageTransform
-from dyntrain.data.loader import ChunkLoader, LoaderConfig, sample_seed
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from dyntrain.data.pack import pack
 from dyntrain.data.sources import DataError, ImageFolder, PackedShards, open_source
 
+if TYPE_CHECKING:
+    from dyntrain.data.images import ImageDataset, ImageTransform
+    from dyntrain.data.loader import ChunkLoader, LoaderConfig, sample_seed
+
 __all__ = ["ChunkLoader", "DataError", "ImageDataset", "ImageFolder", "ImageTransform",
            "LoaderConfig", "PackedShards", "open_source", "pack", "sample_seed"]
+
+# Lazy: these import torch, which ``dyntrain data pack`` does not need.
+_LAZY = {"ImageDataset": "images", "ImageTransform": "images", "ChunkLoader": "loader",
+         "LoaderConfig": "loader", "sample_seed": "loader"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"dyntrain.data.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'dyntrain.data' has no attribute {name!r}")

@@ -104,11 +104,11 @@ class ImageTransform:
         m: Matrix = _EYE
         if self.brightness:
             c = 1 + self.brightness * (2 * u[0] - 1)
-            m = tuple(tuple(c * v for v in row) for row in m)
+            m = tuple([(c * x, c * y, c * z) for x, y, z in m])
         if self.saturation:
             a = 1 + self.saturation * (2 * u[1] - 1)
-            sat = tuple(tuple(a * e + (1 - a) * g for e, g in zip(row, _GRAY, strict=True))
-                        for row in _EYE)
+            sat = tuple([tuple([a * e + (1 - a) * g for e, g in zip(row, _GRAY, strict=True)])
+                         for row in _EYE])
             m = _matmul(sat, m)
         if self.hue:
             m = _matmul(_hue(self.hue * (2 * u[2] - 1)), m)
@@ -149,8 +149,9 @@ def crop_box(h: int, w: int, scale, ratio, u: list[float]) -> tuple[int, int, in
 
 
 def _matmul(a: Matrix, b: Matrix) -> Matrix:
-    return tuple(tuple(r[0] * b[0][j] + r[1] * b[1][j] + r[2] * b[2][j] for j in range(3))
-                 for r in a)
+    c0, c1, c2 = zip(*b, strict=True)  # columns
+    return tuple([(x * c0[0] + y * c0[1] + z * c0[2], x * c1[0] + y * c1[1] + z * c1[2],
+                   x * c2[0] + y * c2[1] + z * c2[2]) for x, y, z in a])
 
 
 def _hue(alpha: float) -> Matrix:
