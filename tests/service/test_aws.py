@@ -268,6 +268,18 @@ def test_arrays_dependencies_retries_and_timeouts(batch, logs):
     assert stream == f"child/default/{first}.1"
     assert [e["message"] for e in logs.get_log_events(
         logGroupName="/aws/batch/job", logStreamName=stream)["events"]] == ["1"]
+    # eight streams (six children, `after`, `g`): pages of two, in either order, interleaved
+    pages = list(logs.get_paginator("describe_log_streams").paginate(
+        logGroupName="/aws/batch/job", logStreamNamePrefix="child/", descending=True,
+        PaginationConfig={"PageSize": 2}))
+    names = [s["logStreamName"] for p in pages for s in p["logStreams"]]
+    assert len(pages) == 4 and len(names) == 8 and names == sorted(names, reverse=True)
+    events = [e for p in logs.get_paginator("filter_log_events").paginate(
+        logGroupName="/aws/batch/job", logStreamNamePrefix="child/",
+        PaginationConfig={"PageSize": 2}) for e in p["events"]]
+    assert sorted(e["message"] for e in events if e["message"]) == ["0"] * 3 + ["1"] * 3
+    assert [e["timestamp"] for e in events] == sorted(e["timestamp"] for e in events)
+    assert len({e["eventId"] for e in events}) == len(events)
     assert (done[gives_up]["status"], len(done[gives_up]["attempts"])) == ("FAILED", 1)
     assert done[gives_up]["container"]["exitCode"] == 3
     assert (done[retried]["status"], len(done[retried]["attempts"])) == ("FAILED", 2)
@@ -450,8 +462,10 @@ def test_signatures_are_verified(server, batch, logs, monkeypatch):
         assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     stale = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(minutes=10)
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: stale)
-    with pytest.raises(ClientError, match="Signature expired"):
+    with pytest.raises(ClientError, match="Signature expired") as err:
         logs.describe_log_groups()
+    assert err.value.response["Error"]["Code"] == "InvalidSignatureException"
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     monkeypatch.undo()
     r = httpx.post(f"{server}/v1/describejobqueues", json={})
     assert (r.status_code, r.json()["__type"]) == (403, "MissingAuthenticationTokenException")
