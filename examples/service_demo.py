@@ -166,7 +166,8 @@ def main() -> None:
           flush=True)
 
     train = client.submit(queue="training", name="digits-elastic",
-                          command=[sys.executable, *DIGITS, "--step-delay", "0.03"],
+                          command=[sys.executable, *DIGITS, "--step-delay", "0.03",
+                                   "--log-every", "50"],  # a progress line in its logs
                           resources=SLOT, workers=(1, 4))
     array = client.submit(queue="batch", name="eval-shards", array_size=4, resources=SLOT,
                           command=[sys.executable, "-c",
