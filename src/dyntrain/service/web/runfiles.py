@@ -7,8 +7,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.elastic.checkpoint import list_checkpoints
-
 METRICS_FILE = "metrics.jsonl"
 # the per-step fields the dashboard plots (a row may carry more: validation, gradient norm, ...)
 SERIES_FIELDS = ("step", "time", "world_size", "loss", "samples_per_s", "b_simple")
@@ -76,6 +74,9 @@ class CheckpointFile:
 
 def checkpoints(run_dir: Path) -> list[CheckpointFile]:
     """The checkpoints in the run folder now, newest first (older ones are pruned as it runs)."""
+    # torch comes with the checkpoint module: the service loads it only once an elastic job runs
+    from dyntrain.elastic.checkpoint import list_checkpoints
+
     out = []
     for step, path in list_checkpoints(run_dir / "checkpoints"):
         try:
