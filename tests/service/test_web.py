@@ -283,6 +283,7 @@ def test_array_page_summarises_children_by_state_and_drills_down(browser, seeded
     attempts = re.search(r'id="attempts".*?</table>', child, re.S).group(0)
     assert "ValueError: bad shard" in attempts and '<td class="num">3</td>' in attempts
     assert "· 2.0 s" in attempts  # how long it ran
+    assert re.search(r"Wall time</dt><dd>[^<]* this job · ", child)  # not 'elastic'
 
 
 def test_unknown_job_is_a_404_page(browser):

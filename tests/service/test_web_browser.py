@@ -93,7 +93,7 @@ def site(tmp_path_factory):
     log = tmp / "server.log"
     proc = spawn_server(tmp / "state", log)
     try:
-        with chromium() as browser:  # starts while the server imports torch
+        with chromium() as browser:  # starts while the server starts
             url = wait_for_server(proc, log)
             train, waiting = setup_jobs(url)
             with Client(url, token=TOKEN) as client:
