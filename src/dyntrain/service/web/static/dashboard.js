@@ -165,6 +165,12 @@
       const w = chartWidth(el);
       if (Math.abs(w - chart.width) > 2) chart.setSize({ width: w, height: chart.height });
     }).observe(el);
+    // the legend's marker of a dashed series is dashed too (uPlot draws every marker solid)
+    const dashed = new Set((opts.series || []).filter((s) => s.dash).map((s) => s.label));
+    for (const row of chart.root.querySelectorAll(".u-legend .u-series")) {
+      const marker = row.querySelector(".u-marker"), label = row.querySelector(".u-label");
+      if (marker && label && dashed.has(label.textContent)) marker.style.borderStyle = "dashed";
+    }
     return chart;
   }
 
