@@ -68,6 +68,8 @@ def test_elastic_run_matches_static_run(tmp_path):
     assert [e["event"] for e in events_seen] == ["start", "join", "crash", "join", "leave"]
     assert [len(e["workers"]) for e in events_seen] == [1, 2, 1, 2, 1]
     assert all(e["steps_redone"] == 0 for e in events_seen if e["event"] in ("join", "leave"))
+    # the leader's time in each hand-over to joiners (flat buffers, transfer.broadcast_state)
+    assert all(e["state_sync_s"] < e["latency_s"] for e in events_seen if e["event"] == "join")
     assert events_seen[-1]["workers"] == ["w0"]  # rank 0 left: any member can go
     assert max_param_diff(static, elastic) < ATOL
     assert "val_accuracy" in (elastic / "result.json").read_text()

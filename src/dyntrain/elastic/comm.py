@@ -108,11 +108,14 @@ class Group:
         self._broadcast(buf.to(self.device), root, should_abort, out=buf)
         return payload if self.rank == root else buf.numpy().tobytes()
 
-    def _broadcast(self, tensor, root, should_abort, out: torch.Tensor) -> None:
+    def broadcast_async(self, tensor: torch.Tensor, root: int) -> dist.Work:
+        """Start sending ``tensor`` from ``root`` into ``tensor`` on every member."""
         opts = dist.BroadcastOptions()
         opts.rootRank = root
-        work = self.pg.broadcast([tensor], opts)
-        wait_future(work.get_future(), should_abort)
+        return self.pg.broadcast([tensor], opts)
+
+    def _broadcast(self, tensor, root, should_abort, out: torch.Tensor) -> None:
+        self.wait(self.broadcast_async(tensor, root), should_abort)
         if tensor is not out:
             out.copy_(tensor.cpu())
 

@@ -433,6 +433,8 @@ class Coordinator:
                    if c.kind != "reattach" or f["time"] >= c.fields["reformed_at"]]
             for change in due:
                 change.fields["first_step_at"] = f["time"]
+                if "state_sync_s" in f:  # the leader's time in this generation's hand-over
+                    change.fields["state_sync_s"] = f["state_sync_s"]
                 self._emit(change)
             self._awaiting_first_step = [c for c in self._awaiting_first_step if c not in due]
 

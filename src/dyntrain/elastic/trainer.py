@@ -23,7 +23,6 @@ from dyntrain.elastic.checkpoint import (
     dumps,
     latest_valid_checkpoint,
     list_checkpoints,
-    loads,
     read_checkpoint,
     save_checkpoint,
 )
@@ -41,6 +40,7 @@ from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
+from dyntrain.elastic.transfer import broadcast_state
 from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
 
@@ -120,6 +120,7 @@ class ElasticTrainer:
         self._alone = AloneOutput(self.out_dir)  # terminal and files of a world of one
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
         self.balancer: ChunkBalancer | None = None
+        self._state_sync_s: float | None = None  # this generation's state hand-over, seconds
 
     # ---- public --------------------------------------------------------------------------------
 
@@ -278,14 +279,16 @@ class ElasticTrainer:
             self.step = restore_state(self.parts, read_checkpoint(Path(gen.checkpoint)))
             self.has_state = True
         elif gen.receivers or gen.fresh:
-            root = gen.rank_of(gen.source)
-            payload = None
-            if self.rank == root:
-                payload = dumps(capture_state(self.parts, self.step, self.stepper.steps_per_epoch))
-            data = group.broadcast_bytes(payload, root, aborted)
-            if self.worker_id in gen.receivers:
-                self.step = restore_state(self.parts, loads(data))
+            began = time.perf_counter()
+            holders = [gen.rank_of(w) for w in gen.members if w not in gen.receivers]
+            holding = self.worker_id not in gen.receivers
+            state = (capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
+                     if holding else None)
+            state = broadcast_state(group, state, gen.rank_of(gen.source), holders, aborted)
+            if not holding:
+                self.step = restore_state(self.parts, state)
             self.has_state = True
+            self._state_sync_s = time.perf_counter() - began
         if self.step != gen.start_step:
             raise RuntimeError(f"worker {self.worker_id} holds step {self.step}, generation "
                                f"{gen.number} starts at {gen.start_step}")
@@ -316,8 +319,11 @@ class ElasticTrainer:
                 self._maybe_checkpoint(force=result.leavers == gen.world_size
                                        or self.step == self.total_steps)
                 now = time.perf_counter()
-                ch.send("metrics", gen=gen.number,
-                        chunks=counts, **self._metrics_row(result, gen.world_size, now - last))
+                sync = {}
+                if self._state_sync_s is not None:  # reported with the generation's first step
+                    sync, self._state_sync_s = {"state_sync_s": round(self._state_sync_s, 4)}, None
+                ch.send("metrics", gen=gen.number, chunks=counts, **sync,
+                        **self._metrics_row(result, gen.world_size, now - last))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break
