@@ -38,6 +38,9 @@ def main():
                     help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
                          "in a phase until they saw what they wait for, then let it finish)")
     ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--ballast-mb", type=float, default=0.0,
+                    help="optimizer state that only travels: hand-overs and checkpoints take "
+                         "long enough to be hit (not in final.pt)")
     ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
     ap.add_argument("--raise-in", default=None,
                     help="worker id (or 'all') that raises after some chunks")
@@ -60,6 +63,8 @@ def main():
         {"params": model.net.parameters(), "lr": 0.05, "momentum": 0.9},
     ])
 
+    if args.ballast_mb:
+        opt.state[model.counts]["ballast"] = torch.zeros(int(args.ballast_mb * 2**18))
     calls = [0]
 
     def loss_fn(model, batch):

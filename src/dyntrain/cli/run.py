@@ -41,6 +41,10 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--nproc", type=int, default=None, help="Workers to start now [default: MIN].")
 @click.option("--events", default=None,
               help="Injected membership changes, e.g. 'step=5:join=2,step=9:kill=1'.")
+@click.option("--chaos", default=None, metavar="SEED:N[:AIM,...]",
+              help="N random joins, leaves, kills and hangs at the worst moments, without "
+                   "waiting for the previous change (a robustness test; see the README). "
+                   "AIMs: any, reform, sender, receiver, checkpoint, burst.")
 @click.option("--out", "out_dir", default="runs/latest", show_default=True,
               type=click.Path(file_okay=False), help="Run folder (checkpoints, logs, metrics).")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -54,12 +58,13 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--quiet", is_flag=True, help="No progress output.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(workers, nproc, events, out_dir, host, port, failure_timeout, grace_seconds, quiet,
+def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, grace_seconds, quiet,
         script, args):
     """Train SCRIPT elastically with local worker processes.
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
     """
+    from dyntrain.launch.chaos import parse_chaos
     from dyntrain.launch.runner import RunOptions, run_job
 
     low, high = parse_workers(workers)
@@ -67,6 +72,7 @@ def run(workers, nproc, events, out_dir, host, port, failure_timeout, grace_seco
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
                       nproc=low if nproc is None else nproc, out_dir=Path(out_dir),
                       events=parse_events(events), host=host, port=port,
+                      chaos=parse_chaos(chaos) if chaos else None,
                       failure_timeout=failure_timeout, grace_seconds=grace_seconds,
                       quiet=quiet)
     sys.exit(run_job(opts))

@@ -118,9 +118,15 @@ class WorkerChannel:
 
     def _connect(self, address: str, timeout: float) -> None:
         # Each thread gets its own connection; group creation blocks on keys in another thread.
-        stores = [connect_store(address, timeout) for _ in range(4)]
-        self.store, self.pg_store, self._send_store, self._watch_store = stores
+        stores = [connect_store(address, timeout) for _ in range(3)]
+        self.store, self._send_store, self._watch_store = stores
         self.address = address
+
+    def group_store(self) -> dist.TCPStore:
+        """A connection of its own for one generation's process group. A creation that was
+        abandoned (a peer died while the group formed) stays blocked on its peer's key until
+        its timeout; on a shared connection it would block the next generation's creation."""
+        return connect_store(self.address, self.connect_timeout)
 
     # ---- losing and finding the coordinator ---------------------------------------------------
 

@@ -135,7 +135,7 @@ class Group:
 
 
 def create_group(
-    store: dist.Store,
+    store: dist.Store | None,
     generation: int,
     rank: int,
     size: int,

@@ -26,7 +26,7 @@ from dyntrain.elastic.checkpoint import (
     read_checkpoint,
     save_checkpoint,
 )
-from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
+from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group, run_abortable
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.progress import AloneOutput
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
@@ -46,6 +46,7 @@ from dyntrain.errors import DataError, DyntrainError, install_excepthook
 
 log = logging.getLogger("dyntrain.trainer")
 
+END_POLL_SECONDS = 0.02  # how often a member that finished waits for the leader's end
 
 
 class Outcome(enum.Enum):
@@ -261,7 +262,9 @@ class ElasticTrainer:
         aborted = _AbortCheck(ch, gen.number)
         group = None
         try:
-            group = create_group(ch.pg_store, gen.number, self.rank, gen.world_size, self.backend,
+            # a connection per generation: see WorkerChannel.group_store
+            store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
+            group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted)
             self._sync_state(gen, group, aborted)
             return self._train(gen, group, aborted)
@@ -338,7 +341,23 @@ class ElasticTrainer:
             ch.send("done", step=self.step)
             self._state = "done"
             ch.wait_job_state("done")  # a coordinator restarted meanwhile learns it from us
-        return Outcome.DONE
+            return Outcome.DONE
+        return self._await_end(aborted)
+
+    def _await_end(self, aborted) -> Outcome:
+        """A member after the last step: the leader writes the final model and reports the end.
+        Should the leader die first, the others hold the final state: the generation is aborted
+        and the next one, formed around them, finishes the job."""
+        while True:
+            if aborted():
+                raise Aborted()
+            try:
+                state = self._channel.job_state()
+            except Exception:  # the coordinator is gone: nothing left to wait for
+                return Outcome.DONE
+            if state != "running":
+                return Outcome.DONE
+            time.sleep(END_POLL_SECONDS)
 
     def _metrics_row(self, result: StepResult, world_size: int, seconds: float) -> dict:
         """The leader's row of ``metrics.jsonl`` for the step just applied (runs validation

@@ -88,8 +88,11 @@ class LocalWorkers:
         return [w for w, lw in self.workers.items() if lw.proc.poll() is None]
 
     def stop_all(self, timeout: float = 20.0) -> None:
-        """Give workers time to exit on their own, then terminate and kill what is left."""
+        """Give workers time to exit on their own, then terminate and kill what is left. A
+        worker stopped with SIGSTOP (hang) cannot exit by itself: it is killed at once."""
         for w in self.workers.values():
+            if w.signalled == "hang" and w.proc.poll() is None:
+                w.proc.kill()
             try:
                 w.proc.wait(timeout)
             except subprocess.TimeoutExpired:

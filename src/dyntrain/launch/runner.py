@@ -18,6 +18,8 @@ from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.elastic.progress import progress_line, result_line, write_result
 from dyntrain.errors import ConfigError, DyntrainError
+from dyntrain.launch.chaos import Chaos
+from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers
@@ -47,6 +49,7 @@ class RunOptions:
     quiet: bool = False
     progress_every: float = 1.0
     grace_seconds: float = 30.0  # after Ctrl-C, before workers that did not stop are killed
+    chaos: tuple[int, int, tuple[str, ...]] | None = None  # (seed, strikes, aims): launch.chaos
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -176,14 +179,23 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                  f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
                  f"{opts.max_workers}); they join when a member leaves")
     scheduled = len(schedule.pending)
+    chaos = None
+    if opts.chaos is not None:
+        chaos = ChaosDriver(Chaos(*opts.chaos[:2], max_workers=opts.max_workers,
+                                  aims=opts.chaos[2]), coord, workers,
+                            out, sink.log)
     with StopSignals() as signals:
         for _ in range(opts.nproc):
             workers.start()
         try:
-            code = _loop(opts, coord, workers, schedule, sink, signals)
+            code = _loop(opts, coord, workers, schedule, sink, signals, chaos)
             if code is None:
                 return _interrupted(opts, coord, workers, sink, signals)
             _report_unfired(schedule, scheduled, coord, sink)
+            if chaos is not None:
+                sink.log(f"chaos: {chaos.made} of {chaos.chaos.count} strikes made"
+                         + ("" if chaos.made == chaos.chaos.count else
+                            " (the job ended first: a longer run makes them all)"))
             return code
         finally:
             workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
@@ -214,7 +226,7 @@ def _interrupted(opts: RunOptions, coord: Coordinator, workers: LocalWorkers, si
 
 
 def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedule,
-          sink: RunSink, signals: StopSignals) -> int | None:
+          sink: RunSink, signals: StopSignals, chaos: ChaosDriver | None = None) -> int | None:
     """Run until the job ends (its exit code) or a stop signal arrives (None)."""
     last_fired: tuple[str, list[str]] | None = None
     startup_failure = ""
@@ -255,8 +267,11 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
         if event is not None:
             sink.fired(event, coord.highest_step)
             last_fired = (event.action, _fire(event, coord, workers, sink))
+        if chaos is not None:
+            chaos.tick()
         if (not workers.alive() and not coord.live_workers()
-                and not schedule.can_add_workers(coord.highest_step)):
+                and not schedule.can_add_workers(coord.highest_step)
+                and not (chaos is not None and chaos.pending)):
             ckpt = coord.find_checkpoint()
             hint = (f"; the newest checkpoint is at step {ckpt[0]}: run the same command again "
                     "to resume" if ckpt else "")

@@ -1,0 +1,87 @@
+"""The launcher's side of ``--chaos``: shows the policy what happens, carries out its strikes."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from dyntrain.elastic.coordinator import Coordinator, Phase
+from dyntrain.launch.chaos import Chaos, Situation, Strike
+from dyntrain.launch.local import LocalWorkers
+
+CHAOS_FILE = "chaos.jsonl"
+
+
+class ChaosDriver:
+    """One tick at a time: build the ``Situation``, make the strikes, log them to chaos.jsonl."""
+
+    def __init__(self, chaos: Chaos, coord: Coordinator, workers: LocalWorkers, out_dir: Path,
+                 say) -> None:
+        self.chaos, self.coord, self.workers, self.say = chaos, coord, workers, say
+        self.checkpoints = out_dir / "checkpoints"
+        self.log = out_dir / CHAOS_FILE
+        self.made = 0
+
+    @property
+    def pending(self) -> bool:
+        return self.chaos.left > 0
+
+    def tick(self) -> None:
+        situation = self.situation()
+        for strike in self.chaos.strikes(situation):
+            self._strike(strike, situation)
+
+    def situation(self) -> Situation:
+        coord, sent = self.coord, {w: lw.signalled for w, lw in self.workers.workers.items()}
+        # a worker already sent SIGKILL or SIGSTOP is not struck again (it has not been reaped
+        # yet); one that was told to leave can still be killed, but not told again
+        live = tuple(w for w in self.workers.alive()
+                     if sent.get(w) not in ("kill", "hang") and w not in coord.dead)
+        gen = coord.current
+        handing = (gen is not None and coord.phase is Phase.RUNNING and bool(gen.receivers)
+                   and not coord.settled())
+        return Situation(
+            now=time.monotonic(), live=live,
+            members=tuple(w for w in gen.members if sent.get(w) != "leave") if gen else (),
+            known=tuple(w for w in live if w in coord.workers),
+            reforming=coord.phase is Phase.REFORMING,
+            sender=gen.source if handing else None,
+            receivers=gen.receivers if handing else (),
+            checkpointing=self._writing_checkpoint(),
+            leader=gen.members[0] if gen else None)
+
+    def _writing_checkpoint(self) -> bool:
+        """A checkpoint is being written: its temporary file (``atomic_write_bytes``) exists and
+        grew within the last second (a killed writer leaves one behind)."""
+        now = time.time()
+        try:
+            with os.scandir(self.checkpoints) as entries:
+                return any(e.name.startswith(".ckpt-") and e.name.endswith(".tmp")
+                           and now - e.stat().st_mtime < 1.0 for e in entries)
+        except OSError:
+            return False
+
+    def _strike(self, strike: Strike, s: Situation) -> None:
+        self.made += 1
+        targets: list[str] = list(strike.targets)
+        if strike.action == "join":
+            targets = [self.workers.start() for _ in range(strike.count)]
+        else:
+            for worker in targets:
+                self.coord.note_request(worker)
+                self.workers.signal(worker, strike.action)
+        what = {"sender": "the sender of a state hand-over",
+                "receiver": "a receiver of a state hand-over",
+                "checkpoint": "the leader while it writes a checkpoint",
+                "reform": "during a re-formation", "burst": "several at once",
+                "refill": "no worker left"}.get(strike.aim, "")
+        self.say(f"chaos {self.made}/{self.chaos.count}: {strike.action} "
+                 f"{', '.join(targets)}" + (f" ({what})" if what else ""))
+        record = {"n": self.made, "action": strike.action, "workers": targets,
+                  "aim": strike.aim, "time": time.time(), "phase": self.coord.phase.value,
+                  "generation": self.coord.current.number if self.coord.current else None,
+                  "step": self.coord.highest_step}
+        with open(self.log, "a") as f:
+            f.write(json.dumps(record) + "\n")

@@ -1,0 +1,71 @@
+"""``dyntrain run --chaos``: strikes at the worst moments, through the real CLI, real signals."""
+
+import os
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import SCRIPTS, read_jsonl, run_cli
+from test_elastic_e2e import assert_exactly_once, max_param_diff
+
+pytestmark = pytest.mark.slow
+
+# 4 MB of optimizer state that only travels: hand-overs and checkpoint writes last a while
+LEDGER = [SCRIPTS / "ledger_train.py", "--step-delay", "0.002", "--ballast-mb", "4"]
+
+
+def worker_pids(stdout: str) -> dict[str, int]:
+    return {w: int(pid) for w, pid in
+            re.findall(r"worker (w\d+) \(\S+ pid (\d+)\) wants to join", stdout)}
+
+
+def assert_no_stray_process(stdout: str) -> None:
+    pids = worker_pids(stdout)
+    assert pids, stdout[-2000:]
+    for worker, pid in pids.items():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        status = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
+        assert status == "Z", f"worker {worker} (pid {pid}) still runs after the job ended"
+
+
+def assert_like_static(out, static_ledger, proc) -> None:
+    assert "job finished" in proc.stdout, proc.stdout[-3000:]
+    assert_exactly_once(out)
+    assert max_param_diff(static_ledger, out) == 0.0
+    assert_no_stray_process(proc.stdout)
+
+
+@pytest.mark.parametrize("aim", ["sender", "receiver"])
+def test_kill_the_sender_or_the_joiner_during_the_state_hand_over(tmp_path, static_ledger, aim):
+    # w0 trains alone; w1 joins at step 20 and w0 hands it the state (model, optimizer with the
+    # ballast): the sender (then w1 has nothing and the job resumes from the newest
+    # checkpoint) or the joiner (then w0 goes on alone) is SIGKILLed in the middle
+    out = tmp_path / "run"
+    proc = run_cli(["run", "--workers", "1:2", "--nproc", "1", "--out", out,
+                    "--events", "step=20:join=1", "--chaos", f"0:1:{aim}", *LEDGER], check=True)
+    [strike] = read_jsonl(out / "chaos.jsonl")
+    assert (strike["action"], strike["aim"]) == ("kill", aim)
+    assert strike["workers"] == (["w0"] if aim == "sender" else ["w1"]), proc.stdout
+    events = read_jsonl(out / "events.jsonl")
+    crash = next(e for e in events if e["event"] == "crash")
+    assert crash["workers"] == strike["workers"]
+    if aim == "sender":  # nobody held the state: the newest checkpoint carried it
+        assert any(e["event"] == "resume" and e["start_step"] >= 20 for e in events), events
+    assert_like_static(out, static_ledger, proc)
+
+
+# one seed per run of the suite (a new one each time: the bench runs 100 strikes)
+@settings(max_examples=1, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(min_value=0, max_value=2**16))
+def test_random_strikes_without_waiting_end_like_the_static_run(tmp_path_factory, static_ledger,
+                                                               seed):
+    out = tmp_path_factory.mktemp("chaos")
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
+                    "--out", out, "--chaos", f"{seed}:6", *LEDGER], check=True)
+    assert len(read_jsonl(out / "chaos.jsonl")) == 6, proc.stdout[-3000:]
+    assert_like_static(out, static_ledger, proc)
