@@ -110,8 +110,10 @@ def main(argv: list[str] | None = None) -> None:
             "strikes_by_action": dict(collections.Counter(s["action"] for s in strikes)),
             "strikes_by_aim": dict(collections.Counter(s["aim"] for s in strikes)),
             "changes_by_kind": dict(collections.Counter(e["event"] for e in events)),
-            "steps_redone": sum(e.get("steps_redone") or 0 for e in events
-                                if e["event"] != "start"),
+            # steps computed again after a roll-back to a checkpoint (never applied twice):
+            # once per generation, though several changes name the same one
+            "steps_redone": sum({e["generation"]: e.get("steps_redone") or 0
+                                 for e in events}.values()),
             "workers_started": len(set(re.findall(r"worker (w\d+) \(", stdout))),
             "processes_seen": len(seen | hellos), "stray_processes": stray,
         }

@@ -41,6 +41,8 @@ def main():
     ap.add_argument("--ballast-mb", type=float, default=0.0,
                     help="optimizer state that only travels: hand-overs and checkpoints take "
                          "long enough to be hit (not in final.pt)")
+    ap.add_argument("--no-balance", action="store_true",
+                    help="every member gets an even share of chunks (TrainConfig.balance)")
     ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
     ap.add_argument("--raise-in", default=None,
                     help="worker id (or 'all') that raises after some chunks")
@@ -48,7 +50,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
-                         epochs=args.epochs, seed=3, checkpoint_every_steps=args.checkpoint_every)
+                         epochs=args.epochs, seed=3, checkpoint_every_steps=args.checkpoint_every,
+                         balance=not args.no_balance)
     torch.manual_seed(0)
     n = args.samples
     features = torch.randn(n, 4, generator=torch.Generator().manual_seed(1))
