@@ -41,7 +41,7 @@ from dyntrain.workloads.digits_images import write_digits_images
 
 
 def steps_per_second(dataset, recipe, loader_workers: int | None, steps: int,
-                     warmup: int) -> tuple[float, float, float]:
+                     warmup: int, prefetch: int = 4) -> tuple[float, float, float]:
     """(steps/s, training-process CPU s/step, loader-processes CPU s/step)."""
     config = recipe.train_config()
     torch.manual_seed(0)
@@ -52,7 +52,7 @@ def steps_per_second(dataset, recipe, loader_workers: int | None, steps: int,
     total = config.total_steps(len(dataset))
     if loader_workers is not None:
         order = BatchOrder(config.seed, len(dataset), config.global_batch)
-        stepper.loader = LoaderConfig(workers=loader_workers).build(
+        stepper.loader = LoaderConfig(workers=loader_workers, prefetch=prefetch).build(
             dataset, order, config.chunk_size, total, config.seed, torch.device("cpu"))
     chunks = stepper.my_chunks(0, 1)
     pids = [w.pid for w in stepper.loader._it._workers] if loader_workers else []
@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--loader-workers", type=int, default=2)
+    ap.add_argument("--prefetch", type=int, default=4, help="chunks in flight [4]")
     ap.add_argument("--out", default="bench/results/train_through_loader.json")
     args = ap.parse_args()
     t0 = time.time()
@@ -95,7 +96,8 @@ def main() -> None:
         for name in (list(rates) if r % 2 == 0 else list(reversed(rates))):
             rate, train_cpu, loader_cpu = steps_per_second(
                 preloaded if name != "loader" else images, recipe,
-                args.loader_workers if name == "loader" else None, args.steps, args.warmup)
+                args.loader_workers if name == "loader" else None, args.steps, args.warmup,
+                args.prefetch)
             rates[name].append(rate * recipe.global_batch)
             cpu[name].append((train_cpu, loader_cpu))
             print(f"round {r}: {name}: {rates[name][-1]:.0f} samples/s", flush=True)
@@ -103,7 +105,8 @@ def main() -> None:
     load = os.getloadavg()
     print(f"\ndigits-resnet, 16 px JPEGs from packed shards, global batch "
           f"{recipe.global_batch} / chunk {recipe.chunk_size}, {args.loader_workers} loader "
-          f"processes, {args.rounds} rounds of {args.steps} steps; load average {load[0]:.2f}")
+          f"processes, prefetch {args.prefetch}, {args.rounds} rounds of {args.steps} steps; "
+          f"load average {load[0]:.2f}")
     print("| side | samples/s (median) | training CPU ms/step | loader CPU ms/step |")
     print("| --- | ---: | ---: | ---: |")
     for name, values in rates.items():
