@@ -70,7 +70,7 @@ class DependencyType(str, enum.Enum):
 
 
 def check_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValidationError(
             f"{kind} name {name!r} must be 1-128 letters, digits, '-' or '_' "
             "and start with a letter or digit")

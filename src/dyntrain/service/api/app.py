@@ -30,11 +30,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.security import HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api import compute, definitions, jobs, queues
-from dyntrain.service.api.errors import describe_request_errors, one_line, status_for
+from dyntrain.service.api.errors import describe_request_errors, errors, one_line, status_for
 from dyntrain.service.server import Service
 from dyntrain.service.web import auth as web_auth
 from dyntrain.service.web.mount import mount_dashboard
@@ -87,6 +88,15 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
+def _allowed_methods(app: FastAPI, scope: Scope) -> str:
+    """Every method some route serves at this request's path (HEAD goes without saying)."""
+    methods: set[str] = set()
+    for route in app.routes:
+        if route.matches(scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods - {"HEAD"}))
+
+
 def create_app(service: Service) -> FastAPI:
     app = FastAPI(
         title="dyntrain job service",
@@ -107,9 +117,12 @@ def create_app(service: Service) -> FastAPI:
         return JSONResponse({"detail": describe_request_errors(exc.errors())}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:  # Starlette names only the first matching route's methods
+            headers = {**(headers or {}), "Allow": _allowed_methods(app, request.scope)}
         return JSONResponse({"detail": one_line(exc.detail)}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers)
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -123,6 +136,6 @@ def create_app(service: Service) -> FastAPI:
 
     secured = [Depends(_bearer)]
     for module in (compute, queues, definitions, jobs):
-        app.include_router(module.router, dependencies=secured)
+        app.include_router(module.router, dependencies=secured, responses=errors(401))
     mount_dashboard(app, service)
     return app

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
-from dyntrain.service.api.errors import Conflict, lookup
+from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import ComputeEnvironmentIn, ComputeEnvironmentPatch, TraceIn
 from dyntrain.service.capacity import parse_trace
 from dyntrain.service.model import ComputeEnvironmentSpec
@@ -32,7 +32,8 @@ def _one(service: Service, name: str) -> dict[str, Any]:
     return environment_views(service, [lookup(service.store.get_compute_environment, name)])[0]
 
 
-@router.post("", status_code=201, summary="Create a compute environment")
+@router.post("", status_code=201, summary="Create a compute environment",
+             responses=errors(400, 409, 422))
 def create(body: ComputeEnvironmentIn, service: ServiceDep) -> dict[str, Any]:
     spec = ComputeEnvironmentSpec(
         name=body.name, capacity_type=body.capacity_type,
@@ -49,12 +50,13 @@ def list_all(service: ServiceDep) -> list[dict[str, Any]]:
     return environment_views(service, service.store.list_compute_environments())
 
 
-@router.get("/{name}", summary="Describe a compute environment")
+@router.get("/{name}", summary="Describe a compute environment", responses=errors(404, 422))
 def get(name: str, service: ServiceDep) -> dict[str, Any]:
     return _one(service, name)
 
 
-@router.patch("/{name}", summary="Change a compute environment's state, slots or price")
+@router.patch("/{name}", summary="Change a compute environment's state, slots or price",
+              responses=errors(400, 404, 409, 422))
 def update(name: str, body: ComputeEnvironmentPatch, service: ServiceDep) -> dict[str, Any]:
     with service.lock:
         lookup(service.store.get_compute_environment, name)
@@ -63,7 +65,8 @@ def update(name: str, body: ComputeEnvironmentPatch, service: ServiceDep) -> dic
     return environment_views(service, [ce])[0]
 
 
-@router.delete("/{name}", summary="Delete a compute environment (no queue may use it)")
+@router.delete("/{name}", summary="Delete a compute environment (no queue may use it)",
+               responses=errors(404, 409, 422))
 def delete(name: str, service: ServiceDep) -> dict[str, Any]:
     with service.lock:  # no worker starts in it between the check and the delete
         lookup(service.store.get_compute_environment, name)
@@ -76,7 +79,8 @@ def delete(name: str, service: ServiceDep) -> dict[str, Any]:
     return {"deleted": name}
 
 
-@router.put("/{name}/trace", summary="Replay a capacity trace (CSV) as the available slots")
+@router.put("/{name}/trace", summary="Replay a capacity trace (CSV) as the available slots",
+            responses=errors(400, 404, 409, 422))
 def set_trace(name: str, body: TraceIn, service: ServiceDep) -> dict[str, Any]:
     parse_trace(body.csv, source=f"{name} trace", loop=body.loop)
     with service.lock:
@@ -86,7 +90,8 @@ def set_trace(name: str, body: TraceIn, service: ServiceDep) -> dict[str, Any]:
     return _one(service, name)
 
 
-@router.delete("/{name}/trace", summary="Stop replaying a trace: desired_slots applies again")
+@router.delete("/{name}/trace", summary="Stop replaying a trace: desired_slots applies again",
+               responses=errors(404, 409, 422))
 def clear_trace(name: str, service: ServiceDep) -> dict[str, Any]:
     with service.lock:
         lookup(service.store.get_compute_environment, name)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Query
 
 from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
-from dyntrain.service.api.errors import lookup
+from dyntrain.service.api.errors import errors, lookup
 from dyntrain.service.api.schemas import MAX_INT32, JobDefinitionIn
 from dyntrain.service.model import (
     ElasticSettings,
@@ -34,7 +34,8 @@ def spec_of(body: JobDefinitionIn) -> JobDefinitionSpec:
         timeout_seconds=body.timeout_seconds, elastic=elastic)
 
 
-@router.post("", status_code=201, summary="Register a job definition (its next revision)")
+@router.post("", status_code=201, summary="Register a job definition (its next revision)",
+             responses=errors(400, 409, 422))
 def register(body: JobDefinitionIn, service: ServiceDep) -> dict[str, Any]:
     spec = spec_of(body)
     with service.lock:
@@ -42,7 +43,7 @@ def register(body: JobDefinitionIn, service: ServiceDep) -> dict[str, Any]:
     return {"name": name, "revision": revision, "ref": f"{name}:{revision}"}
 
 
-@router.get("", summary="List job definitions")
+@router.get("", summary="List job definitions", responses=errors(422))
 def list_all(service: ServiceDep,
              name: Annotated[str | None, Query(max_length=128)] = None,
              include_inactive: bool = False) -> list[dict[str, Any]]:
@@ -50,13 +51,15 @@ def list_all(service: ServiceDep,
         name, include_inactive=include_inactive)]
 
 
-@router.get("/{name}", summary="Describe a revision (default: the latest active one)")
+@router.get("/{name}", summary="Describe a revision (default: the latest active one)",
+            responses=errors(404, 422))
 def get(name: str, service: ServiceDep,
         revision: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None) -> dict[str, Any]:
     return views.job_definition(lookup(service.store.get_job_definition, name, revision))
 
 
-@router.delete("/{name}/{revision}", summary="Deregister a revision: no new job can use it")
+@router.delete("/{name}/{revision}", summary="Deregister a revision: no new job can use it",
+               responses=errors(404, 409, 422))
 def deregister(name: str, revision: Revision, service: ServiceDep) -> dict[str, Any]:
     with service.lock:
         lookup(service.store.get_job_definition, name, revision)

@@ -19,6 +19,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from dyntrain.errors import DyntrainError
 from dyntrain.service.model import ValidationError
 
@@ -37,6 +39,28 @@ class NotFound(ValidationError):
 
 class Conflict(ValidationError):
     """The request clashes with the current state of a resource (409)."""
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of the API: one line that says what is wrong and why."""
+
+    detail: str
+
+
+_MEANINGS = {
+    400: "Valid by the schema but refused by a rule between fields or about the resources it "
+         "names (min <= max, a CSV's rows, an unknown queue, a slot too small)",
+    401: "Missing or wrong token (when the service has one)",
+    404: "The resource in the path does not exist",
+    409: "Clashes with the current state (already exists, still in use, already running or "
+         "finished)",
+    422: "Does not match the schema: the first error as 'body.field: why'",
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for these error codes, each with the one error body shape."""
+    return {code: {"model": ErrorBody, "description": _MEANINGS[code]} for code in codes}
 
 
 def one_line(text: Any) -> str:

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
-from dyntrain.service.api.errors import Conflict, lookup
+from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import JobIn
 from dyntrain.service.cost import JobCost, UsageRow, job_cost
 from dyntrain.service.model import (
@@ -16,7 +16,6 @@ from dyntrain.service.model import (
     CapacityType,
     Dependency,
     JobStatus,
-    ValidationError,
 )
 from dyntrain.service.server import Service
 from dyntrain.service.store import Job
@@ -27,6 +26,8 @@ MAX_OFFSET = 2**53
 DEFAULT_ON_DEMAND_PRICE = 1.0  # the cost baseline's price when no ON_DEMAND environment exists
 After = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 Limit = Annotated[int, Query(ge=1, le=10_000)]
+_STATUS = "|".join(s.value for s in JobStatus)
+STATUSES = rf"^({_STATUS})(,({_STATUS}))*$"
 
 
 def _waiting(service: Service):
@@ -39,10 +40,9 @@ def _job(service: Service, job_id: str) -> Job:
     return lookup(service.store.get_job, job_id)
 
 
-@router.post("", status_code=201, summary="Submit a job (a definition and/or a command)")
+@router.post("", status_code=201, summary="Submit a job (a definition and/or a command)",
+             responses=errors(400, 409, 422))
 def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
-    if body.definition is None and body.command is None:
-        raise ValidationError("submit needs a job definition or a command")
     # No lock: the controller finds new jobs after its watermark, whenever they commit, so a
     # 10,000-child array being written does not hold up other requests.
     job = service.store.submit(
@@ -59,23 +59,25 @@ def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
     return views.job(job)
 
 
-@router.get("", summary="List jobs (top-level jobs unless `parent` names an array job)")
+@router.get("", summary="List jobs (top-level jobs unless `parent` names an array job)",
+            responses=errors(422))
 def list_jobs(service: ServiceDep,
               queue: Annotated[str | None, Query(max_length=128)] = None,
-              status: Annotated[str | None, Query(max_length=200,
+              status: Annotated[str | None, Query(max_length=200, pattern=STATUSES,
                                                   description="one or several, comma-separated")
                                 ] = None,
               parent: Annotated[str | None, Query(max_length=200)] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
               offset: After = 0) -> list[dict[str, Any]]:
-    statuses = None if status is None else [s.strip() for s in status.split(",") if s.strip()]
-    jobs = service.store.list_jobs(queue=queue, status=statuses or None, parent=parent,
+    jobs = service.store.list_jobs(queue=queue, status=status and status.split(","),
+                                   parent=parent,
                                    top_level=parent is None, limit=limit, offset=offset)
     waiting = _waiting(service)
     return [views.job(j, waiting.get(j.id)) for j in jobs]
 
 
-@router.get("/{job_id}", summary="Describe a job: why it waits, its workers, its children")
+@router.get("/{job_id}", summary="Describe a job: why it waits, its workers, its children",
+            responses=errors(404, 422))
 def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
     job = _job(service, job_id)
     out = views.job(job, _waiting(service).get(job_id))
@@ -90,7 +92,8 @@ def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
     return out
 
 
-@router.post("/{job_id}/cancel", summary="Cancel a job that has not started yet")
+@router.post("/{job_id}/cancel", summary="Cancel a job that has not started yet",
+             responses=errors(404, 409, 422))
 def cancel(job_id: str, service: ServiceDep) -> dict[str, Any]:
     with service.lock:  # the controller cannot start it between the check and the cancel
         job = _job(service, job_id)
@@ -107,7 +110,8 @@ def cancel(job_id: str, service: ServiceDep) -> dict[str, Any]:
 
 
 @router.post("/{job_id}/terminate",
-             summary="Stop a job whatever its state; it ends FAILED and is not retried")
+             summary="Stop a job whatever its state; it ends FAILED and is not retried",
+             responses=errors(404, 409, 422))
 def terminate(job_id: str, service: ServiceDep) -> dict[str, Any]:
     with service.lock:
         job = _job(service, job_id)
@@ -118,7 +122,8 @@ def terminate(job_id: str, service: ServiceDep) -> dict[str, Any]:
     return views.job(job)
 
 
-@router.get("/{job_id}/logs", summary="Log lines after `after_seq`, and whether more can come")
+@router.get("/{job_id}/logs", summary="Log lines after `after_seq`, and whether more can come",
+            responses=errors(404, 422))
 def logs(job_id: str, service: ServiceDep, after_seq: After = 0,
          limit: Limit = 1000) -> dict[str, Any]:
     # Under the lock the controller is between steps: a job seen terminal here has had every
@@ -130,7 +135,8 @@ def logs(job_id: str, service: ServiceDep, after_seq: After = 0,
             "status": job.status.value, "done": job.status.is_terminal()}
 
 
-@router.get("/{job_id}/events", summary="The job's events with id > `after_id`, oldest first")
+@router.get("/{job_id}/events", summary="The job's events with id > `after_id`, oldest first",
+            responses=errors(404, 422))
 def events(job_id: str, service: ServiceDep, after_id: After = 0,
            limit: Limit = 1000) -> dict[str, Any]:
     _job(service, job_id)
@@ -140,7 +146,8 @@ def events(job_id: str, service: ServiceDep, after_id: After = 0,
 
 
 @router.get("/{job_id}/cost",
-            summary="What the job cost, and what a static on-demand run would have cost")
+            summary="What the job cost, and what a static on-demand run would have cost",
+            responses=errors(404, 422))
 def cost(job_id: str, service: ServiceDep) -> dict[str, Any]:
     """The static baseline runs ``max workers`` slots (1 for a plain job; times the array size
     for an array job, whose children's usage is summed) at the highest price among ON_DEMAND

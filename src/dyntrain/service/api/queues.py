@@ -8,14 +8,15 @@ from fastapi import APIRouter
 
 from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
-from dyntrain.service.api.errors import lookup
+from dyntrain.service.api.errors import errors, lookup
 from dyntrain.service.api.schemas import JobQueueIn, JobQueuePatch
 from dyntrain.service.model import JobQueueSpec
 
 router = APIRouter(prefix="/job-queues", tags=["job queues"])
 
 
-@router.post("", status_code=201, summary="Create a job queue")
+@router.post("", status_code=201, summary="Create a job queue",
+             responses=errors(400, 409, 422))
 def create(body: JobQueueIn, service: ServiceDep) -> dict[str, Any]:
     spec = JobQueueSpec(body.name, body.priority, tuple(body.compute_environments), body.state)
     with service.lock:
@@ -27,12 +28,13 @@ def list_all(service: ServiceDep) -> list[dict[str, Any]]:
     return [views.job_queue(q) for q in service.store.list_job_queues()]
 
 
-@router.get("/{name}", summary="Describe a job queue")
+@router.get("/{name}", summary="Describe a job queue", responses=errors(404, 422))
 def get(name: str, service: ServiceDep) -> dict[str, Any]:
     return views.job_queue(lookup(service.store.get_job_queue, name))
 
 
-@router.patch("/{name}", summary="Change a job queue's priority, state or environments")
+@router.patch("/{name}", summary="Change a job queue's priority, state or environments",
+              responses=errors(400, 404, 409, 422))
 def update(name: str, body: JobQueuePatch, service: ServiceDep) -> dict[str, Any]:
     with service.lock:
         lookup(service.store.get_job_queue, name)
@@ -40,7 +42,8 @@ def update(name: str, body: JobQueuePatch, service: ServiceDep) -> dict[str, Any
             name, **body.model_dump(exclude_none=True)))
 
 
-@router.delete("/{name}", summary="Delete a job queue (it may hold no unfinished job)")
+@router.delete("/{name}", summary="Delete a job queue (it may hold no unfinished job)",
+               responses=errors(404, 409, 422))
 def delete(name: str, service: ServiceDep) -> dict[str, Any]:
     with service.lock:
         lookup(service.store.get_job_queue, name)

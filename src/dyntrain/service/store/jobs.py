@@ -84,7 +84,7 @@ class JobStore(StoreBase):
         array_size = check_array_size(array_size)
         if definition is None and command is None:
             raise ValidationError("submit needs a job definition or a command")
-        if job_id is not None and not (isinstance(job_id, str) and _JOB_ID.match(job_id)):
+        if job_id is not None and not (isinstance(job_id, str) and _JOB_ID.fullmatch(job_id)):
             raise ValidationError(f"job id {job_id!r} must be 1-64 letters, digits, '-' or '_' "
                                   "and start with a letter or digit")
         explicit_id, job_id = job_id is not None, job_id or uuid.uuid4().hex
