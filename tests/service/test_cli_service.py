@@ -37,7 +37,7 @@ def service(tmp_path_factory):
     assert rc == 0 and "dyntrain service stopped" in log and "Traceback" not in log, log[-3000:]
 
 
-def cli(*args, url: str | None = None, timeout: float = 60, cwd=ROOT):
+def cli(*args, url: str | None = None, timeout: float = 180, cwd=ROOT):
     argv = [*DYNTRAIN, *map(str, args)]
     if url is not None and "--url" not in args:
         # --url goes right after the command (and its subcommand, for the groups)

@@ -242,7 +242,7 @@ def test_worker_ignoring_the_notice_is_killed_after_the_grace_period(tmp_path):
     assert final.status_reason.startswith("preempted")
     attempt = store.list_attempts(job.id)[0]
     assert attempt.exit_code in (-9, 137, None)
-    drive(c, lambda: any(x.line == "ignored" for x in store.read_log(job.id)[0]), timeout=10)
+    drive(c, lambda: any(x.line == "ignored" for x in store.read_log(job.id)[0]), timeout=60)
 
 
 def restarted(tmp_path: Path, c: Controller, store: Store) -> tuple[Store, Controller]:

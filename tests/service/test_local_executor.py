@@ -47,7 +47,7 @@ GRANDCHILD = (
 PRINT_GPUS = "import os\nprint('CVD=' + repr(os.environ['CUDA_VISIBLE_DEVICES']), flush=True)"
 
 
-def wait_for(pred, what: str, timeout: float = 15.0):
+def wait_for(pred, what: str, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while True:
         value = pred()
@@ -77,7 +77,7 @@ def wait_log(spec: WorkerSpec, text: str) -> str:
     return wait_for(lambda: text in log_of(spec) and log_of(spec), f"{text!r} in the log")
 
 
-def collect(ex, *wids: str, timeout: float = 15.0) -> dict[str, WorkerExit]:
+def collect(ex, *wids: str, timeout: float = 60.0) -> dict[str, WorkerExit]:
     """Poll until every one of ``wids`` was reported; fail on a second report of any worker."""
     seen: dict[str, WorkerExit] = {}
 

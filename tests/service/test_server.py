@@ -32,7 +32,7 @@ def test_a_failing_step_is_recorded_and_the_loop_goes_on(tmp_path):
     service.controller.step = flaky_step
     service.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while len(calls) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(calls) >= 3
