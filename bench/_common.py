@@ -219,14 +219,14 @@ def process_cpu_seconds(pids) -> float:
     return total
 
 
-def start_dyntrain_server(state: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    """`dyntrain server --port 0` on ``state`` (its output appended to ``log``); its process
-    and URL, once it listens."""
+def start_dyntrain_server(state: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """`dyntrain server --port 0 EXTRA` on ``state`` (its output appended to ``log``); its
+    process and URL, once it listens."""
     out = open(log, "a")
     out.write("---- server start\n")
     out.flush()
     proc = subprocess.Popen([sys.executable, "-m", "dyntrain.cli.main", "server", "--port", "0",
-                             "--state-dir", str(state), "--grace-seconds", "2"],
+                             "--state-dir", str(state), "--grace-seconds", "2", *extra],
                             stdout=out, stderr=subprocess.STDOUT,
                             cwd=Path(__file__).resolve().parent.parent,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -36,7 +36,7 @@ def start_server(state_dir: Path, log: Path, *args: str) -> tuple[subprocess.Pop
         proc = subprocess.Popen([*DYNTRAIN, "server", "--port", "0", "--state-dir",
                                  str(state_dir), "--grace-seconds", "2", *args], stdout=out,
                                 stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120  # a loaded machine; --executor ray connects to a cluster
     while time.monotonic() < deadline:
         m = re.search(r"listening on (http://\S+)", log.read_text())
         if m:

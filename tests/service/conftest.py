@@ -48,3 +48,4 @@ def store(request, tmp_path) -> Store:
     s.close()
     if drop is not None:
         drop()
+

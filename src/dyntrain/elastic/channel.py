@@ -35,13 +35,16 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect_store(address: str, timeout: float) -> dist.TCPStore:
-    """A client connection to the coordinator's TCPStore, with a one-line error if unreachable."""
+def connect_store(address: str, timeout: float) -> dist.Store:
+    """A client connection to the coordinator's TCPStore, with a one-line error if unreachable;
+    under the job's secret (``DYNTRAIN_COORDINATOR_SECRET``) when the environment has one."""
     host, port = parse_address(address)
     _wait_for_listener(host, port, timeout)
     try:
-        return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
-                             wait_for_workers=False)
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False)
+        secret = os.environ.get(p.ENV_SECRET)
+        return dist.PrefixStore(secret, store) if secret else store
     except Exception as exc:  # torch raises RuntimeError/DistNetworkError with a long message
         raise DyntrainError(
             f"cannot reach the coordinator at {host}:{port} within {timeout:g} s "

@@ -111,6 +111,11 @@ class Message:
         return cls(kind=data.pop("kind"), worker=data.pop("worker"), fields=data)
 
 
+#: a job's coordinator secret: every key of its store lives under it, so a client without it
+#: (anyone who can reach the port) can neither read the job's keys nor post to its inboxes
+ENV_SECRET = "DYNTRAIN_COORDINATOR_SECRET"
+
+
 def write_coordinator_file(run_dir: Path, address: str, job: str) -> None:
     """Record where the job's coordinator listens, for workers that lost it (atomic replace)."""
     tmp = run_dir / f"{COORDINATOR_FILE}.tmp"

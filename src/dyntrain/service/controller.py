@@ -149,9 +149,12 @@ class Controller(Recovery, Launching, Settling):
 
     def _available(self, now: float, envs) -> dict[str, int]:
         traces = self.store.capacity_traces()
+        offered = self.executor.slots({ce.name: ce.spec.slot for ce in envs})
         out = {}
         for ce in envs:
-            if ce.name in traces:
+            if offered is not None:  # the cluster's nodes decide
+                out[ce.name] = min(offered.get(ce.name, 0), ce.spec.max_slots)
+            elif ce.name in traces:
                 csv, started, loop = traces[ce.name]
                 trace = parse_trace(csv, source=f"{ce.name} trace", loop=loop)
                 out[ce.name] = min(trace.at(now - started).slots, ce.spec.max_slots)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -19,6 +21,7 @@ from dyntrain.service.store import Store
 
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "world_size", "loss", "samples_per_s", "time")
 PROGRESS_EVERY = 1.0  # seconds between two progress writes to the store
+SECRET_FILE = "coordinator.secret"
 
 
 class ServiceSink(RunSink):
@@ -77,21 +80,24 @@ class ElasticHost:
 
     def __init__(self, store: Store, job_id: str, run_dir: Path, min_workers: int,
                  max_workers: int, expected: int, failure_timeout: float = 10.0,
-                 attempt: int = 1, recovering: list[str] | None = None) -> None:
+                 attempt: int = 1, recovering: list[str] | None = None,
+                 host: str = "127.0.0.1") -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
         self.identity = f"{job_id}/attempt-{attempt}"
         previous = p.read_coordinator_file(run_dir) if recovering is not None else {}
-        port = parse_address(previous["address"])[1] \
-            if previous.get("job") == self.identity and "address" in previous else 0
-        self.tcp = _listen(port)
-        self.address = f"127.0.0.1:{self.tcp.port}"
-        self.tcp.set(p.JOB_INFO, json.dumps({"out_dir": str(run_dir.resolve()),
+        same = previous.get("job") == self.identity
+        port = parse_address(previous["address"])[1] if same and "address" in previous else 0
+        self.secret = _secret(run_dir, self.identity, reuse=recovering is not None)
+        self.tcp = _listen(port)  # TCPStore listens on every interface, whatever the host
+        jobstore = dist.PrefixStore(self.secret, self.tcp)
+        self.address = f"{host}:{self.tcp.port}"
+        jobstore.set(p.JOB_INFO, json.dumps({"out_dir": str(run_dir.resolve()),
                                              "job": self.identity}))
         p.write_coordinator_file(run_dir, self.address, self.identity)
         self.sink = ServiceSink(store, job_id, run_dir)
         self.coordinator = Coordinator(
-            self.tcp, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
+            jobstore, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
                                         settle_seconds=2.0, failure_timeout=failure_timeout),
             self.sink, self._find_checkpoint)
         if recovering is not None:
@@ -108,6 +114,27 @@ class ElasticHost:
         if self.coordinator.phase is Phase.DONE:
             self.coordinator.drain()
         self.sink.close()
+
+
+def _secret(run_dir: Path, identity: str, reuse: bool) -> str:
+    """The attempt's coordinator secret: the one recorded for it (a restarted service) or a new
+    one, kept in the run folder readable by its owner only (workers get it in their
+    environment, never on a command line)."""
+    path = run_dir / SECRET_FILE
+    if reuse:
+        try:
+            record = json.loads(path.read_text())
+            if record.get("job") == identity and record.get("secret"):
+                return str(record["secret"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    secret = secrets.token_hex(16)
+    tmp = run_dir / f"{SECRET_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"job": identity, "secret": secret}, f)
+    os.replace(tmp, path)
+    return secret
 
 
 def _listen(port: int) -> dist.TCPStore:

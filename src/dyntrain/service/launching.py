@@ -5,7 +5,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from dyntrain.elastic.protocol import ENV_COORDINATOR, ENV_OUT, ENV_REATTACH, ENV_WORKER_ID
+from dyntrain.elastic.protocol import (
+    ENV_COORDINATOR,
+    ENV_OUT,
+    ENV_REATTACH,
+    ENV_SECRET,
+    ENV_WORKER_ID,
+)
 from dyntrain.service.attempts import Attempt, LogTail, worker_id, worker_index
 from dyntrain.service.executors.base import ExecutorError, StartError, WorkerHandle, WorkerSpec
 from dyntrain.service.model import JobStatus
@@ -59,7 +65,7 @@ class Launching:
                 attempt.host = ElasticHost(
                     self.store, job_id, self.run_dir(job_id), job.min_workers, job.max_workers,
                     expected=len(attempt.workers), failure_timeout=self.config.failure_timeout,
-                    attempt=attempt.number)
+                    attempt=attempt.number, host=self.executor.coordinator_host)
             started.append(attempt)
         launched = self._launch(started)
         handles, never, running = {}, [], {}
@@ -124,7 +130,7 @@ class Launching:
                     specs.append(WorkerSpec(
                         job.id, attempt.number, record.id, list(job.command),
                         self._worker_env(job, attempt, record), job.resources, job.workdir,
-                        str(self._log_path(job.id, record.id))))
+                        str(self._log_path(job.id, record.id)), record.compute_environment))
                     owners.append(attempt)
         out = {a.job_id: ({}, None) for a in attempts}
         results = self.executor.start_many(specs)
@@ -203,4 +209,5 @@ class Launching:
         if attempt.host is not None:
             env[ENV_COORDINATOR] = attempt.host.address
             env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"
+            env[ENV_SECRET] = attempt.host.secret
         return env

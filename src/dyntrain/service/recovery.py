@@ -63,6 +63,10 @@ class Recovery:
             self.store.update_job(job.id, status=JobStatus.RUNNABLE, status_reason=reason,
                                   preemptions=job.preemptions + 1, current_workers=0)
             notes.append(f"{job.id}: {reason}")
+        ended = self.executor.sweep()
+        if ended:
+            notes.append(f"ended {len(ended)} worker(s) that no record owns: "
+                         f"{', '.join(sorted(ended)[:5])}{' ...' if len(ended) > 5 else ''}")
         return notes
 
     def _recover_plain(self, attempt: Attempt, workers: list[WorkerRecord],
@@ -94,7 +98,8 @@ class Recovery:
         attempt.host = ElasticHost(self.store, job.id, self.run_dir(job.id), job.min_workers,
                                    job.max_workers, expected=len(workers),
                                    failure_timeout=self.config.failure_timeout,
-                                   attempt=attempt.number, recovering=[w.id for w in workers])
+                                   attempt=attempt.number, recovering=[w.id for w in workers],
+                                   host=self.executor.coordinator_host)
         self.attempts[job.id] = attempt
         return f"its workers re-attach to its coordinator at {attempt.host.address}"
 
@@ -143,3 +148,4 @@ class Recovery:
                 else:
                     self._early_exits.append(e)
             self.executor.wait(0.02)
+        self.executor.release([w for w in worker_ids if w not in pending])

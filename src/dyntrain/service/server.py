@@ -30,6 +30,10 @@ class ServiceConfig:
     reattach_seconds: float = 300.0  # elastic workers wait this long for a restarted service
     warm_workers: int = 1  # Python processes with torch imported, ready to become workers
     executor: str = "local"
+    ray_address: str | None = None  # the Ray cluster (``--executor ray``)
+    ray_namespace: str | None = None  # default: one derived from the state dir
+    ray_placement: str = "pack"
+    coordinator_host: str | None = None  # where workers reach job coordinators (Ray: this host)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -59,9 +63,10 @@ class Service:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(config.url)
         self.store.create_all()
-        warm = {"warm_workers": config.warm_workers} if config.warm_workers else {}
         self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor",
-                                     **warm)
+                                     **self._executor_options())
+        if config.coordinator_host:
+            self.executor.coordinator_host = config.coordinator_host
         self.controller = Controller(self.store, self.executor, ControllerConfig(
             config.state_dir / "runs", grace_seconds=config.grace_seconds,
             reattach_seconds=config.reattach_seconds))
@@ -71,13 +76,24 @@ class Service:
         self.recovered = self.controller.recover()
         self._ensure_local_defaults()
 
+    def _executor_options(self) -> dict:
+        config = self.config
+        if config.executor == "ray":
+            return {"address": config.ray_address or "auto",
+                    "namespace": config.ray_namespace, "placement": config.ray_placement}
+        return {"warm_workers": config.warm_workers} if config.warm_workers else {}
+
     def _ensure_local_defaults(self) -> None:
-        """The embedded default: a `local` on-demand environment sized from this machine."""
+        """The embedded default: a `local` on-demand environment sized from this machine (with
+        Ray: a `ray` environment, whose slots are what the nodes carrying `dyntrain_ce_ray`
+        offer)."""
         if not self.store.list_compute_environments():
             cpus = os.cpu_count() or 1
+            name, desired, most = ("local", cpus, cpus) if self.config.executor != "ray" else (
+                "ray", 0, 10_000)
             self.store.create_compute_environment(ComputeEnvironmentSpec(
-                "local", CapacityType.ON_DEMAND, 0.0, Resources(1.0, 0, 1024), 0, cpus, cpus))
-            self.store.create_job_queue(JobQueueSpec("default", 1, ("local",)))
+                name, CapacityType.ON_DEMAND, 0.0, Resources(1.0, 0, 1024), 0, desired, most))
+            self.store.create_job_queue(JobQueueSpec("default", 1, (name,)))
 
     def start(self) -> None:
         """Run the controller loop in a background thread."""

@@ -39,6 +39,8 @@ class Settling:
             for attempt in list(self.attempts.values()):
                 self._tick_attempt(attempt, now, s)
             self.store.settle(s.exits, s.usage, s.ends)
+        if exits:  # stored: what the executor kept to report them can go
+            self.executor.release([e.worker_id for e in exits])
         for job, status, view in s.moves:
             self.index.moved(job.id, job.array_parent_id, job.status, status, view)
 
@@ -65,6 +67,8 @@ class Settling:
             line = read_error_line(self._log_path(w.job_id, w.id))
             who = f"{w.id.rsplit('-', 1)[-1]} " if attempt.host is not None else ""
             attempt.first_error = f"{who}{line}" if line else None
+        if exit_.lost and (attempt.host is None or not attempt.workers):
+            attempt.preempted = True  # its node went away: capacity taken back, retried
         coordinator = attempt.host.coordinator if attempt.host is not None else None
         if coordinator is not None and (
                 (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):

@@ -60,8 +60,24 @@ def _url_for(host: str, port: int) -> str:
               help="AWS credentials file (INI: aws_access_key_id, aws_secret_access_key): the "
                    "AWS Batch and CloudWatch Logs endpoints then need requests signed with one "
                    "of its keys. Without it they answer loopback clients only.")
+@click.option("--executor", default="local", show_default=True,
+              type=click.Choice(["local", "ray"]),
+              help="Where workers run: processes on this machine, or on the nodes of a Ray "
+                   "cluster (needs the `dyntrain[ray]` extra).")
+@click.option("--ray-address", default=None,
+              help="The Ray cluster's GCS address HOST:PORT [default: $RAY_ADDRESS, else auto].")
+@click.option("--ray-namespace", default=None,
+              help="Ray namespace of this service's actors [default: one per state dir].")
+@click.option("--ray-placement", default="pack", show_default=True,
+              type=click.Choice(["pack", "spread"]),
+              help="pack: a job's new workers prefer the nodes it already runs on; spread: "
+                   "Ray's SPREAD.")
+@click.option("--coordinator-host", default=None,
+              help="Address of this host that workers reach its job coordinators at [default: "
+                   "127.0.0.1; with Ray, the address the cluster sees for this host].")
 def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds,
-           warm_workers, aws_credentials):
+           warm_workers, aws_credentials, executor, ray_address, ray_namespace, ray_placement,
+           coordinator_host):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
@@ -82,7 +98,10 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     aws_keys = load_credentials(aws_credentials) if aws_credentials else None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
                            grace_seconds=grace_seconds, reattach_seconds=reattach_seconds,
-                           warm_workers=warm_workers)
+                           warm_workers=warm_workers, executor=executor,
+                           ray_address=ray_address or os.environ.get("RAY_ADDRESS") or None,
+                           ray_namespace=ray_namespace, ray_placement=ray_placement,
+                           coordinator_host=coordinator_host)
     sock = _bind(host, port)
     config.port = sock.getsockname()[1]
     try:

@@ -18,6 +18,8 @@ Contract, for every implementation:
 from __future__ import annotations
 
 import importlib
+import re
+import signal as _signal
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from dyntrain.errors import DyntrainError
 from dyntrain.service.model import Resources
 
 SIGNALS = ("TERM", "KILL")
+_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
 class ExecutorError(DyntrainError):
@@ -49,6 +52,7 @@ class WorkerSpec:
     resources: Resources  # what this one worker needs
     cwd: str | None
     log_path: str  # stdout and stderr of the worker go here (appended)
+    environment: str | None = None  # the compute environment it was placed in
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class WorkerExit:
     signal: int | None
     reason: str
     ended_at: float | None = None
+    lost: bool = False  # capacity taken away (its node is gone), not the worker's doing
 
 
 def make_resources(cpus: float, gpus: int, memory_mib: int) -> Resources:
@@ -97,10 +102,37 @@ def describe(r: Resources) -> str:
     return f"cpus={cpus} gpus={r.gpus} memory={r.memory_mib} MiB"
 
 
+def _signal_name(n: int) -> str:
+    try:
+        return _signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def exit_from_record(worker_id: str, record: dict | None) -> WorkerExit | None:
+    """The exit a status file records, None when it records none (yet)."""
+    if record is None or ("exit_code" not in record and "signal" not in record):
+        return None
+    sig, code, ended = record.get("signal"), record.get("exit_code"), record.get("ended_at")
+    if sig is not None:
+        return WorkerExit(worker_id, None, int(sig), f"killed by {_signal_name(int(sig))}", ended)
+    code = None if code is None else int(code)
+    return WorkerExit(worker_id, code, None, f"exited with code {code}", ended)
+
+
+def check_worker_id(wid: str) -> None:
+    if not isinstance(wid, str) or not _WORKER_ID.match(wid):
+        raise ExecutorError(f"worker id {wid!r} must be 1-200 letters, digits, '.', '-' or '_' "
+                            "and start with a letter or digit")
+
+
+
 class Executor(ABC):
     """Starts, signals and watches worker processes within a fixed capacity."""
 
     name: str
+    #: where job coordinators listen so that this executor's workers reach them
+    coordinator_host: str = "127.0.0.1"
 
     @abstractmethod
     def capacity(self) -> Resources:
@@ -151,6 +183,21 @@ class Executor(ABC):
         started under that id. An executor that cannot tell raises ``ExecutorError``."""
         raise ExecutorError(f"executor {self.name!r} cannot find worker {worker_id} by its id")
 
+    def slots(self, environments: dict[str, Resources]) -> dict[str, int] | None:
+        """Slots each compute environment (name -> the resources of one slot) offers now, when
+        this executor's capacity decides them (a cluster whose nodes come and go); None when
+        environments are sized by their own specs."""
+        return None
+
+    def release(self, worker_ids: list[str]) -> None:
+        """The service has stored these workers' exits: drop what was kept to report them."""
+        return None
+
+    def sweep(self) -> list[str]:
+        """After a restart adopted every worker a record owns: end the workers this executor
+        still runs that nobody adopted; returns their ids."""
+        return []
+
     def wait(self, timeout: float) -> None:
         """Block up to ``timeout`` seconds; an executor may return early once a worker exited."""
         time.sleep(timeout)
@@ -162,6 +209,7 @@ class Executor(ABC):
 
 _REGISTRY: dict[str, str] = {
     "local": "dyntrain.service.executors.local:LocalExecutor",
+    "ray": "dyntrain.service.executors.ray:RayExecutor",
 }
 
 

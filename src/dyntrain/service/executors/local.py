@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
-import shutil
 import signal as _signal
 import sys
 import threading
@@ -45,14 +43,16 @@ from dyntrain.service.executors.base import (
     WorkerExit,
     WorkerHandle,
     WorkerSpec,
+    check_worker_id,
     describe,
+    exit_from_record,
     make_resources,
 )
+from dyntrain.service.executors.runnable import start_problem
 from dyntrain.service.executors.supervisor import SupervisorGone, SupervisorLink
 from dyntrain.service.executors.warm import eligible
 from dyntrain.service.model import Resources
 
-_WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 _EPS = 1e-9
 PREDECESSOR_WAIT_S = 30.0  # how long a restarted service waits for an old supervisor to read on
 
@@ -105,24 +105,6 @@ def detect_gpus() -> list[int]:
     if len(visible) >= n and all(v.isdigit() for v in visible[:n]):
         return [int(v) for v in visible[:n]]
     return list(range(n))
-
-
-def _signal_name(n: int) -> str:
-    try:
-        return _signal.Signals(n).name
-    except ValueError:
-        return f"signal {n}"
-
-
-def exit_from_record(worker_id: str, record: dict | None) -> WorkerExit | None:
-    """The exit a status file records, None when it records none (yet)."""
-    if record is None or ("exit_code" not in record and "signal" not in record):
-        return None
-    sig, code, ended = record.get("signal"), record.get("exit_code"), record.get("ended_at")
-    if sig is not None:
-        return WorkerExit(worker_id, None, int(sig), f"killed by {_signal_name(int(sig))}", ended)
-    code = None if code is None else int(code)
-    return WorkerExit(worker_id, code, None, f"exited with code {code}", ended)
 
 
 @dataclass
@@ -257,7 +239,7 @@ class LocalExecutor(Executor):
     def _request(self, spec: WorkerSpec, pending: set[str]) -> tuple[tuple[int, ...], dict]:
         """Check that ``spec`` fits and can run; the supervisor's request that starts it."""
         wid = spec.worker_id
-        _check_worker_id(wid)
+        check_worker_id(wid)
         if wid in self._workers or wid in pending:
             raise ExecutorError(f"worker {wid} already exists")
         need, free = spec.resources, self.free()
@@ -390,7 +372,7 @@ class LocalExecutor(Executor):
             if spec.worker_id != wid:
                 raise ExecutorError(f"handle of worker {wid} given with the spec of "
                                     f"{spec.worker_id}")
-            _check_worker_id(wid)
+            check_worker_id(wid)
             known = self._workers.get(wid)
             if known is not None:
                 if known.handle.ref != handle.ref:
@@ -415,7 +397,7 @@ class LocalExecutor(Executor):
         dir, from its status file; None when none was started (after waiting for a previous
         service's supervisor to have started all it was asked to)."""
         with self._lock:
-            _check_worker_id(worker_id)
+            check_worker_id(worker_id)
             self._settle_predecessors()
             record = _read_status(self.status_path(worker_id))
             if record is None:
@@ -465,26 +447,11 @@ class LocalExecutor(Executor):
 
 def _check_runnable(spec: WorkerSpec, env: dict[str, str]) -> None:
     """Refuse, with the cause, a command that cannot run here (before anything starts)."""
-    wid = spec.worker_id
     if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
-        raise ExecutorError(f"worker {wid}: argv must be a non-empty list of strings")
-    if spec.cwd is not None and not os.path.isdir(spec.cwd):
-        raise StartError(f"no working directory {spec.cwd}")
-    exe = spec.argv[0]
-    if "/" in exe:
-        path = os.path.join(spec.cwd or os.getcwd(), exe)
-        if not os.path.isfile(path):
-            raise StartError(f"no executable {exe!r}: no such file")
-        if not os.access(path, os.X_OK):
-            raise StartError(f"{exe!r} is not executable (permission denied)")
-    elif shutil.which(exe, path=env.get("PATH", os.defpath)) is None:
-        raise StartError(f"no executable {exe!r} on PATH")
-
-
-def _check_worker_id(wid: str) -> None:
-    if not isinstance(wid, str) or not _WORKER_ID.match(wid):
-        raise ExecutorError(f"worker id {wid!r} must be 1-200 letters, digits, '.', '-' or '_' "
-                            "and start with a letter or digit")
+        raise ExecutorError(f"worker {spec.worker_id}: argv must be a non-empty list of strings")
+    problem = start_problem(spec.argv, spec.cwd, env)
+    if problem is not None:
+        raise StartError(problem)
 
 
 def _killpg(pgid: int, sig: int) -> None:

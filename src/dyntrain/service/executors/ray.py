@@ -1,0 +1,546 @@
+"""The Ray executor: each worker is a process on a Ray node, run by one detached actor.
+
+The actor (``ray_actor.WorkerProcess``) is named ``dyntrain:{job}:{attempt}:{worker}`` in this
+service's namespace and requests the worker's CPUs, GPUs and memory plus one unit of its
+compute environment's custom resource (``dyntrain_ce_<environment>``); it starts the command in
+a session of its own, signals its process group, keeps its exit until the service has stored it
+(``release``), and serves its output in pieces. Capacity is Ray nodes: an environment's slots
+are what the live nodes carrying its resource offer (``slots``), so a node that joins is room to
+grow and a node that dies is capacity taken away, its workers reported as ``lost``.
+
+One thread per executor watches the workers: it holds one ``wait_exit`` call per actor (an
+exit wakes it at once), copies new output from each actor into the worker's log file on this
+host (where the controller reads it as for a local worker), and notices dead nodes. A worker's
+exit is reported only after the rest of its output was copied.
+
+After a restart ``adopt`` finds an actor by the name in the stored handle, ``find`` by the
+worker id, and ``sweep`` ends the actors in the namespace that nobody adopted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from dyntrain.service.executors.base import (
+    SIGNALS,
+    Executor,
+    ExecutorError,
+    StartError,
+    WorkerExit,
+    WorkerHandle,
+    WorkerSpec,
+    check_worker_id,
+    describe,
+    exit_from_record,
+    make_resources,
+)
+from dyntrain.service.executors.ray_actor import WorkerProcess
+from dyntrain.service.model import Resources
+
+RESOURCE_PREFIX = "dyntrain_ce_"
+EXTRA = "pip install 'dyntrain[ray]'"
+WAIT_S = 20.0  # one wait_exit call blocks this long in the actor (a dead caller's call ends)
+LOG_CHUNK = 1 << 20
+MIRROR_S = 0.25
+NODES_S = 1.0  # how often the node list is read again
+CALL_S = 30.0  # bound on one call that the service waits for
+START_WAIT_S = 2.0  # how long start_many waits for the actors' replies before returning
+
+
+def import_ray():
+    """The ``ray`` module, or a one-line error naming the extra that installs it."""
+    try:
+        import ray
+    except ImportError:
+        raise ExecutorError(f"--executor ray needs Ray: {EXTRA}") from None
+    return ray
+
+
+def resource_name(environment: str) -> str:
+    """The custom resource that marks a Ray node as capacity of ``environment``."""
+    return f"{RESOURCE_PREFIX}{environment}"
+
+
+def actor_name(spec: WorkerSpec) -> str:
+    return f"dyntrain:{spec.job_id}:{spec.attempt}:{spec.worker_id}"
+
+
+def default_namespace(state_dir: str | os.PathLike) -> str:
+    """A namespace of this service: one per state dir, so two services never share actors."""
+    digest = hashlib.sha1(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
+    return f"dyntrain-{digest}"
+
+
+def node_slots(resources: dict[str, float], environment: str, slot: Resources) -> int:
+    """Slots of ``environment`` one node offers: its units of the environment's resource, bounded
+    by how many slots its CPUs, GPUs and memory hold."""
+    bounds = [int(resources.get(resource_name(environment), 0))]
+    if slot.cpus > 0:
+        bounds.append(int(resources.get("CPU", 0) / slot.cpus + 1e-9))
+    if slot.gpus > 0:
+        bounds.append(int(resources.get("GPU", 0) // slot.gpus))
+    if slot.memory_mib > 0 and "memory" in resources:
+        bounds.append(int(resources["memory"] // (slot.memory_mib * 2**20)))
+    return max(0, min(bounds))
+
+
+def _probe(address: str, timeout: float) -> None:
+    """A one-line error, quickly, when nothing listens at ``HOST:PORT``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", ray://...: Ray itself tells
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ExecutorError(f"no Ray cluster at {address} ({exc.strerror or exc}); start one "
+                            "with `ray start --head` or pass --ray-address") from None
+
+
+@dataclass
+class _Worker:
+    spec: WorkerSpec
+    handle: WorkerHandle
+    actor: object
+    node: str | None
+    mirrored: int = 0  # bytes of its output already copied to spec.log_path
+    waiting: object | None = None  # the outstanding wait_exit call
+    retry_at: float = 0.0  # when to ask again after the actor was unavailable
+    starting: object | None = None  # the outstanding start call
+    start_by: float = 0.0  # when a worker no node took is given up
+    exit: WorkerExit | None = None  # known, output copied, not reported yet
+
+
+class RayExecutor(Executor):
+    """Runs workers on the nodes of a Ray cluster; see the module docstring."""
+
+    name = "ray"
+
+    def __init__(self, state_dir: str | os.PathLike, address: str = "auto",
+                 namespace: str | None = None, placement: str = "pack",
+                 start_timeout: float = 120.0,
+                 connect_timeout: float = 10.0, node_log_dir: str | None = None) -> None:
+        """``placement``: ``pack`` (a job's new workers prefer the nodes it already runs on) or
+        ``spread`` (Ray's SPREAD). ``node_log_dir``: where the actors write output on their
+        nodes. Job coordinators listen at the address the cluster sees for this host."""
+        ray = self._ray = import_ray()
+        if placement not in ("pack", "spread"):
+            raise ExecutorError(f"placement must be pack or spread, got {placement!r}")
+        self.namespace = namespace or default_namespace(state_dir)
+        self.placement, self.start_timeout = placement, start_timeout
+        self._node_log_dir = node_log_dir or os.path.join(
+            "/tmp", "dyntrain-ray", self.namespace)
+        self._owns_ray = not ray.is_initialized()
+        if self._owns_ray:
+            _probe(address, connect_timeout)
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            try:
+                ray.init(address=address, namespace=self.namespace, log_to_driver=False,
+                         logging_level=logging.WARNING)
+            except Exception as exc:  # ConnectionError, ValueError, RuntimeError ...
+                raise ExecutorError(f"cannot connect to the Ray cluster at {address}: "
+                                    f"{str(exc).splitlines()[0][:200]}") from None
+        self.coordinator_host = ray.util.get_node_ip_address()
+        self._cls = ray.remote(WorkerProcess)
+        self._workers: dict[str, _Worker] = {}
+        self._unreleased: dict[str, object] = {}  # reported, exit not yet stored: its actor
+        self._nodes: list[dict] = []
+        self._nodes_at = 0.0
+        self._lock = threading.RLock()
+        self._exited = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="dyntrain-ray")
+        self._thread.start()
+
+    # -- capacity ---------------------------------------------------------------------------
+
+    def _alive_nodes(self) -> list[dict]:
+        if time.monotonic() - self._nodes_at >= NODES_S:
+            try:
+                nodes = [n for n in self._ray.nodes() if n.get("Alive")]
+            except Exception:  # the GCS is busy: keep the last view
+                nodes = self._nodes
+            with self._lock:
+                self._nodes, self._nodes_at = nodes, time.monotonic()
+                self._lose_dead_nodes()
+        return self._nodes
+
+    def _total(self, key: str) -> float:
+        return sum(n["Resources"].get(key, 0.0) for n in self._alive_nodes())
+
+    def capacity(self) -> Resources:
+        return make_resources(self._total("CPU"), int(self._total("GPU")),
+                              int(self._total("memory") // 2**20))
+
+    def free(self) -> Resources:
+        with self._lock:
+            held = [w.spec.resources for w in self._workers.values()]
+        total = self.capacity()
+        return make_resources(max(0.0, total.cpus - sum(r.cpus for r in held)),
+                              max(0, total.gpus - sum(r.gpus for r in held)),
+                              max(0, total.memory_mib - sum(r.memory_mib for r in held)))
+
+    def slots(self, environments: dict[str, Resources]) -> dict[str, int]:
+        nodes = self._alive_nodes()
+        return {name: sum(node_slots(n["Resources"], name, slot) for n in nodes)
+                for name, slot in environments.items()}
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def start(self, spec: WorkerSpec) -> WorkerHandle:
+        [result] = self.start_many([spec])
+        if isinstance(result, ExecutorError):
+            raise result
+        return result
+
+    def start_many(self, specs: list[WorkerSpec]) -> list[WorkerHandle | ExecutorError]:
+        """Create every worker's actor and start the commands; wait for their replies together
+        at most ``START_WAIT_S`` (the controller holds the service's lock meanwhile). A worker
+        whose actor has not answered by then is started: the watcher takes its reply later
+        (a command that cannot run, or no node within ``start_timeout``, is then its exit)."""
+        ray = self._ray
+        self._check_open()
+        out: list[WorkerHandle | ExecutorError | None] = []
+        pending: dict[int, tuple[WorkerSpec, object, object]] = {}
+        for i, spec in enumerate(specs):
+            try:
+                actor = self._create(spec, {s.worker_id for s, _, _ in pending.values()})
+            except ExecutorError as e:
+                out.append(e)
+                continue
+            out.append(None)
+            pending[i] = (spec, actor, actor.start.remote(spec.worker_id, list(spec.argv),
+                                                          dict(spec.env), spec.cwd))
+        refs = [ref for _, _, ref in pending.values()]
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=START_WAIT_S)
+        for i, (spec, actor, ref) in pending.items():
+            out[i] = self._started(spec, actor, ref)
+        return out
+
+    def _create(self, spec: WorkerSpec, batch: set[str]):
+        wid = spec.worker_id
+        check_worker_id(wid)
+        if not spec.argv or not all(isinstance(a, str) for a in spec.argv):
+            raise ExecutorError(f"worker {wid}: argv must be a non-empty list of strings")
+        with self._lock:
+            if wid in self._workers or wid in self._unreleased or wid in batch:
+                raise ExecutorError(f"worker {wid} already exists")
+        r = spec.resources
+        options = {"name": actor_name(spec), "namespace": self.namespace,
+                   "lifetime": "detached", "max_restarts": 0, "max_concurrency": 8,
+                   "num_cpus": r.cpus, "num_gpus": r.gpus, "memory": r.memory_mib * 2**20,
+                   "scheduling_strategy": self._strategy(spec)}
+        if spec.environment is not None:
+            options["resources"] = {resource_name(spec.environment): 1}
+        try:
+            return self._cls.options(**options).remote(self._node_log_dir)
+        except ValueError as exc:  # the name is taken
+            raise ExecutorError(f"worker {wid}: {str(exc).splitlines()[0]}") from None
+
+    def _strategy(self, spec: WorkerSpec):
+        if self.placement == "spread":
+            return "SPREAD"
+        with self._lock:
+            nodes = Counter(w.node for w in self._workers.values()
+                            if w.spec.job_id == spec.job_id and w.node and w.exit is None)
+        if not nodes:
+            return "DEFAULT"
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # soft + spill: the node it runs on when that has room, else any node (not a wait)
+        return NodeAffinitySchedulingStrategy(nodes.most_common(1)[0][0], soft=True,
+                                              _spill_on_unavailable=True)
+
+    def _started(self, spec: WorkerSpec, actor, ref) -> WorkerHandle | ExecutorError:
+        wid = spec.worker_id
+        w = _Worker(spec, WorkerHandle(wid, self.name, actor_name(spec)), actor, None,
+                    starting=ref, start_by=time.monotonic() + self.start_timeout)
+        if self._ray.wait([ref], timeout=0)[0]:
+            error = self._on_start(w)
+            if error is not None:
+                return error
+        with self._lock:
+            self._workers[wid] = w
+        return w.handle
+
+    def _on_start(self, w: _Worker) -> ExecutorError | None:
+        """Take the reply of the worker's ``start`` call: its node, or why it did not start."""
+        ray, wid, ref = self._ray, w.spec.worker_id, w.starting
+        w.starting = None
+        try:
+            reply = ray.get(ref)
+        except Exception as exc:
+            error: ExecutorError = ExecutorError(
+                f"worker {wid}: its Ray actor failed while starting: {_first_line(exc)}")
+        else:
+            if "error" not in reply:
+                w.node = reply.get("node")
+                w.waiting = w.actor.wait_exit.remote(WAIT_S)
+                return None
+            error = StartError(reply["error"])
+        self._kill(w.actor)
+        return error
+
+    def _fail_start(self, w: _Worker, error: ExecutorError) -> None:
+        """A worker that did not start: its cause in its log (where the service reads a
+        worker's error line), exit code 127 for a command that cannot run, else lost."""
+        path = Path(w.spec.log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"dyntrain: {error}\n")
+        if isinstance(error, StartError):
+            self._set_exit(w, WorkerExit(w.spec.worker_id, 127, None, f"not started: {error}",
+                                         time.time()))
+        else:
+            self._lost(w, str(error))
+
+    @staticmethod
+    def _needs(spec: WorkerSpec) -> str:
+        where = f" and 1 {resource_name(spec.environment)}" if spec.environment else ""
+        return f"{describe(spec.resources)}{where}"
+
+    def _kill(self, actor) -> None:
+        try:
+            self._ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """The watcher thread: exits, output, dead nodes."""
+        ray = self._ray
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    live = [w for w in self._workers.values() if w.exit is None]
+                now = time.monotonic()
+                for w in live:
+                    if w.starting is not None and now > w.start_by:
+                        self._kill(w.actor)
+                        self._fail_start(w, ExecutorError(
+                            f"worker {w.spec.worker_id}: no Ray node took it within "
+                            f"{self.start_timeout:g} s (it needs {self._needs(w.spec)})"))
+                    elif w.starting is None and w.waiting is None and now >= w.retry_at:
+                        w.waiting = w.actor.wait_exit.remote(WAIT_S)
+                live = [w for w in live if w.exit is None]
+                refs = {w.starting or w.waiting: w for w in live
+                        if (w.starting or w.waiting) is not None}
+                if refs:
+                    ready, rest = ray.wait(list(refs), num_returns=1, timeout=MIRROR_S)
+                    if rest:
+                        ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                    for ref in ready:
+                        w = refs[ref]
+                        if w.starting is not None:
+                            error = self._on_start(w)
+                            if error is not None:
+                                self._fail_start(w, error)
+                        else:
+                            self._on_wait(w, ref)
+                else:
+                    self._stop.wait(MIRROR_S)
+                self._mirror([w for w in live if w.exit is None and w.starting is None])
+                self._alive_nodes()
+            except Exception:  # a passing GCS hiccup must not end the watch
+                logging.getLogger("dyntrain.service").exception("ray executor watch")
+                self._stop.wait(MIRROR_S)
+
+    def _on_wait(self, w: _Worker, ref) -> None:
+        ray = self._ray
+        w.waiting = None
+        try:
+            record = ray.get(ref)
+        except ray.exceptions.ActorUnavailableError:
+            w.retry_at = time.monotonic() + 1.0  # its node may be coming back, or be declared dead
+            return
+        except Exception as exc:  # ActorDiedError: its node (or its process) is gone
+            self._lost(w, f"its Ray actor died: {_first_line(exc)}")
+            return
+        if record is None:
+            return  # still running; asked again on the next round
+        self._mirror([w], drain=True)
+        self._set_exit(w, exit_from_record(w.spec.worker_id, record))
+
+    def _set_exit(self, w: _Worker, exit_: WorkerExit) -> None:
+        with self._lock:
+            if w.exit is None:
+                w.exit = exit_
+        self._exited.set()
+
+    def _lost(self, w: _Worker, why: str) -> None:
+        self._set_exit(w, WorkerExit(w.spec.worker_id, None, None, f"lost: {why}", time.time(),
+                                     lost=True))
+
+    def _lose_dead_nodes(self) -> None:
+        alive = {n["NodeID"] for n in self._nodes}
+        for w in self._workers.values():
+            if w.exit is None and w.node is not None and w.node not in alive:
+                self._lost(w, f"its Ray node {w.node[:12]} is gone")
+
+    def _mirror(self, workers: list[_Worker], drain: bool = False) -> None:
+        """Copy new output of ``workers`` into their log files (all of it with ``drain``)."""
+        ray = self._ray
+        while workers:
+            refs = [w.actor.read_log.remote(w.mirrored, LOG_CHUNK) for w in workers]
+            ray.wait(refs, num_returns=len(refs), timeout=CALL_S if drain else 2.0)
+            more = []
+            for w, ref in zip(workers, refs, strict=True):
+                try:
+                    data = ray.get(ref, timeout=0)
+                except Exception:
+                    continue  # unreachable now: the next round (or its exit) tells
+                if data:
+                    path = Path(w.spec.log_path)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(path, "ab") as f:
+                        f.write(data)
+                    w.mirrored += len(data)
+                if drain and len(data) == LOG_CHUNK:
+                    more.append(w)
+            workers = more
+
+    def poll(self) -> list[WorkerExit]:
+        with self._lock:
+            self._exited.clear()
+            out = []
+            for wid, w in list(self._workers.items()):
+                if w.exit is not None:
+                    out.append(w.exit)
+                    del self._workers[wid]
+                    self._unreleased[wid] = w.actor
+            return out
+
+    def wait(self, timeout: float) -> None:
+        self._exited.wait(timeout)
+
+    def alive(self, worker_id: str) -> bool:
+        with self._lock:
+            w = self._workers.get(worker_id)
+            return w is not None and w.exit is None
+
+    def signal(self, worker_id: str, sig: str) -> None:
+        if sig not in SIGNALS:
+            raise ExecutorError(f"unknown signal {sig!r}; use one of {', '.join(SIGNALS)}")
+        with self._lock:
+            w = self._workers.get(worker_id)
+            if w is None:
+                raise ExecutorError(f"unknown worker {worker_id} (never started, or its exit "
+                                    "was reported already)")
+            if w.exit is not None:
+                return
+        w.actor.signal.remote(sig)  # an actor that is gone: its exit is on its way
+
+    def release(self, worker_ids: list[str]) -> None:
+        for wid in worker_ids:
+            actor = self._unreleased.pop(wid, None)
+            if actor is not None:
+                self._discard(actor)
+
+    def _discard(self, actor) -> None:
+        try:
+            actor.discard.remote()
+        except Exception:
+            self._kill(actor)
+
+    # -- restart ----------------------------------------------------------------------------
+
+    def _status(self, name: str):
+        """``(actor, status)`` of the actor called ``name``; ``(None, why)`` when it is gone."""
+        ray = self._ray
+        try:
+            actor = ray.get_actor(name, namespace=self.namespace)
+        except ValueError:
+            return None, f"its Ray actor {name} is gone (its node died while the service was down?)"
+        try:
+            return actor, ray.get(actor.status.remote(), timeout=CALL_S)
+        except Exception as exc:
+            return None, f"its Ray actor {name} does not answer: {_first_line(exc)}"
+
+    def adopt(self, handle: WorkerHandle, spec: WorkerSpec) -> bool:
+        self._check_open()
+        wid = handle.worker_id
+        if handle.executor != self.name:
+            raise ExecutorError(f"worker {wid} belongs to executor {handle.executor!r}, "
+                                f"not {self.name!r}")
+        check_worker_id(wid)
+        with self._lock:
+            known = self._workers.get(wid)
+            if known is not None:
+                return known.exit is None
+        actor, status = self._status(handle.ref)
+        try:
+            mirrored = os.path.getsize(spec.log_path)
+        except OSError:
+            mirrored = 0
+        w = _Worker(spec, handle, actor, None, mirrored)
+        with self._lock:
+            self._workers[wid] = w
+        if actor is None or "running" not in status and "ended_at" not in status:
+            self._lost(w, status if isinstance(status, str) else "its Ray actor never started")
+            return False
+        if "running" in status:
+            w.waiting = actor.wait_exit.remote(WAIT_S)
+            return True
+        self._mirror([w], drain=True)  # ended meanwhile: its output first, then its exit
+        self._set_exit(w, exit_from_record(wid, status))
+        return False
+
+    def _named(self) -> list[str]:
+        return [a["name"] for a in self._ray.util.list_named_actors(all_namespaces=True)
+                if a.get("namespace") == self.namespace and a["name"].startswith("dyntrain:")]
+
+    def find(self, worker_id: str) -> WorkerHandle | None:
+        check_worker_id(worker_id)
+        for name in self._named():
+            if name.rsplit(":", 1)[-1] != worker_id:
+                continue
+            actor, status = self._status(name)
+            if actor is not None and status.get("started") is False:
+                self._discard(actor)  # created, but its command never started
+                return None
+            return WorkerHandle(worker_id, self.name, name)
+        return None
+
+    def sweep(self) -> list[str]:
+        with self._lock:
+            owned = {w.handle.ref for w in self._workers.values()}
+            owned |= {n for n in self._unreleased}
+        ended = []
+        for name in self._named():
+            wid = name.rsplit(":", 1)[-1]
+            if name in owned or wid in owned:
+                continue
+            try:
+                self._discard(self._ray.get_actor(name, namespace=self.namespace))
+            except ValueError:
+                continue
+            ended.append(wid)
+        return ended
+
+    def shutdown(self) -> None:
+        """Stop watching; the actors and their workers keep running."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        with self._lock:
+            self._workers.clear()
+        if self._owns_ray:
+            self._ray.shutdown()
+
+    def _check_open(self) -> None:
+        if self._stop.is_set():
+            raise ExecutorError("ray executor is shut down")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]

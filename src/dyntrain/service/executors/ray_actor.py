@@ -1,0 +1,153 @@
+"""One worker's process on a Ray node: what the Ray executor's detached actor runs.
+
+Light to import (Ray imports this module on every node). The actor starts the worker's command
+as the leader of a new session, from a thread that lives exactly as long as the command
+(so ``PR_SET_PDEATHSIG`` kills the command if the actor's process dies: a node that goes away
+takes its workers with it, as a reclaimed host would). Output goes to a log file on the node,
+which the service reads back in pieces (``read_log``). When the command exits, the actor kills
+what it left in its process group and keeps the exit (code or signal, end time) until the
+service, having stored it, discards the actor. So an exit that no service watched is still there
+for the next one to read.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal as _signal
+import socket
+import subprocess
+import threading
+import time
+
+from dyntrain.service.executors.runnable import start_problem
+
+_PR_SET_PDEATHSIG = 1
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
+except (OSError, AttributeError):  # not Linux: the command may outlive a dead actor
+    _prctl = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the thread that started it (or the actor) dies."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
+
+
+class WorkerProcess:
+    """Runs, signals and outlives one worker command on the node it was placed on."""
+
+    def __init__(self, log_dir: str) -> None:
+        self._log_dir = log_dir
+        self._lock = threading.Lock()
+        self._ended = threading.Event()
+        self._pid: int | None = None
+        self._log: str | None = None
+        self._exit: dict | None = None
+        self._started_at = 0.0
+        self._cancelled: str | None = None  # signalled before its command started
+
+    def start(self, worker_id: str, argv: list[str], env: dict[str, str],
+              cwd: str | None) -> dict:
+        """Start the command; ``{"pid", "node", ...}`` or ``{"error": one line}``."""
+        import ray  # only ever called inside a Ray actor
+
+        full = dict(os.environ)
+        full.update(env)
+        # the devices Ray assigned to this actor (none: no device is visible)
+        full["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ray.get_gpu_ids())
+        where = f"on node {socket.gethostname()}"
+        with self._lock:  # a signal that comes first cancels the start
+            if self._cancelled is not None:
+                return {"error": f"SIG{self._cancelled} before it started {where}"}
+            problem = start_problem(argv, cwd, full)
+            if problem is not None:
+                return {"error": f"{problem} {where}"}
+            os.makedirs(self._log_dir, exist_ok=True)
+            self._log = os.path.join(self._log_dir, f"{worker_id}.log")
+            started: list = []
+            ready = threading.Event()
+            threading.Thread(target=self._run, args=(argv, full, cwd, started, ready),
+                             daemon=True, name=f"worker-{worker_id}").start()
+            ready.wait()
+            if isinstance(started[0], BaseException):
+                return {"error": f"cannot start {argv[0]!r} {where}: {started[0]}"}
+            self._pid = started[0]
+        return {"pid": self._pid, "host": socket.gethostname(),
+                "node": ray.get_runtime_context().get_node_id()}
+
+    def _run(self, argv, env, cwd, started: list, ready: threading.Event) -> None:
+        """Start the command, then wait for it in this same thread (see the module docstring)."""
+        try:
+            with open(self._log, "wb", buffering=0) as log:
+                proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+        except (OSError, ValueError, subprocess.SubprocessError) as exc:
+            started.append(exc)
+            ready.set()
+            return
+        self._started_at = time.time()
+        started.append(proc.pid)
+        ready.set()
+        # Not reaped yet: its pid, and so its process group's id, stay ours until the exit is
+        # recorded and its leftovers are killed.
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+        with self._lock:
+            try:
+                os.killpg(proc.pid, _signal.SIGKILL)
+            except OSError:
+                pass
+            code = proc.wait()
+            record = {"ended_at": time.time()}
+            if code < 0:
+                record["signal"] = -code
+            else:
+                record["exit_code"] = code
+            self._exit = record
+        self._ended.set()
+
+    def status(self) -> dict:
+        """``{"running": True}``, the exit record, or ``{"started": False}`` (never started)."""
+        if self._pid is None:
+            return {"started": False}
+        return self._exit or {"running": True, "pid": self._pid}
+
+    def wait_exit(self, timeout: float) -> dict | None:
+        """The exit record once the command has ended (None after ``timeout`` seconds)."""
+        return self._exit if self._ended.wait(timeout) else None
+
+    def signal(self, sig: str) -> None:
+        """``"TERM"`` or ``"KILL"`` to the command's process group; nothing once it ended."""
+        with self._lock:
+            if self._pid is None:
+                self._cancelled = sig
+            elif self._exit is None:
+                try:
+                    os.killpg(self._pid, getattr(_signal, f"SIG{sig}"))
+                except ProcessLookupError:
+                    pass
+
+    def read_log(self, offset: int, limit: int) -> bytes:
+        """Up to ``limit`` bytes of the command's output from ``offset`` on."""
+        if self._log is None:
+            return b""
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except OSError:
+            return b""
+
+    def discard(self) -> None:
+        """The service stored the exit: remove the log and end this actor."""
+        self.signal("KILL")
+        if self._log is not None:
+            try:
+                os.unlink(self._log)
+            except OSError:
+                pass
+        import ray  # only ever called inside a Ray actor
+
+        ray.actor.exit_actor()

@@ -1,0 +1,156 @@
+"""A throw-away Ray cluster on this machine: a head and worker "nodes", each its own `ray start`.
+
+For tests, benchmarks and trying the Ray executor without a cluster. Each node is a separate
+``ray start --block`` process in a session of its own, with its own CPUs and custom resources
+(stand-ins for hosts of different compute environments), so that one node can be lost abruptly
+(its raylet SIGKILLed: a spot reclaim) or stopped, and the cluster ends by killing exactly the
+processes it started (nothing is found by name). Made for a small, shared machine: a small
+object store, no dashboard, no usage stats, no log monitor, every port chosen free, the head's
+port outside the worker port range, ``RAY_AUTH_MODE`` set explicitly, node deaths noticed within
+about 2 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+OBJECT_STORE_BYTES = 80 * 1024 * 1024
+HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
+          "RAY_health_check_failure_threshold": "3"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RayNode:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+    def raylet_pid(self) -> int | None:
+        """The pid of this node's raylet (a child of its `ray start`)."""
+        out = subprocess.run(["pgrep", "-g", str(self.proc.pid), "-f", "raylet/raylet"],
+                             capture_output=True, text=True).stdout.split()
+        return int(out[0]) if out else None
+
+
+class LocalRayCluster:
+    """Start with ``start()``, add nodes with ``add_node()``, end with ``close()``."""
+
+    def __init__(self, head_cpus: int = 0, worker_ports: tuple[int, int] = (20000, 20999),
+                 start_timeout: float = 120.0) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="dtray-", dir="/tmp"))  # short: socket paths
+        self.head_cpus, self.worker_ports, self.start_timeout = head_cpus, worker_ports, \
+            start_timeout
+        self.port = free_port()
+        while self.worker_ports[0] <= self.port <= self.worker_ports[1]:
+            self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.nodes: dict[str, RayNode] = {}
+
+    def env(self) -> dict[str, str]:
+        """The environment of every node (and of a driver): this Python's bin first on PATH."""
+        bin_dir = os.path.dirname(sys.executable)
+        return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
+                "PYTHONUNBUFFERED": "1", **HEALTH}
+
+    def _common(self) -> list[str]:
+        lo, hi = self.worker_ports
+        return ["--node-ip-address", "127.0.0.1", "--object-store-memory",
+                str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--include-log-monitor=false",
+                "--min-worker-port", str(lo), "--max-worker-port", str(hi),
+                "--node-manager-port", str(free_port()),
+                "--object-manager-port", str(free_port()),
+                "--dashboard-agent-listen-port", str(free_port()),
+                "--dashboard-agent-grpc-port", str(free_port()),
+                "--runtime-env-agent-port", str(free_port()),
+                "--metrics-export-port", str(free_port())]
+
+    def start(self) -> str:
+        """Start the head; returns its address."""
+        self._launch("head", ["--head", "--port", str(self.port), "--num-cpus",
+                              str(self.head_cpus), "--include-dashboard=false",
+                              "--temp-dir", str(self.dir)])
+        return self.address
+
+    def add_node(self, name: str, cpus: int, resources: dict[str, float]) -> RayNode:
+        """Start a worker node with ``cpus`` and custom ``resources``; returns once it runs."""
+        return self._launch(name, ["--address", self.address, "--num-cpus", str(cpus),
+                                   "--resources", json.dumps(resources)])
+
+    def _launch(self, name: str, args: list[str]) -> RayNode:
+        ray = shutil.which("ray", path=self.env()["PATH"])
+        if ray is None:
+            raise RuntimeError("no `ray` command: pip install 'dyntrain[ray]'")
+        log = self.dir / f"{name}.out"
+        with open(log, "w") as out:
+            proc = subprocess.Popen([ray, "start", "--block", *args, *self._common()],
+                                    stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                    start_new_session=True)
+        node = self.nodes[name] = RayNode(name, proc, log)
+        deadline = time.monotonic() + self.start_timeout
+        while "block forever" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.stop_node(name)
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"ray node {name} did not start: {' | '.join(tail)}")
+            time.sleep(0.1)
+        return node
+
+    def kill_raylet(self, name: str) -> None:
+        """Lose a node abruptly: SIGKILL its raylet (its workers die with it)."""
+        pid = self.nodes[name].raylet_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+    def stop_node(self, name: str) -> None:
+        """Kill every process of the node's session."""
+        node = self.nodes.pop(name, None)
+        if node is None:
+            return
+        try:
+            os.killpg(node.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        node.proc.wait()
+
+    def close(self) -> None:
+        """Stop every node, then whatever process still runs from this cluster's folder."""
+        for name in [n for n in self.nodes if n != "head"] + ["head"]:
+            self.stop_node(name)
+        mine = str(self.dir)
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if mine in cmdline:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalRayCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
