@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import NoReturn
 
+import torch
 import uvicorn
 
 from dyntrain.service.api.app import create_app
@@ -189,8 +190,6 @@ def main() -> None:
     static = out / "static"
     subprocess.run([sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", "1",
                     "--quiet", "--out", str(static), *DIGITS], check=True)
-    import torch  # here: the service and the dashboard are up before torch loads
-
     a = torch.load(static / "final.pt", weights_only=True)
     b = torch.load(run_dir / "final.pt", weights_only=True)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a if a[k].is_floating_point())

@@ -7,6 +7,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+# imports torch, so the app loads it at start. Loaded lazily instead, torch would first load when
+# the controller launches an elastic job, under the service's lock: API calls waited for the import
+# (a 10 s client timeout ran out in make demo on a loaded machine).
+from dyntrain.elastic.checkpoint import list_checkpoints
+
 METRICS_FILE = "metrics.jsonl"
 # the per-step fields the dashboard plots (a row may carry more: validation, gradient norm, ...)
 SERIES_FIELDS = ("step", "time", "world_size", "loss", "samples_per_s", "b_simple")
@@ -74,9 +79,6 @@ class CheckpointFile:
 
 def checkpoints(run_dir: Path) -> list[CheckpointFile]:
     """The checkpoints in the run folder now, newest first (older ones are pruned as it runs)."""
-    # torch comes with the checkpoint module: the service loads it only once an elastic job runs
-    from dyntrain.elastic.checkpoint import list_checkpoints
-
     out = []
     for step, path in list_checkpoints(run_dir / "checkpoints"):
         try:
