@@ -178,9 +178,10 @@
 
   // Vertical marks (a line, a band and a label) drawn over a chart, in the x scale's units.
   // Labels sit on a light backing, right of their line (left of it near the right edge), each
-  // on the first of three rows where it overlaps no other label.
+  // on the first of four rows where it overlaps no other label; one that fits on none is left
+  // out (the membership table lists every change).
   function markerPlugin(getMarks) {
-    const ROWS = 3;
+    const ROWS = 4;
     return {
       hooks: {
         draw: [(u) => {
@@ -206,8 +207,8 @@
             if (!m.label) continue;
             const w = ctx.measureText(m.label).width + 4 * px;
             const x = x0 + 3 * px + w > left + width ? x0 - 3 * px - w : x0 + 3 * px;
-            let row = rowEnds.findIndex((end) => end <= x);
-            if (row < 0) row = rowEnds.indexOf(Math.min(...rowEnds));
+            const row = rowEnds.findIndex((end) => end <= x);
+            if (row < 0) continue;
             rowEnds[row] = x + w + 4 * px;
             labels.push({ x, w, row, text: m.label, colour: m.colour });
           }
