@@ -199,12 +199,14 @@ def server_error(capsys, *args: str) -> list[str]:
 
 def test_without_ray_or_a_cluster_the_server_says_so_in_one_line(monkeypatch, tmp_path,
                                                                  capsys):
-    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
-    with pytest.raises(ExecutorError, match=r"pip install 'dyntrain\[ray\]'"):
-        import_ray()
-    assert server_error(capsys, "--executor", "ray", "--state-dir", str(tmp_path / "a")) == [
-        "dyntrain: error: --executor ray needs Ray: pip install 'dyntrain[ray]'"]
-    monkeypatch.delitem(sys.modules, "ray")
+    import ray  # noqa: F401  (imported for real first: the patch below hides it, then restores it)
+
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+        with pytest.raises(ExecutorError, match=r"pip install 'dyntrain\[ray\]'"):
+            import_ray()
+        assert server_error(capsys, "--executor", "ray", "--state-dir", str(tmp_path / "a")) == [
+            "dyntrain: error: --executor ray needs Ray: pip install 'dyntrain[ray]'"]
     with socket_nobody_listens() as address:
         lines = server_error(capsys, "--executor", "ray", "--ray-address", address,
                              "--state-dir", str(tmp_path / "b"))
