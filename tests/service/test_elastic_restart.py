@@ -101,3 +101,39 @@ def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
     theirs = torch.load(tmp_path / "static" / "final.pt", weights_only=True)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), "not bitwise equal"
+
+
+def test_a_coordinator_shows_nothing_to_a_client_without_the_jobs_secret(tmp_path):
+    """The port of an elastic job's coordinator is open (workers on other hosts reach it), but
+    every key lives under the attempt's secret: a stranger finds none, the job's workers (the
+    secret in their environment) read them, and a restarted service keeps the secret."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dyntrain.elastic import protocol as p
+    from dyntrain.service.elastic_host import SECRET_FILE, ElasticHost
+    from dyntrain.service.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    run = tmp_path / "run"
+    host = ElasticHost(store, "job", run, 1, 2, expected=1, attempt=3)
+    try:
+        port = int(host.address.rsplit(":", 1)[1])
+        stranger = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                 timeout=timedelta(seconds=10))
+        assert not stranger.check([p.JOB_INFO])
+        assert stranger.num_keys() >= 1  # the keys are there, under a prefix it cannot name
+        secret = json.loads((run / SECRET_FILE).read_text())
+        assert secret["job"] == "job/attempt-3" and len(secret["secret"]) == 32
+        assert (run / SECRET_FILE).stat().st_mode & 0o777 == 0o600
+        worker = dist.PrefixStore(secret["secret"], stranger)
+        assert json.loads(worker.get(p.JOB_INFO))["job"] == "job/attempt-3"
+    finally:
+        host.close()
+    again = ElasticHost(store, "job", run, 1, 2, expected=1, attempt=3, recovering=["job-a3-w0"])
+    try:
+        assert again.secret == secret["secret"]  # re-attaching workers still hold the key
+    finally:
+        again.close()
