@@ -45,9 +45,14 @@ def test_kill_the_sender_or_the_joiner_during_the_state_hand_over(tmp_path, stat
     # w0 trains alone; w1 joins at step 20 and w0 hands it the state (model, optimizer with the
     # ballast): the sender (then w1 has nothing and the job resumes from the newest
     # checkpoint) or the joiner (then w0 goes on alone) is SIGKILLed in the middle
+    # (32 MB of ballast and slower chunks: the hand-over and the new world's first step, the
+    # window the launcher must see, last a few of its ticks even on a loaded machine)
     out = tmp_path / "run"
     proc = run_cli(["run", "--workers", "1:2", "--nproc", "1", "--out", out,
-                    "--events", "step=20:join=1", "--chaos", f"0:1:{aim}", *LEDGER], check=True)
+                    "--events", "step=20:join=1", "--chaos", f"0:1:{aim}", LEDGER[0],
+                    "--step-delay", "0.01", "--ballast-mb", "32", "--checkpoint-every", "20"],
+                   check=True)
+    assert "chaos: 1 of 1 strikes made" in proc.stdout, proc.stdout[-3000:]
     [strike] = read_jsonl(out / "chaos.jsonl")
     assert (strike["action"], strike["aim"]) == ("kill", aim)
     assert strike["workers"] == (["w0"] if aim == "sender" else ["w1"]), proc.stdout

@@ -2,12 +2,12 @@
 
 The state dict (``state.capture_state``) is split into a small skeleton and its large tensors.
 The skeleton (structure, Python values, small tensors such as RNG states) is serialised and
-broadcast from the source member; the large tensors are concatenated into one flat buffer per
-(part of the state, dtype), and each buffer is broadcast as raw tensor data in pieces, the pieces
-spread over every member that holds the state (their model and optimizer tensors are bitwise
-identical, which is the runtime's invariant), so no single sender carries it all. A receiver
-rebuilds the dict with views into the buffers; loading it into the model and optimizer is then
-the only copy.
+broadcast from the source member; the large tensors are broadcast as raw tensor data in pieces,
+straight from the holders' tensors, the pieces spread over every member that holds the state
+(their model and optimizer tensors are bitwise identical, which is the runtime's invariant), so
+no single sender carries it all. A receiver gets them into one flat buffer per (part of the
+state, dtype) and rebuilds the dict with views into the buffers; loading it into the model and
+optimizer is then the only copy.
 """
 
 from __future__ import annotations
@@ -93,20 +93,22 @@ def broadcast_state(group: Group, state: dict | None, root: int, holders: Sequen
     piece = 0
     for name, sizes in skeleton["__flat_sizes__"].items():
         dtype = _dtype_of(name.rsplit("/", 1)[1])
-        total = sum(sizes)
         if holding:
-            flat = torch.cat([t.reshape(-1) for t in local[name]]).to(group.device)
+            # the tensors themselves, not a concatenated copy (which costs as much as the
+            # sending): a holder that does not send a piece receives the identical bytes
+            parts = [t.reshape(-1).to(group.device) for t in local[name]]
         else:
-            flat = torch.empty(total, dtype=dtype, device=group.device)
-        step = max(1, PIECE_BYTES // flat.element_size())
+            flats[name] = torch.empty(sum(sizes), dtype=dtype, device=group.device)
+            parts = list(flats[name].split(sizes))
+        step = max(1, PIECE_BYTES // torch.empty(0, dtype=dtype).element_size())
         works = []
-        for start in range(0, total, step):
-            part = flat[start : start + step]
-            works.append(group.broadcast_async(part, senders[piece % len(senders)]))
-            piece += 1
+        for part in parts:
+            for start in range(0, part.numel(), step):
+                works.append(group.broadcast_async(part[start : start + step],
+                                                   senders[piece % len(senders)]))
+                piece += 1
         for work in works:
             group.wait(work, should_abort)
-        flats[name] = flat
     if holding:
         return state
     return join_state(skeleton, flats)
