@@ -146,6 +146,7 @@ class WorkerProcess:
         if self._log is not None:
             try:
                 os.unlink(self._log)
+                os.rmdir(self._log_dir)  # the service's last worker on this node: no folder left
             except OSError:
                 pass
         import ray  # only ever called inside a Ray actor
