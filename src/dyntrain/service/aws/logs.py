@@ -73,7 +73,10 @@ def get_log_events(ctx: Context, p: dict) -> dict[str, Any]:
     else:
         forward, seq = bool(p.get("startFromHead")), 0
         args["newest"] = not forward
-    lines = ctx.service.store.attempt_log(s.job_id, s.attempt_no, **args)
+    # Under the lock the controller is between steps: a job DescribeJobs showed as ended has had
+    # its workers' last lines copied (the native logs route reads the same way).
+    with ctx.service.lock:
+        lines = ctx.service.store.attempt_log(s.job_id, s.attempt_no, **args)
     if lines:
         after, before = lines[-1].seq, lines[0].seq
     elif token:
@@ -136,9 +139,10 @@ def filter_log_events(ctx: Context, p: dict) -> dict[str, Any]:
     start, end = _times(p)
     limit = _limit(p, MAX_EVENTS)
     offset = page_offset(p.get("nextToken"), invalid_parameter)
-    found = ctx.service.store.search_logs(
-        None if not (names or prefix) else list(by_key), start_at=start, end_at=end,
-        terms=terms, offset=offset, limit=limit + 1)
+    with ctx.service.lock:  # as GetLogEvents: an ended job's last lines are in the store
+        found = ctx.service.store.search_logs(
+            None if not (names or prefix) else list(by_key), start_at=start, end_at=end,
+            terms=terms, offset=offset, limit=limit + 1)
     events = []
     for job_id, line in found[:limit]:
         s = by_key[(job_id, line.attempt_no)]  # every stream with lines is in by_key
