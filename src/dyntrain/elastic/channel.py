@@ -116,8 +116,10 @@ class WorkerChannel:
         self._watched: int | None = None
         self._ctl: tuple[int, str, float] = (-1, p.CTL_RUN, 0.0)  # generation, value, when read
         threading.Thread(target=self._send_loop, daemon=True, name="dyntrain-sender").start()
-        threading.Thread(target=self._watch_loop, args=(heartbeat_interval, watch_interval),
-                         daemon=True, name="dyntrain-watcher").start()
+        self._watcher = threading.Thread(target=self._watch_loop, daemon=True,
+                                         args=(heartbeat_interval, watch_interval),
+                                         name="dyntrain-watcher")
+        self._watcher.start()
 
     def _connect(self, address: str, timeout: float) -> None:
         # Each thread gets its own connection; group creation blocks on keys in another thread.
@@ -276,8 +278,13 @@ class WorkerChannel:
     # ---- API ----------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Deliver what is queued and end the watcher. The watcher polls the store all the time
+        and must be gone before the process exits: a thread inside a store call when the
+        interpreter finalises makes the process abort (``terminate called without an active
+        exception``). The sender stays for ``report``; once flushed it waits in Python."""
         self.flush(timeout=max(10.0, self.reattach_seconds))
         self._stop.set()
+        self._watcher.join(self.connect_timeout)  # a store call gives up within its timeout
 
     def send(self, kind: str, **fields) -> None:
         """Queue a message for this worker's inbox (in order; see ``flush``)."""
