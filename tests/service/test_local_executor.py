@@ -388,6 +388,30 @@ def test_start_many_starts_what_it_can_and_says_why_not_for_the_rest(executor, t
     assert all(e.exit_code == 0 for e in exits.values())
 
 
+def test_sent_starts_are_handed_over_once_before_their_exits_and_signals_wait(executor,
+                                                                             tmp_path):
+    # send_starts does not wait for the children to exec: until started() hands a worker over,
+    # poll() keeps its exit back, and a signal waits for its pid (never killpg(0)).
+    quick = WorkerSpec(**{**make_spec(tmp_path, "j18-a1-w0", "").__dict__, "argv": ["/bin/true"]})
+    missing = WorkerSpec(**{**quick.__dict__, "worker_id": "j18-a1-w1",
+                            "argv": ["/nonexistent/cmd"]})
+    long = make_spec(tmp_path, "j18-a1-w2", LONG)
+    executor.send_starts([quick, missing, long])
+    executor.signal(long.worker_id, "TERM")
+    wait_for(executor.status_path(quick.worker_id).exists, "the quick worker's exit recorded")
+    assert executor.poll() == []
+    executor.wait(60)  # an answer is there: returns at once
+    results: dict = {}
+    wait_for(lambda: results.update(executor.started()) or len(results) == 3, "the answers")
+    assert isinstance(results[quick.worker_id], WorkerHandle)
+    assert isinstance(results[missing.worker_id], StartError)
+    assert results[long.worker_id].ref.partition(":")[0] != "0"
+    assert executor.started() == {}
+    exits = collect(executor, quick.worker_id, long.worker_id)
+    assert exits[quick.worker_id].exit_code == 0
+    assert exits[long.worker_id].signal == 15  # the TERM sent while it was pending
+
+
 def test_wait_returns_at_once_for_an_exit_read_while_starting_another(executor, tmp_path):
     # The exit of the first worker reaches the service while it waits for the second's start
     # answer: wait() must hand it over now, not sleep on a pipe with nothing more to come.

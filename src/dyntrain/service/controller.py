@@ -3,7 +3,9 @@
 ``Controller.step()`` runs one iteration and is what tests drive; ``run()`` loops it. Each step:
 
 1. learns about new jobs (``JobIndex``: read after a watermark, a bounded number per step);
-2. reaps worker exits from the executor and settles the attempts they end;
+2. records the handles of the workers whose starts the executor answered since (starts are
+   sent without waiting for the children to exec), reaps worker exits from the executor and
+   settles the attempts they end;
 3. ticks the coordinator of every running elastic job (the service hosts them);
 4. when something changed (or every ``schedule_every``): moves waiting jobs whose dependencies
    changed, array parents whose children changed, and asks the pure scheduler for a plan over the
@@ -71,6 +73,8 @@ class Controller(Recovery, Launching, Settling):
         self._logs: dict[str, LogTail] = {}  # worker -> the part of its log not yet stored
         self._owner: dict[str, str] = {}  # worker -> the job whose attempt it belongs to
         self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
+        self._launching: dict[str, Attempt] = {}  # job -> attempt whose starts were sent
+        self._answers: dict = {}  # worker id -> its start's handle or error, not recorded yet
         # called with each scheduling pass's duration in seconds (the dashboard's /metrics)
         self.pass_observers: list[Callable[[float], None]] = []
         self._parent_exports: dict[str, dict[str, str]] = {}  # array parent -> its exports
@@ -93,7 +97,12 @@ class Controller(Recovery, Launching, Settling):
         now = self.clock()
         if self.index.refresh(self.config.new_jobs_per_step):
             self._changed = True
-        exits, self._early_exits = self._early_exits + self.executor.poll(), []
+        self._record_launches()
+        exits = self._early_exits + self.executor.poll()
+        # exits of workers whose attempt is not recorded yet (a multi-node one half answered)
+        launching = {wid for a in self._launching.values() for wid in a.workers}
+        self._early_exits = [e for e in exits if e.worker_id in launching]
+        exits = [e for e in exits if e.worker_id not in launching]
         self._settle(exits, now)
         if self._changed or now - self._last_schedule >= self.config.schedule_every:
             self._last_schedule, self._changed = now, False

@@ -1,4 +1,4 @@
-"""How the controller starts workers: claimed first, started together, recorded after."""
+"""How the controller starts workers: claimed first, sent together, recorded once answered."""
 
 from __future__ import annotations
 
@@ -27,10 +27,11 @@ class Launching:
     """Starting attempts and growing them (mixed into ``Controller``)."""
 
     def _start_many(self, starts) -> None:
-        """Claim a pass's starts in one transaction, start their workers, record the handles.
+        """Claim a pass's starts in one transaction, send their workers' starts, and record
+        the handles of those already answered (the rest at the next step's start).
 
-        Claims are committed before any worker starts and handles are written after all of
-        them started: a service that dies in between finds those workers again by their ids.
+        Claims are committed before any worker starts and handles are written once the executor
+        has them: a service that dies in between finds those workers again by their ids.
         """
         jobs = self.store.get_jobs([s.job for s in starts])
         numbers = self.store.last_attempt_numbers(list(jobs))
@@ -67,7 +68,29 @@ class Launching:
                     expected=len(attempt.workers), failure_timeout=self.config.failure_timeout,
                     attempt=attempt.number, host=self.executor.coordinator_host)
             started.append(attempt)
-        launched = self._launch(started)
+        self._send(started)
+        self._record_launches()
+
+    def _send(self, attempts: list[Attempt]) -> None:
+        """Send the starts of the (claimed and committed) attempts' workers without waiting
+        for them: ``_record_launches`` records the handles once the executor has them."""
+        specs = self._specs(attempts)
+        for attempt in attempts:
+            self._launching[attempt.job_id] = attempt
+        self.executor.send_starts(specs)
+
+    def _record_launches(self) -> None:
+        """Record the handles of the attempts whose every start was answered, in one
+        transaction; a failed start ends its attempt. A service that dies before this finds
+        those workers again by their ids (``Recovery``)."""
+        self._answers.update(self.executor.started())
+        ready = [a for a in self._launching.values()
+                 if all(wid in self._answers for wid, w in a.workers.items() if w.handle is None)]
+        if not ready:
+            return
+        for attempt in ready:
+            del self._launching[attempt.job_id]
+        launched = self._results(ready, self._answers)
         handles, never, running = {}, [], {}
         for job_id, (started_handles, error) in launched.items():
             attempt = self.attempts[job_id]
@@ -117,30 +140,41 @@ class Launching:
         attempt.workers.update((r.id, r) for r in records)
         return records
 
+    def _specs(self, attempts: list[Attempt]) -> list[WorkerSpec]:
+        """What starts the attempts' (already recorded) workers that have no handle yet."""
+        return [WorkerSpec(job.id, attempt.number, record.id, list(job.command),
+                           self._worker_env(job, attempt, record), job.resources, job.workdir,
+                           str(self._log_path(job.id, record.id)), record.compute_environment)
+                for attempt in attempts if (job := attempt.job)
+                for record in attempt.workers.values() if record.handle is None]
+
     def _launch(self, attempts: list[Attempt]
                 ) -> dict[str, tuple[dict[str, WorkerHandle], ExecutorError | None]]:
-        """Start the attempts' (already recorded) workers that have no handle yet, all in one
-        call to the executor and without database writes. Returns, per job, the handles of
-        those started and the first error of those that did not."""
-        specs, owners = [], []
-        for attempt in attempts:
-            job = attempt.job
-            for record in attempt.workers.values():
-                if record.handle is None:
-                    specs.append(WorkerSpec(
-                        job.id, attempt.number, record.id, list(job.command),
-                        self._worker_env(job, attempt, record), job.resources, job.workdir,
-                        str(self._log_path(job.id, record.id)), record.compute_environment))
-                    owners.append(attempt)
-        out = {a.job_id: ({}, None) for a in attempts}
+        """Start the attempts' workers that have no handle yet, all in one call to the
+        executor and without database writes, and wait for them (``_results``)."""
+        specs = self._specs(attempts)
         results = self.executor.start_many(specs)
-        for spec, attempt, result in zip(specs, owners, results, strict=True):
-            handles, error = out[attempt.job_id]
-            if isinstance(result, ExecutorError):
-                out[attempt.job_id] = (handles, error or result)
-                continue
-            handles[spec.worker_id] = result
-            self._logs[spec.worker_id] = LogTail(Path(spec.log_path), spec.job_id, spec.attempt)
+        return self._results(attempts, dict(zip((s.worker_id for s in specs), results,
+                                                strict=True)))
+
+    def _results(self, attempts: list[Attempt], results: dict
+                 ) -> dict[str, tuple[dict[str, WorkerHandle], ExecutorError | None]]:
+        """Per job, the handles of its workers that started and the first error of those that
+        did not, taken out of ``results`` (worker id -> handle or error)."""
+        out = {}
+        for attempt in attempts:
+            handles, error = {}, None
+            for wid, record in attempt.workers.items():
+                if record.handle is not None:
+                    continue
+                result = results.pop(wid)
+                if isinstance(result, ExecutorError):
+                    error = error or result
+                    continue
+                handles[wid] = result
+                self._logs[wid] = LogTail(Path(str(self._log_path(attempt.job_id, wid))),
+                                          attempt.job_id, attempt.number)
+            out[attempt.job_id] = (handles, error)
         return out
 
     def _drop_unstarted(self, attempt: Attempt) -> list[str]:

@@ -157,6 +157,18 @@ class Executor(ABC):
                 out.append(e)
         return out
 
+    def send_starts(self, specs: list[WorkerSpec]) -> None:
+        """Start several workers without waiting for them to run; ``started()`` hands over each
+        one's handle or error once known. This default starts them at once (``start_many``)."""
+        sent = self.__dict__.setdefault("_sent", {})
+        sent.update(zip((s.worker_id for s in specs), self.start_many(specs), strict=True))
+
+    def started(self) -> dict[str, WorkerHandle | ExecutorError]:
+        """Worker id -> handle or error of the workers sent by ``send_starts`` whose start is
+        known by now (each handed over once). Until then, ``poll()`` reports none of their
+        exits and ``signal()`` is applied once they run."""
+        return self.__dict__.pop("_sent", {})
+
     @abstractmethod
     def signal(self, worker_id: str, sig: str) -> None:
         """Send ``"TERM"`` or ``"KILL"`` to all processes of the worker. No-op once it ended."""

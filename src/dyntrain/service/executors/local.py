@@ -49,7 +49,7 @@ from dyntrain.service.executors.base import (
     make_resources,
 )
 from dyntrain.service.executors.runnable import start_problem
-from dyntrain.service.executors.supervisor import SupervisorGone, SupervisorLink
+from dyntrain.service.executors.supervisor import GONE, SupervisorLink
 from dyntrain.service.executors.warm import eligible
 from dyntrain.service.model import Resources
 
@@ -116,6 +116,9 @@ class _Worker:
     supervised: bool  # by this executor's supervisor, which reports its exit
     exit: WorkerExit | None = None  # set when known to be over but not reported yet
     holds: bool = True  # counts against capacity until reported
+    pending: bool = False  # sent to the supervisor, not answered yet (pid unknown)
+    link: SupervisorLink | None = None  # the supervisor that will answer, while pending
+    deferred: str | None = None  # a signal sent while pending, delivered once it runs
 
 
 class LocalExecutor(Executor):
@@ -148,6 +151,7 @@ class LocalExecutor(Executor):
         self._dir = Path(state_dir) / "workers"
         self._dir.mkdir(parents=True, exist_ok=True)
         self._workers: dict[str, _Worker] = {}
+        self._refused: dict[str, ExecutorError] = {}  # sent by send_starts, refused at once
         self._lock = threading.RLock()
         self._closed = False
         self._link: SupervisorLink | None = None
@@ -192,55 +196,85 @@ class LocalExecutor(Executor):
         """Start several workers with one exchange with the supervisor (the requests travel
         together, the answers come back together)."""
         with self._lock:
-            self._check_open()
-            out: list[WorkerHandle | ExecutorError] = []
-            requests: dict[str, tuple[WorkerSpec, tuple[int, ...], dict]] = {}
-            for spec in specs:
-                try:
-                    gpus, request = self._request(spec, {s.worker_id for s, _, _ in
-                                                         requests.values()})
-                except ExecutorError as e:
-                    out.append(e)
-                    continue
-                requests[spec.worker_id] = (spec, gpus, request)
-                out.append(None)  # filled in below
-                # held at once, so that the next spec's accounting sees it
-                self._workers[spec.worker_id] = _Worker(spec, WorkerHandle(
-                    spec.worker_id, self.name, "", gpus), 0, 0, supervised=True)
-            answers, gone = {}, None
-            try:
-                if requests:
-                    answers = self._supervisor().request([r for _, _, r in requests.values()])
-            except SupervisorGone as e:
-                gone = ExecutorError(f"cannot start: {e}")
-            results = iter(out)
-            final = []
-            for spec in specs:
-                result = next(results)
-                if result is not None:
-                    final.append(result)
-                    continue
-                wid = spec.worker_id
-                del self._workers[wid]
-                answer = answers.get(wid)
-                if answer is None:
-                    final.append(gone)
-                elif answer["op"] == "failed":
-                    final.append(StartError(f"cannot start {spec.argv[0]!r}: {answer['error']}"))
-                else:
-                    handle = WorkerHandle(wid, self.name,
-                                          f"{answer['pid']}:{answer['start_time']}",
-                                          requests[wid][1])
-                    self._workers[wid] = _Worker(spec, handle, answer["pid"],
-                                                 answer["start_time"], supervised=True)
-                    final.append(handle)
-            return final
+            out = self._send(specs)
+            sent = [s.worker_id for s, e in zip(specs, out, strict=True) if e is None]
+            links = {id(w.link): w.link for i in sent if (w := self._workers[i]).link}
+            for link in links.values():
+                while link.open and not all(i in link.answers for i in sent
+                                            if self._workers[i].link is link):
+                    link.drain(timeout=5.0)
+            done = self._collect(sent)
+            return [e if e is not None else done[s.worker_id]
+                    for s, e in zip(specs, out, strict=True)]
 
-    def _request(self, spec: WorkerSpec, pending: set[str]) -> tuple[tuple[int, ...], dict]:
+    def send_starts(self, specs: list[WorkerSpec]) -> None:
+        """Send the starts to the supervisor without waiting for the children to exec (1-5 ms
+        each on a loaded machine); ``started()`` hands over the answers."""
+        with self._lock:
+            for spec, error in zip(specs, self._send(specs), strict=True):
+                if error is not None:
+                    self._refused[spec.worker_id] = error
+
+    def started(self) -> dict[str, WorkerHandle | ExecutorError]:
+        with self._lock:
+            self._take_exits()
+            out, self._refused = self._refused, {}
+            out.update(self._collect([i for i, w in self._workers.items() if w.pending]))
+            return out
+
+    def _send(self, specs: list[WorkerSpec]) -> list[ExecutorError | None]:
+        """Send the requests of ``specs`` that fit and can run (held at once, pending until
+        answered); for each spec, the error that kept it back, or None."""
+        self._check_open()
+        out: list[ExecutorError | None] = []
+        requests = []
+        for spec in specs:
+            try:
+                gpus, request = self._request(spec)
+            except ExecutorError as e:
+                out.append(e)
+                continue
+            out.append(None)
+            requests.append(request)
+            # held at once, so that the next spec's accounting sees it
+            self._workers[spec.worker_id] = _Worker(spec, WorkerHandle(
+                spec.worker_id, self.name, "", gpus), 0, 0, supervised=True, pending=True)
+        if requests:
+            link = self._supervisor()
+            link.send(requests)
+            for request in requests:
+                self._workers[request["id"]].link = link
+        return out
+
+    def _collect(self, ids: list[str]) -> dict[str, WorkerHandle | ExecutorError]:
+        """The answers that arrived for the pending workers ``ids``: handle or error."""
+        out: dict[str, WorkerHandle | ExecutorError] = {}
+        for wid in ids:
+            w = self._workers[wid]
+            link = w.link
+            answer = link.answers.pop(wid, None)
+            if answer is None:
+                if not link.open:
+                    del self._workers[wid]
+                    out[wid] = ExecutorError(f"cannot start: {GONE}")
+                continue
+            if answer["op"] == "failed":
+                del self._workers[wid]
+                out[wid] = StartError(f"cannot start {w.spec.argv[0]!r}: {answer['error']}")
+                continue
+            w.pid, w.start_time = answer["pid"], answer["start_time"]
+            w.handle = WorkerHandle(wid, self.name, f"{w.pid}:{w.start_time}", w.handle.gpus)
+            w.pending, w.link, w.supervised = False, None, link.open
+            if w.deferred is not None and w.exit is None:
+                _killpg(w.pid, getattr(_signal, f"SIG{w.deferred}"))
+            out[wid] = w.handle
+        return out
+
+    def _request(self, spec: WorkerSpec) -> tuple[tuple[int, ...], dict]:
         """Check that ``spec`` fits and can run; the supervisor's request that starts it."""
         wid = spec.worker_id
         check_worker_id(wid)
-        if wid in self._workers or wid in pending:
+        if wid in self._workers:
             raise ExecutorError(f"worker {wid} already exists")
         need, free = spec.resources, self.free()
         if not (need.cpus <= free.cpus + _EPS and need.gpus <= free.gpus
@@ -286,7 +320,7 @@ class LocalExecutor(Executor):
     def _orphan_supervised(self) -> None:
         """The supervisor is gone: watch its workers by pid, like adopted ones."""
         for w in self._workers.values():
-            w.supervised = False
+            w.supervised = w.pending  # a pending one learns from its answer (or its absence)
 
     def _running(self, w: _Worker) -> bool:
         if w.exit is not None:
@@ -318,23 +352,35 @@ class LocalExecutor(Executor):
             self._take_exits()
             out = []
             for wid, w in list(self._workers.items()):
-                if w.exit is None and self._running(w):
-                    continue
+                if w.pending or (w.exit is None and self._running(w)):
+                    continue  # a pending one's exit waits until started() hands it over
                 out.append(w.exit or self._finish(w))
                 del self._workers[wid]
             return out
 
     def wait(self, timeout: float) -> None:
-        with self._lock:
-            self._take_exits()  # exits read while waiting for start answers are not in the pipe
-            if any(w.exit for w in self._workers.values()):
+        """Until an exit can be polled or, while starts are pending, until all of them are
+        answered (so that the next step takes the batch together), at most ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                self._take_exits()  # exits read while waiting for start answers are not in the pipe
+                pending = [w for w in self._workers.values() if w.pending]
+                if pending:
+                    if all(w.spec.worker_id in w.link.answers or not w.link.open
+                           for w in pending):
+                        return
+                elif any(w.exit for w in self._workers.values()):
+                    return
+                link = self._link
+                watch = link is not None and link.open
+            left = deadline - time.monotonic()
+            if left <= 0:
                 return
-            link = self._link
-            watch = link is not None and link.open
-        if watch:
-            select.select([link.fd], [], [], timeout)
-        else:
-            time.sleep(timeout)
+            if not watch:
+                time.sleep(left)
+                return
+            select.select([link.fd], [], [], left)
 
     def alive(self, worker_id: str) -> bool:
         with self._lock:
@@ -351,6 +397,9 @@ class LocalExecutor(Executor):
                 raise ExecutorError(f"unknown worker {worker_id} (never started, or its exit "
                                     "was reported already)")
             self._take_exits()
+            if w.pending:
+                w.deferred = sig  # no pid yet: sent once its start is answered
+                return
             if not self._running(w):
                 return  # over; its pid may belong to someone else by now
             try:

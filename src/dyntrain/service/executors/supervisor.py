@@ -295,6 +295,9 @@ class SupervisorGone(Exception):
     """The supervisor process exited (or was killed) while a request waited for its answer."""
 
 
+GONE = "the worker supervisor is gone (see supervisor.log in the executor's state dir)"
+
+
 class SupervisorLink:
     """This executor's end of its supervisor process: requests out, answers and exits in."""
 
@@ -312,25 +315,27 @@ class SupervisorLink:
         os.set_blocking(self.fd, False)
         self._buffer = b""
         self.exits: list[dict] = []  # exit events not yet taken
+        self.answers: dict[str, dict] = {}  # worker id -> its start's answer, not yet taken
         self.open = True  # False once it is gone (EOF)
 
-    def request(self, records: list[dict]) -> dict[str, dict]:
-        """Send requests all at once and wait for their answers (by id); exit events read
-        meanwhile are kept."""
+    def send(self, records: list[dict]) -> None:
+        """Send requests all at once; their answers arrive in ``answers`` (by id)."""
         try:
             self.proc.stdin.write(b"".join(json.dumps(r).encode() + b"\n" for r in records))
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             self.open = False
-        answers: dict[str, dict] = {}
-        while self.open and len(answers) < len(records):
-            for event in self._read(timeout=5.0):
-                if event["op"] in ("started", "failed"):
-                    answers[event["id"]] = event
-        if len(answers) < len(records):
-            raise SupervisorGone("the worker supervisor is gone (see supervisor.log in the "
-                                 "executor's state dir)")
-        return answers
+
+    def request(self, records: list[dict]) -> dict[str, dict]:
+        """Send requests all at once and wait for their answers (by id); exit events read
+        meanwhile are kept."""
+        self.send(records)
+        ids = [r["id"] for r in records]
+        while self.open and not all(i in self.answers for i in ids):
+            self._read(timeout=5.0)
+        if not all(i in self.answers for i in ids):
+            raise SupervisorGone(GONE)
+        return {i: self.answers.pop(i) for i in ids}
 
     def drain(self, timeout: float = 0.0) -> None:
         """Take the exit events that arrived, waiting up to ``timeout`` for the first."""
@@ -352,6 +357,7 @@ class SupervisorLink:
         *lines, self._buffer = self._buffer.split(b"\n")
         events = [json.loads(line) for line in lines if line.strip()]
         self.exits += [e for e in events if e["op"] == "exit"]
+        self.answers.update((e["id"], e) for e in events if e["op"] in ("started", "failed"))
         return events
 
     def close(self) -> None:
