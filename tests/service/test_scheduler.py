@@ -125,6 +125,17 @@ def test_waiting_positions_and_shared_reason_behind_a_blocked_head():
     assert dict(plan.waiting) == {k: plan.waiting[k] for k in ("j2", "j3", "j4", "j5")}
 
 
+def test_waiting_of_a_job_by_its_place_matches_the_id_lookup():
+    # of() binary-searches the tails (what the API uses); it must agree with plan.waiting[id]
+    jobs = [queued(f"j{i:03d}", "q", i // 3) for i in range(60)]  # ties in created go by id
+    jobs[40] = queued("j040", "q", 40 // 3, resources=Resources(cpus=64))
+    plan = plan_of([env("e", 2)], [queue("q", 1, "e")], jobs)
+    for job in jobs:
+        assert plan.waiting.of(job.id, job.created) == plan.waiting.get(job.id)
+    assert plan.waiting.of("j000", 0) is None and plan.waiting.of("j005", 1).position == 4
+    assert plan.waiting.of("nope", 1.0) is None
+
+
 def test_disabled_queue_starts_nothing_and_its_running_jobs_do_not_grow():
     jobs = [queued("a", "q", 1), queued("b", "q", 2),
             running("r", "q", 0, {"e": 1}, 1, 4)]

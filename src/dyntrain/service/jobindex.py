@@ -15,13 +15,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 
 from dyntrain.service import lifecycle
 from dyntrain.service.lifecycle import Transition
 from dyntrain.service.model import DependencyType, JobStatus
-from dyntrain.service.scheduler import JobView
+from dyntrain.service.scheduler import JobView, WaitInfo, WaitingJobs
 from dyntrain.service.store import Job, JobEntry, Store
 
 WAITING = (JobStatus.SUBMITTED, JobStatus.PENDING)
@@ -31,8 +31,21 @@ _FIFO = attrgetter("created", "id")
 def job_view(e: JobEntry | Job) -> JobView:
     """The scheduler's view of a RUNNABLE job; array children keep their index order."""
     lo, hi = e.workers_range
-    return JobView(e.id, e.queue, e.created_at + (e.array_index or 0) * 1e-7, e.resources,
+    return JobView(e.id, e.queue, _created(e), e.resources,
                    lo, hi, JobStatus.RUNNABLE, {}, preemptible=e.min_workers is not None)
+
+
+def _created(e: JobEntry | Job) -> float:
+    return e.created_at + (e.array_index or 0) * 1e-7
+
+
+def wait_info(waiting: Mapping[str, WaitInfo], job: Job) -> WaitInfo | None:
+    """Why ``job`` waits, as of the pass that made ``waiting`` (None if it does not)."""
+    if job.status is not JobStatus.RUNNABLE:
+        return None
+    if isinstance(waiting, WaitingJobs):
+        return waiting.of(job.id, _created(job))
+    return waiting.get(job.id)
 
 
 class _Children(Sequence):

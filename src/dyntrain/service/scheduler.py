@@ -52,6 +52,7 @@ explicit sort key, so the same snapshot always gives the same plan.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -271,6 +272,20 @@ class WaitingJobs(Mapping[str, WaitInfo]):
                            for i in range(tail.start, len(tail.jobs))}
         tail, index = self._where[job_id]
         return tail.info(index)
+
+    def of(self, job_id: str, created: float) -> WaitInfo | None:
+        """``get(job_id)`` for a job whose ``JobView.created`` is ``created``: a binary search
+        of each tail instead of the id map, which a request would build for every new plan
+        (10 ms of a loaded machine with 10,000 queued, under the GIL the controller needs)."""
+        info = self._single.get(job_id)
+        if info is not None:
+            return info
+        key = (created, job_id)
+        for tail in self._tails:
+            i = bisect.bisect_left(tail.jobs, key, lo=tail.start, key=_FIFO)
+            if i < len(tail.jobs) and tail.jobs[i].id == job_id:
+                return tail.info(i)
+        return None
 
     def __iter__(self) -> Iterator[str]:
         yield from self._single

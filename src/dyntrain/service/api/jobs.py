@@ -11,6 +11,7 @@ from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import JobIn
 from dyntrain.service.cost import JobCost, UsageRow, job_cost
+from dyntrain.service.jobindex import wait_info
 from dyntrain.service.model import (
     MAX_ARRAY_SIZE,
     CapacityType,
@@ -73,14 +74,14 @@ def list_jobs(service: ServiceDep,
                                    parent=parent,
                                    top_level=parent is None, limit=limit, offset=offset)
     waiting = _waiting(service)
-    return [views.job(j, waiting.get(j.id)) for j in jobs]
+    return [views.job(j, wait_info(waiting, j)) for j in jobs]
 
 
 @router.get("/{job_id}", summary="Describe a job: why it waits, its workers, its children",
             responses=errors(404, 422))
 def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
     job = _job(service, job_id)
-    out = views.job(job, _waiting(service).get(job_id))
+    out = views.job(job, wait_info(_waiting(service), job))
     out["workers"] = [views.worker(w) for w in service.store.list_workers(job_id, active=True)]
     out["exported_environment"] = service.store.exported_environment(job)
     if job.is_array_parent:

@@ -15,6 +15,7 @@ from urllib.parse import urlencode
 from dyntrain.service.api import views
 from dyntrain.service.api.compute import environment_views
 from dyntrain.service.api.jobs import cost_of
+from dyntrain.service.jobindex import wait_info
 from dyntrain.service.model import JobStatus, ValidationError
 from dyntrain.service.server import Service
 from dyntrain.service.store import Job
@@ -90,7 +91,8 @@ def overview(service: Service, filters: JobFilters) -> dict[str, Any]:
     return {
         "environments": environments(service),
         "queues": queues(service, counts),
-        "jobs": [dict(views.job(j, waiting.get(j.id)), array=arrays.get(j.id)) for j in jobs],
+        "jobs": [dict(views.job(j, wait_info(waiting, j)), array=arrays.get(j.id))
+                 for j in jobs],
         "jobs_total": total,
         "filters": filters,
         "pages": max(1, -(-total // JOBS_PER_PAGE)),
@@ -179,7 +181,7 @@ def run_dir(service: Service, job_id: str) -> Path:
 def job_page(service: Service, job: Job, child_status: str = "", child_page: int = 0
              ) -> dict[str, Any]:
     waiting = _waiting(service)
-    view = views.job(job, waiting.get(job.id))
+    view = views.job(job, wait_info(waiting, job))
     workers = [views.worker(w) for w in service.store.list_workers(job.id, active=False)]
     attempts = service.store.list_attempts(job.id)
     out: dict[str, Any] = {
