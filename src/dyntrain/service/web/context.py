@@ -202,7 +202,7 @@ def job_page(service: Service, job: Job, child_status: str = "", child_page: int
             offset=child_page * CHILDREN_PER_PAGE)
         out["array"] = {
             "size": job.array_size, "counts": _array_counts(service, [job])[job.id],
-            "children": [views.job(c, waiting.get(c.id)) for c in children],
+            "children": [views.job(c, wait_info(waiting, c)) for c in children],
             "total": total, "status": child_status, "page": child_page,
             "pages": max(1, -(-total // CHILDREN_PER_PAGE)),
         }
