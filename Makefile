@@ -56,8 +56,12 @@ browser:
 		&& apt-get install -y -qq chromium >/dev/null; }; }; } \
 		|| echo "chromium could not be installed: the browser tests will skip"
 
+# Two test processes (pytest-xdist), each taking whole files (module-scoped servers and clusters
+# start once): most end-to-end tests wait on other processes, so two keep the 2 cores busy.
+TEST_PROCS ?= 2
+
 test: $(STAMP) browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples tools
