@@ -13,7 +13,7 @@ Throughput is measured the same way for both: wall time on the leader (rank 0) b
 step k and the end of the last step, k = the first ``--warmup-frac`` of the steps, giving
 (steps after k) * global batch / time. The systems are interleaved within each round (the order
 flips every round) and the rounds repeated because the machine is shared and noisy; the ratio
-dyntrain/DDP is taken within each round and its median reported. Goal: ratio >= 0.95 for the
+dyntrain/DDP is taken within each round and its median reported. Goal: ratio >= 0.98 for the
 like-for-like case.
 
 Because other load on the machine can swing a single run by 2x, three checks come with it: the
@@ -56,7 +56,7 @@ from dyntrain.lab.throughput import cpu_accounts, other_load
 
 BENCH = Path(__file__).resolve().parent
 DYN_WORKER = BENCH / "overhead_worker.py"
-GOAL = 0.95
+GOAL = 0.98  # issue 11: >= 98% of DDP's samples/s at the same world size and global batch
 QUIET = 0.5  # cores' worth of other load below which a run counts as undisturbed
 
 
