@@ -320,14 +320,20 @@ def test_listing_pages_filters_cancel_and_terminate(batch):
         batch.terminate_job(jobId=job_id, reason="cleanup")
 
 
-def test_multinode_job_sets_the_node_variables(batch, logs):
+def test_multinode_job_sets_the_node_variables(batch, logs, tmp_path):
+    # the main node's exit ends the others: it waits (bounded) until both have printed, as a
+    # loaded machine may start them later than it
     batch.register_job_definition(
         jobDefinitionName="mnp", type="multinode", nodeProperties={
             "numNodes": 3, "mainNode": 0, "nodeRangeProperties": [{
                 "targetNodes": "0:", "container": {"image": "x", "command": [
                     "sh", "-c", "echo node $AWS_BATCH_JOB_NODE_INDEX of "
                     "$AWS_BATCH_JOB_NUM_NODES main $AWS_BATCH_JOB_MAIN_NODE_INDEX at "
-                    "$AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS"]}}]})
+                    "$AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS; "
+                    f"touch {tmp_path}/up-$AWS_BATCH_JOB_NODE_INDEX; "
+                    "n=0; while [ $AWS_BATCH_JOB_NODE_INDEX = 0 ] && [ $n -lt 2400 ] && "
+                    f"[ $(ls {tmp_path} | wc -l) -lt $AWS_BATCH_JOB_NUM_NODES ]; "
+                    "do sleep 0.05; n=$((n+1)); done"]}}]})
     job_id = batch.submit_job(jobName="mnp", jobQueue="default", jobDefinition="mnp",
                               nodeOverrides={"numNodes": 2})["jobId"]
     job = wait_for(batch, job_id)

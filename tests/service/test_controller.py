@@ -433,12 +433,20 @@ def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path
 
 def test_a_multinode_job_starts_its_nodes_together_and_ends_with_its_main_node(tmp_path):
     store, c = spot_setup(tmp_path, slots=3, grace=5.0)
-    node = ("import os, sys, time\n"
+    # the main node exits once the others have printed (a loaded machine starts them slowly,
+    # and the main node's exit ends them whether or not they got that far)
+    node = ("import os, pathlib, sys, time\n"
             "i = int(os.environ['AWS_BATCH_JOB_NODE_INDEX'])\n"
             "print('node', i, 'of', os.environ['AWS_BATCH_JOB_NUM_NODES'], 'main',"
             " os.environ['AWS_BATCH_JOB_MAIN_NODE_INDEX'], flush=True)\n"
+            "here = pathlib.Path(sys.argv[1])\n"
+            "(here / f'up-{i}').touch()\n"
+            "end = time.time() + 120\n"
+            "while not i and len(list(here.glob('up-*'))) < 3 and time.time() < end:\n"
+            "    time.sleep(0.05)\n"
             "time.sleep(60) if i else sys.exit(5)\n")
-    job = store.submit(queue="q", command=[PY, "-c", node], resources=SMALL, num_nodes=3)
+    job = store.submit(queue="q", command=[PY, "-c", node, str(tmp_path)], resources=SMALL,
+                       num_nodes=3)
     drive(c, terminal(store, job.id), timeout=60)
     job = store.get_job(job.id)
     assert (job.status, job.exit_code, job.attempts) == (JobStatus.FAILED, 5, 1)  # node 0's
