@@ -47,21 +47,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, machine_info, maximum, median, write_result  # noqa: E402
+from _common import wait_until as wait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "service_restart.json"
 DIGITS = [sys.executable, "-m", "dyntrain.workloads.digits", "--checkpoint-every", "20"]
 MODES = {"reattach": "300", "checkpoint": "0"}
-
-
-def wait(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def rows(path: Path) -> list[dict]:

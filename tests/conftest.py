@@ -17,6 +17,20 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 DYNTRAIN = [sys.executable, "-m", "dyntrain.cli.main"]
 
 
+def wait_for(condition, what: str, timeout: float = 120.0, poll: float = 0.02):
+    """Poll ``condition`` until it returns something true and return that; fail naming ``what``
+    after ``timeout`` seconds (generous: a loaded 2-core machine is slow, a quiet one returns at
+    once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(poll)
+
+
 def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([*DYNTRAIN, *map(str, args)], capture_output=True, text=True,

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import wait_for
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import CoordinatorGone, WorkerChannel
 from dyntrain.elastic.config import TrainConfig
@@ -110,16 +111,6 @@ def serve(tmp_path, job: str, port: int = 0) -> dist.TCPStore:
                            timeout=timedelta(seconds=10))
     server.set(p.JOB_INFO, json.dumps({"out_dir": str(tmp_path), "job": job}))
     return server
-
-
-def wait_for(condition, timeout: float = 30.0, what: str = "a condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def inbox(store: dist.Store, worker: str) -> list[p.Message]:

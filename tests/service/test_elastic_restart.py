@@ -16,11 +16,11 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
 
+from conftest import wait_for
 from dyntrain.service.client import Client
 
 from .test_cli_service import PY, ROOT, _env, start_server, stop_server
@@ -28,16 +28,6 @@ from .test_cli_service import PY, ROOT, _env, start_server, stop_server
 # 88 steps of >= 40 ms (4 chunks of 10 ms per worker), a checkpoint every 20
 DIGITS = [PY, "-m", "dyntrain.workloads.digits", "--epochs", "4"]
 STEP_DELAY = ["--step-delay", "0.01"]  # sleeps only: the same math without it
-
-
-def wait(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def newest_checkpoint(run) -> int:
@@ -61,13 +51,13 @@ def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
                                 workers={"min": 2, "max": 2},
                                 resources={"cpus": 0.5, "memory_mib": 256})
         run = state / "runs" / "jobs" / job["id"]
-        wait(lambda: len(rows(run / "metrics.jsonl")) >= 5, 120, "the job to train")
+        wait_for(lambda: len(rows(run / "metrics.jsonl")) >= 5, "the job to train", 120)
         server.kill()  # SIGKILL: the coordinator and its store die with the service
         server.wait()
         killed_at = len(rows(run / "metrics.jsonl"))
         before = newest_checkpoint(run)
-        wait(lambda: newest_checkpoint(run) > before, 120,
-             "a checkpoint written while the service is down")
+        wait_for(lambda: newest_checkpoint(run) > before,
+                 "a checkpoint written while the service is down", 120)
         workers = [json.loads(line)["pid"]  # the supervisor's journal of what it started
                    for p in (state / "executor" / "workers").glob("supervisor-*.started")
                    for line in p.read_text().splitlines()]
@@ -78,8 +68,8 @@ def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
         for pid in workers:
             os.killpg(pid, signal.SIGCONT)
         with Client(url) as client:
-            final = wait(lambda: (j := client.get_job(job["id"]))["status"] in
-                         ("SUCCEEDED", "FAILED") and j, 180, "the job to end")
+            final = wait_for(lambda: (j := client.get_job(job["id"]))["status"] in
+                             ("SUCCEEDED", "FAILED") and j, "the job to end", 180)
     finally:
         stop_server(server)
     assert final["status"] == "SUCCEEDED", final["status_reason"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from dyntrain.service.executors import (
     ExecutorError,
     StartError,
@@ -45,17 +46,6 @@ GRANDCHILD = (
     "print('grandchild', p.pid, flush=True)\n"
 )
 PRINT_GPUS = "import os\nprint('CVD=' + repr(os.environ['CUDA_VISIBLE_DEVICES']), flush=True)"
-
-
-def wait_for(pred, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def make_spec(tmp_path: Path, wid: str, code: str, cpus: float = 1, gpus: int = 0,

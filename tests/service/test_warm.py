@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import wait_for
 from dyntrain.service.executors.base import WorkerSpec
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.executors.warm import eligible
@@ -50,16 +50,6 @@ if sys.argv[1] == "wait":
     time.sleep(120)
 sys.exit(int(sys.argv[1]))
 """
-
-
-def wait_for(condition, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def exits(executor: LocalExecutor, seen: dict) -> dict:
