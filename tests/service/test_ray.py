@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import start_server, stop_server
+from conftest import start_server, stop_server, wait_for
 from dyntrain.cli.main import main
 from dyntrain.service.client import Client
 from dyntrain.service.executors.base import ExecutorError, StartError, WorkerSpec
@@ -32,7 +32,12 @@ from dyntrain.service.model import Resources
 
 from .test_cli_service import PY, ROOT, _env
 from .test_controller import LEDGER, expected_counts
-from .test_elastic_restart import rows, wait
+from .test_elastic_restart import rows
+
+
+def wait(condition, timeout: float, what: str):
+    """``conftest.wait_for`` with the bound first, as this module's calls give it."""
+    return wait_for(condition, what, timeout)
 
 
 @pytest.fixture(scope="module")
