@@ -355,6 +355,33 @@ def test_graceful_leave_forms_generation_without_the_leaver(job):
     assert leave["latency_s"] == pytest.approx(2.0)  # from note_request to the first step
 
 
+def test_a_member_that_leaves_before_it_joined_its_generation_aborts_it(job):
+    """The whole world is told to leave (a terminate), but the notices straddle a step: a and b
+    leave after step 4, c and d report the boundary, generation 1 is formed of c and d. d,
+    waiting for it, acts on its notice first and leaves without joining: c must not wait for d
+    in the group's creation until the grace period's SIGKILL."""
+    job.start("a", "b", "c", "d", step=4)
+    job.w["a"].left(0, 4)
+    job.w["b"].left(0, 4)
+    job.w["c"].ready(0, 4)
+    job.w["d"].ready(0, 4)
+    assert job.tick() is Phase.RUNNING
+    assert job.gen(1).members == ("c", "d")
+    job.w["d"].left(0, 4)  # the generation it waited in (it never took part in 1)
+    assert job.tick() is Phase.REFORMING
+    assert job.ctl(1, "c") == "abort"
+    assert job.ctl(1, "d") == "run"  # gone: nothing more to tell it
+    job.w["c"].left(1, 4)  # c, aborted, acts on its own notice
+    assert job.tick() is Phase.WAITING and job.latest() == 1
+
+
+def test_a_member_leaving_at_the_boundary_does_not_abort_the_others(job):
+    job.start("a", "b", "c", step=4)
+    job.w["b"].left(0, 4)  # its leave flag went through the step's all-reduce: all know
+    assert job.tick() is Phase.REFORMING
+    assert job.ctl(0, "a") == "run" and job.ctl(0, "c") == "run"
+
+
 def test_request_drain_sets_drain_for_that_member_only(job):
     job.start("a", "b", "c", step=3)
     job.coord.request_drain("b")

@@ -413,7 +413,11 @@ class Coordinator:
             change = Change("leave", [worker], self._requests.get(worker, now), now,
                             self.current.world_size, {"step": f.get("step")})
             self._pending.append(change)
-            if self.phase is Phase.RUNNING:
+            if f.get("gen") != self.current.number:
+                # It left while waiting for this generation (told to leave before it found it):
+                # the other members wait for it in the group's creation. Abort it.
+                self._end_generation(p.CTL_ABORT)
+            elif self.phase is Phase.RUNNING:
                 self.phase = Phase.REFORMING
         self.sink.log(f"worker {worker} left after step {f.get('step')}")
 
