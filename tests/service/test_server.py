@@ -1,11 +1,14 @@
-"""The service process: defaults, and a controller loop that survives a failing step."""
+"""The service process: defaults, a controller loop that survives a failing step, and one
+service per state directory."""
 
 import time
 
 import pytest
 
+from conftest import run_cli, start_server
 from dyntrain.errors import DyntrainError
 from dyntrain.service.server import Service, ServiceConfig, is_loopback
+from dyntrain.service.statelock import StateDirLocked
 
 
 def test_embedded_default_has_a_local_environment_and_queue(tmp_path):
@@ -53,3 +56,25 @@ def test_non_loopback_needs_a_token(tmp_path, host, loopback):
         with pytest.raises(DyntrainError, match="without a token"):
             ServiceConfig(state_dir=tmp_path, host=host)
         ServiceConfig(state_dir=tmp_path, host=host, token="s3cret")
+
+
+def test_a_second_service_on_a_state_directory_is_refused_until_the_first_is_gone(tmp_path):
+    """`dyntrain server` twice on one state directory: the second says in one line which
+    service runs there (pid, URL) and exits 2, whatever port it asked for; in process the same
+    (StateDirLocked). SIGKILL the first: the kernel drops its lock, a new service starts."""
+    state = tmp_path / "state"
+    first, url = start_server(state, tmp_path / "first.log")
+    try:
+        second = run_cli(["server", "--port", "0", "--state-dir", state], timeout=120)
+        assert second.returncode == 2, (second.stdout, second.stderr)
+        assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr
+        assert second.stderr.startswith(
+            f"dyntrain: error: another dyntrain service (pid {first.pid}, {url}) runs on the "
+            f"state directory {state}: stop it first"), second.stderr
+        with pytest.raises(StateDirLocked, match=f"pid {first.pid}, {url}"):
+            Service(ServiceConfig(state_dir=state))
+    finally:
+        first.kill()  # a crash: no clean-up ran
+        first.wait()
+    Service(ServiceConfig(state_dir=state)).stop()
+    Service(ServiceConfig(state_dir=state)).stop()  # stop() let go of it too

@@ -13,6 +13,7 @@ from dyntrain.errors import DyntrainError
 from dyntrain.service.controller import Controller, ControllerConfig
 from dyntrain.service.executors.base import get_executor
 from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec, Resources
+from dyntrain.service.statelock import StateDirLock
 from dyntrain.service.store import Store
 
 DEFAULT_PORT = 8642
@@ -56,11 +57,30 @@ def is_loopback(host: str) -> bool:
 
 
 class Service:
-    """Owns the store, the executor and the controller; the API calls into it under ``lock``."""
+    """Owns the store, the executor and the controller; the API calls into it under ``lock``.
 
-    def __init__(self, config: ServiceConfig) -> None:
+    Args:
+        config: what to serve and where.
+        state_lock: the state directory's lock, already held (``dyntrain server`` takes it
+            before it binds its port); None: taken here. Either way the service holds it until
+            ``stop``, and a second service on the same state directory is refused
+            (``StateDirLocked``).
+    """
+
+    def __init__(self, config: ServiceConfig, state_lock: StateDirLock | None = None) -> None:
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
+        if state_lock is None:
+            state_lock = StateDirLock(config.state_dir)
+            state_lock.acquire(f"http://{config.host}:{config.port}")
+        self.state_lock = state_lock
+        try:
+            self._build(config)
+        except BaseException:
+            state_lock.release()
+            raise
+
+    def _build(self, config: ServiceConfig) -> None:
         self.store = Store(config.url)
         self.store.create_all()
         self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor",
@@ -124,3 +144,4 @@ class Service:
             self._thread.join(timeout=10)
         self.executor.shutdown()
         self.store.close()
+        self.state_lock.release()

@@ -85,6 +85,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     from dyntrain.service.aws.app import with_aws
     from dyntrain.service.aws.sigv4 import load_credentials
     from dyntrain.service.server import Service, ServiceConfig
+    from dyntrain.service.statelock import StateDirLock
 
     if not 0 <= port <= 65535:
         raise DyntrainError(f"--port must be 0-65535, got {port}")
@@ -102,14 +103,27 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
                            ray_address=ray_address or os.environ.get("RAY_ADDRESS") or None,
                            ray_namespace=ray_namespace, ray_placement=ray_placement,
                            coordinator_host=coordinator_host)
-    sock = _bind(host, port)
+    state_lock = StateDirLock(config.state_dir)
+    try:  # before the port: a second server on this state dir is told who runs, not "in use"
+        state_lock.acquire()
+    except OSError as e:
+        raise DyntrainError(f"cannot use the state directory {state_dir}: "
+                            f"{e.strerror or e}") from None
+    try:
+        sock = _bind(host, port)
+    except BaseException:
+        state_lock.release()
+        raise
     config.port = sock.getsockname()[1]
     try:
         try:
-            service = Service(config)
+            state_lock.record(_url_for(host, config.port))
+            service = Service(config, state_lock)
         except DyntrainError:
+            state_lock.release()
             raise
         except Exception as e:  # a bad --db URL, an unreadable state dir, ...
+            state_lock.release()
             raise DyntrainError(f"cannot start the service: {one_line(e)[:300]}") from None
         try:
             app = with_aws(create_app(service), service, aws_keys)
