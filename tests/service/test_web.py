@@ -375,3 +375,26 @@ def test_membership_change_times_are_absolute_and_the_timeline_ends_at_zero():
     job = NS(started_at=1000.0, stopped_at=1020.0)
     tl = world_timeline(job, [c], now=1030.0)
     assert tl == {"t": [1000.0, 1010.0, 1012.0, 1020.0], "world": [0, 3, 2, 0]}
+
+
+def test_a_short_job_id_as_the_cli_prints_it_opens_the_job(browser, seeded):
+    """Any unique prefix of a job id (the CLI's 8 characters), an array child's too, leads to
+    the job's page; a prefix several jobs share is a 409 page naming them."""
+    elastic, array = seeded["elastic"], seeded["array"]
+    r = browser.get(f"/ui/jobs/{elastic[:8]}?child_page=0", follow_redirects=False)
+    assert r.status_code == 307
+    assert r.headers["location"] == f"/ui/jobs/{elastic}?child_page=0"
+    page = browser.get(f"/ui/jobs/{elastic[:8]}", follow_redirects=True)
+    assert page.status_code == 200 and f'<code class="id">{elastic}</code>' in page.text
+    for child in (f"{array[:8]}:1", f"{array[:8]}_1"):
+        r = browser.get(f"/ui/jobs/{child}", follow_redirects=False)
+        assert r.status_code == 307 and r.headers["location"] == f"/ui/jobs/{array}:1", child
+    store = seeded["service"].store
+    for suffix in ("1", "2"):  # two jobs whose ids share a prefix
+        store.submit(queue="wait", command=["true"], job_id=f"samepre{suffix}", resources=SMALL)
+    r = browser.get("/ui/jobs/samepre")
+    assert r.status_code == 409 and "is ambiguous" in html.unescape(r.text)
+    assert 'href="/ui/jobs/samepre1"' in r.text and 'href="/ui/jobs/samepre2"' in r.text
+    assert browser.get("/ui/jobs/samepre2").status_code == 200
+    assert browser.get("/ui/jobs/zzzz").status_code == 404
+

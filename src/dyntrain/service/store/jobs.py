@@ -238,6 +238,15 @@ class JobStore(StoreBase):
             deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
             return [_job_from_row(r._mapping, deps.get(r.id, ())) for r in rows]
 
+    def job_ids_starting_with(self, prefix: str, limit: int = 10) -> list[str]:
+        """Ids of top-level jobs that begin with ``prefix`` (at most ``limit``, in id order):
+        what a short id, as the CLI prints them, may stand for."""
+        with self._tx(write=False) as conn:
+            rows = conn.execute(sa.select(jobs.c.id).where(
+                jobs.c.id.startswith(prefix, autoescape=True), jobs.c.array_parent_id.is_(None))
+                .order_by(jobs.c.id).limit(limit))
+            return [r.id for r in rows]
+
     def child_statuses(self, parent_id: str) -> list[JobStatus]:
         """The statuses of an array job's children, by index."""
         with self._tx(write=False) as conn:

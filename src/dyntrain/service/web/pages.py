@@ -10,8 +10,9 @@ capacity) are the native API's own routes, called by the page's script.
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Annotated, Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -27,6 +28,8 @@ from dyntrain.service.web.capacity import CapacityHistory
 OVERVIEW_PARTS = ("environments", "queues", "jobs")
 JOB_PARTS = ("summary", "membership", "checkpoints", "cost", "workers", "attempts", "array")
 CAPACITY_WINDOW = 3600.0  # seconds of capacity history the overview plots
+AMBIGUOUS_SHOWN = 10  # job ids listed on the page of an ambiguous short id
+_CHILD_FOLDER = re.compile(r"^(.+)_(\d+)$")  # an array child as its run folder names it
 Text = Annotated[str, Query(max_length=200)]
 Page = Annotated[int, Query(ge=0, le=1_000_000)]
 Offset = Annotated[int, Query(ge=0, le=2**53)]
@@ -54,6 +57,18 @@ def build_router(service: Service, env: Environment, history: CapacityHistory) -
         except DyntrainError:
             return None
 
+    def by_prefix(ref: str) -> tuple[Job | None, list[str]]:
+        """The job a short id names, as the CLI prints them (a unique prefix of a job id; an
+        array child as PREFIX:N or PREFIX_N); else None and the ids the prefix matches."""
+        parent, sep, index = ref.partition(":")
+        folder = _CHILD_FOLDER.match(ref) if not sep else None
+        if folder:
+            parent, sep, index = folder.group(1), ":", folder.group(2)
+        ids = service.store.job_ids_starting_with(parent, limit=AMBIGUOUS_SHOWN + 1)
+        if len(ids) != 1:
+            return None, ids
+        return find_job(ids[0] + sep + index), ids
+
     def overview_ctx(status: str, queue: str, q: str, page_no: int) -> dict[str, Any]:
         return context.overview(service, context.JobFilters.parse(status, queue, q, page_no))
 
@@ -72,10 +87,21 @@ def build_router(service: Service, env: Environment, history: CapacityHistory) -
         return parts(OVERVIEW_PARTS, overview_ctx(status, queue, q, page_no))
 
     @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
-    def job_page(job_id: str, child_status: Text = "", child_page: Page = 0) -> HTMLResponse:
+    def job_page(request: Request, job_id: str, child_status: Text = "",
+                 child_page: Page = 0) -> Response:
         job = find_job(job_id)
         if job is None:
-            return not_found(f"unknown job {job_id!r}")
+            job, matches = by_prefix(job_id)
+            if len(matches) > 1:
+                return page("ambiguous.html", status=409, ref=job_id,
+                            matches=matches[:AMBIGUOUS_SHOWN],
+                            more=len(matches) > AMBIGUOUS_SHOWN,
+                            title=f"Job id {job_id!r} is ambiguous")
+            if job is None:
+                return not_found(f"unknown job {job_id!r}")
+            query = f"?{request.url.query}" if request.url.query else ""
+            return RedirectResponse(f"/ui/jobs/{quote(job.id, safe=':')}{query}",
+                                    status_code=307)
         return page("job.html", **context.job_page(service, job, child_status.upper(),
                                                    child_page))
 
