@@ -29,6 +29,7 @@ import uvicorn
 
 from dyntrain.service.api.app import create_app
 from dyntrain.service.client import Client
+from dyntrain.service.jobtext import live_workers
 from dyntrain.service.server import Service, ServiceConfig
 
 HERE = Path(__file__).resolve().parent
@@ -95,9 +96,7 @@ def progress(client: Client, train_id: str, array_id: str, t0: float) -> int | N
     if job.get("progress"):  # the coordinator's latest metrics, as the service keeps them
         last = job["progress"]
         step, loss, world = last["step"], f"{last['loss']:.3f}", last["world_size"]
-    per_env: dict[str, int] = {}
-    for w in job.get("workers", []):
-        per_env[w["compute_environment"]] = per_env.get(w["compute_environment"], 0) + 1
+    per_env = live_workers(job)  # those told to leave are on their way out: not counted
     slots = {ce["name"]: ce.get("available_slots") for ce in client.list_compute_environments()}
     array_info = arr.get("array") or {}
     done = (array_info.get("status_counts") or {}).get("SUCCEEDED", 0)

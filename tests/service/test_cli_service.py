@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import start_server, stop_server
@@ -227,3 +228,45 @@ def test_bad_inputs_are_one_line_errors(service, tmp_path):
     assert_one_line_error(open_host, "token")
     assert_one_line_error(reattach, "--reattach-seconds must be >= 0")
     assert_one_line_error(warm, "--warm-workers must be >= 0")
+
+
+def test_what_training_reported_is_in_the_log_status_api_and_dashboard(service):
+    """`trainer.report()` of an elastic job (sent to its coordinator in the service) and of a
+    plain job (training alone): `submit --wait` and `logs` print it, `status` and the job's
+    record carry it, the dashboard shows it."""
+    digits = (PY, "-m", "dyntrain.workloads.digits", "--max-steps", "12")
+    elastic, alone = parallel(("submit", "--workers", "1:1", "--wait", "--", *digits),
+                              ("submit", "--wait", "--", *digits), url=service)
+    for proc in (elastic, alone):
+        out = ok(proc)
+        job_id = out.splitlines()[0].strip()
+        line = re.search(r"^result: val_accuracy=0\.\d+, steps=12$", out, re.M)
+        assert line, out
+        log, details = parallel(("logs", job_id), ("status", job_id), url=service)
+        assert line.group(0) in ok(log).splitlines(), log.stdout
+        assert re.search(r"^result: +val_accuracy=0\.\d+, steps=12$", ok(details), re.M), \
+            details.stdout
+        with Client(service) as client:
+            result = client.get_job(job_id)["result"]
+        page = httpx.get(f"{service}/ui/jobs/{job_id}", timeout=30).text
+        assert result["steps"] == 12 and 0 < result["val_accuracy"] <= 1, result
+        assert re.search(r'id="result">val_accuracy=0\.\d+, steps=12<', page)
+
+
+def test_logs_of_a_retried_array_child_head_each_attempt(service):
+    """`logs ARRAY:1` of a child that failed its first attempt and passed its second: a header
+    before each attempt's lines says when it started and how it ended."""
+    script = ("import os, sys; a = os.environ['AWS_BATCH_JOB_ATTEMPT']; "
+              "i = os.environ['AWS_BATCH_JOB_ARRAY_INDEX']; print(f'child {i} attempt {a}'); "
+              "sys.exit(3 if (i, a) == ('1', '1') else 0)")
+    parent = ok(cli("submit", "--array", "2", "--attempts", "2", "--wait", "--", PY, "-c",
+                    script, url=service)).splitlines()[0].strip()
+    log, followed = parallel(("logs", f"{parent}:1"), ("logs", "-f", f"{parent}_1"), url=service)
+    lines = ok(log).splitlines()
+    assert len(lines) == 4 and ok(followed).splitlines() == lines, (log.stdout, followed.stdout)
+    assert re.fullmatch(r"=== attempt 1: started \S+ \S+, ran \d+ s, exit code 3: retrying "
+                        r"after exited with code 3 \(attempt 1 of 2\).* ===", lines[0]), lines
+    assert lines[1] == "child 1 attempt 1"
+    assert re.fullmatch(r"=== attempt 2: started \S+ \S+, ran \d+ s, exit code 0 ===",
+                        lines[2]), lines
+    assert lines[3] == "child 1 attempt 2"

@@ -397,8 +397,14 @@ def test_cancel_and_terminate(store, tmp_path, kind):
     drive(c, lambda: store.get_job(job.id).status is JobStatus.RUNNING)
     assert not c.cancel(job.id)  # running: cancel does nothing
     c.terminate(job.id)
+    assert store.get_job(job.id).status_reason == \
+        "terminating (terminated by user): its workers were told to stop"
     drive(c, terminal(store, job.id), timeout=60)
-    assert store.get_job(job.id).status_reason == "terminated by user"
+    done = store.get_job(job.id)
+    assert done.status_reason == "terminated by user"
+    assert done.attempts == 1  # the attempt that ran counts, with how it ended
+    (attempt,) = store.list_attempts(job.id)
+    assert attempt.reason == "terminated by user" and attempt.stopped_at is not None
 
 
 def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path):

@@ -26,7 +26,7 @@ from dyntrain.service.api import create_app
 from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec, Resources
 from dyntrain.service.model import JobStatus as S
 from dyntrain.service.server import Service, ServiceConfig
-from dyntrain.service.store import WORKER_EXITED, WORKER_RUNNING, WorkerRecord
+from dyntrain.service.store import WORKER_EXITED, WORKER_LEAVING, WORKER_RUNNING, WorkerRecord
 from dyntrain.service.web import auth
 from dyntrain.service.web.capacity import CapacityHistory, Sample
 from dyntrain.service.web.context import membership_change, world_timeline
@@ -398,3 +398,13 @@ def test_a_short_job_id_as_the_cli_prints_it_opens_the_job(browser, seeded):
     assert browser.get("/ui/jobs/samepre2").status_code == 200
     assert browser.get("/ui/jobs/zzzz").status_code == 404
 
+
+def test_workers_told_to_leave_are_not_counted_as_the_jobs_workers(browser, seeded):
+    """One worker trains, one was told to leave (it still finishes its step): the job has one
+    worker now, and one on its way out, not two."""
+    elastic = seeded["elastic"]
+    seeded["service"].store.add_worker(WorkerRecord(
+        f"{elastic}-a1-w2", elastic, 1, "spot", "SPOT", 0.35, None, WORKER_LEAVING,
+        seeded["now"] - 5, leave_reason="shrink: capacity taken back", leave_at=seeded["now"]))
+    page = browser.get(f"/ui/jobs/{elastic}").text
+    assert '<b id="world-now">1</b> now (+1 leaving), elastic 1–3' in page

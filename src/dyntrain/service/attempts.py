@@ -83,6 +83,11 @@ def after_lines(path: Path, n: int) -> int:
     return offset
 
 
+def terminating(reason: str) -> str:
+    """The status reason of a job whose workers were told to stop by a terminate."""
+    return f"terminating ({reason}): its workers were told to stop"
+
+
 def worker_id(job_id: str, attempt: int, index: int) -> str:
     return f"{job_id.replace(':', '_')}-a{attempt}-w{index}"
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.service.attempts import Attempt, LogTail
+from dyntrain.service.attempts import Attempt, LogTail, terminating
 from dyntrain.service.capacity import parse_trace
 from dyntrain.service.executors.base import Executor, ExecutorError, WorkerExit
 from dyntrain.service.jobindex import WAITING, JobIndex, job_view
@@ -150,6 +150,10 @@ class Controller(Recovery, Launching, Settling):
             if attempt.job_id == job_id or attempt.job.array_parent_id == job_id:
                 attempt.terminated = reason
                 self._stop_all(attempt, reason)
+                # until its workers are gone it stays RUNNING: say that it is on its way out
+                if attempt.host is not None:
+                    attempt.host.sink.stopping = True  # membership news no longer says why
+                self.store.update_job(attempt.job_id, status_reason=terminating(reason))
 
     # ---- capacity and the scheduler --------------------------------------------------------------
 
@@ -307,18 +311,28 @@ class Controller(Recovery, Launching, Settling):
 
     def _stop_all(self, attempt: Attempt, reason: str) -> None:
         attempt.stop_reason = attempt.stop_reason or reason
-        for w in attempt.running():
-            self._tell_to_leave(attempt, w, reason)
-        self._count_workers(attempt)
+        leaving = attempt.running()
+        with self.store.batch():  # recorded in one commit, then the notices go out together
+            for w in leaving:
+                self._record_leave(attempt, w, reason)
+            self._count_workers(attempt)
+        for w in leaving:
+            self._notify(w)
 
     def _tell_to_leave(self, attempt: Attempt, w: WorkerRecord, reason: str) -> None:
         """A graceful notice (SIGTERM); SIGKILL follows after the grace period."""
+        self._record_leave(attempt, w, reason)
+        self._notify(w)
+
+    def _record_leave(self, attempt: Attempt, w: WorkerRecord, reason: str) -> None:
         if attempt.host is not None:
             attempt.host.coordinator.note_request(w.id)
         now = self.clock()
         self.store.update_worker(w.id, state=WORKER_LEAVING, leave_reason=reason, leave_at=now)
         attempt.workers[w.id] = dataclasses.replace(w, state=WORKER_LEAVING, leave_reason=reason,
                                                     leave_at=now)
+
+    def _notify(self, w: WorkerRecord) -> None:
         try:
             self.executor.signal(w.id, "TERM")
         except ExecutorError:

@@ -15,7 +15,9 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import parse_address
 from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.progress import result_line
 from dyntrain.launch.runner import RunSink
+from dyntrain.service.jobtext import short_worker
 from dyntrain.service.model import JobStatus
 from dyntrain.service.store import Store
 
@@ -26,20 +28,22 @@ SECRET_FILE = "coordinator.secret"
 
 class ServiceSink(RunSink):
     """The launcher's files (events.jsonl, metrics.jsonl, result.json), plus service events, the
-    job's progress (its latest metrics, at most once a second) and a status reason that follows
-    its membership changes."""
+    job's progress (its latest metrics, at most once a second), a status reason that follows
+    its membership changes, and what the training reported as a line of the job's log."""
 
-    def __init__(self, store: Store, job_id: str, run_dir: Path) -> None:
+    def __init__(self, store: Store, job_id: str, run_dir: Path, attempt: int = 1) -> None:
         super().__init__(run_dir, "?", stream=None, quiet=True, every=1e9)
-        self.store, self.job_id = store, job_id
+        self.store, self.job_id, self.attempt = store, job_id, attempt
         self._progress_at = -PROGRESS_EVERY
         self._progress_of: dict | None = None  # the metrics record last written as progress
+        self.stopping = False  # the job is being stopped: its status reason says so already
 
     def event(self, record: dict) -> None:
         super().event(record)
         self.store.add_event(self.job_id, f"membership.{record['event']}", record)
-        world, who = record.get("world_after"), ", ".join(record.get("workers") or [])
-        if world is not None:
+        world = record.get("world_after")
+        who = ", ".join(short_worker(w) for w in record.get("workers") or [])
+        if world is not None and not self.stopping:
             self.store.update_job(
                 self.job_id, expected_status=JobStatus.RUNNING,
                 status_reason=f"training with {world} worker(s) since generation "
@@ -64,6 +68,13 @@ class ServiceSink(RunSink):
         if self.last_metrics is not None and self.last_metrics is not self._progress_of:
             self._write_progress(self.last_metrics, time.monotonic())
         super().close()
+
+    def result(self, record: dict) -> None:
+        """``trainer.report()``: result.json, and the job's log (what ``logs`` and
+        ``submit --wait`` show); the controller stores the values with the job."""
+        super().result(record)
+        values = {k: v for k, v in record.items() if k != "worker"}
+        self.store.append_log(self.job_id, self.attempt, None, [result_line(values)])
 
     def log(self, line: str) -> None:
         self.store.add_event(self.job_id, "coordinator", {"message": line})
@@ -95,7 +106,7 @@ class ElasticHost:
         jobstore.set(p.JOB_INFO, json.dumps({"out_dir": str(run_dir.resolve()),
                                              "job": self.identity}))
         p.write_coordinator_file(run_dir, self.address, self.identity)
-        self.sink = ServiceSink(store, job_id, run_dir)
+        self.sink = ServiceSink(store, job_id, run_dir, attempt)
         self.coordinator = Coordinator(
             jobstore, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
                                         settle_seconds=2.0, failure_timeout=failure_timeout),

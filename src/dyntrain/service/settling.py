@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dyntrain.service import lifecycle
-from dyntrain.service.attempts import Attempt, worker_index
+from dyntrain.service.attempts import Attempt, terminating, worker_index
 from dyntrain.service.executors.base import WorkerExit
 from dyntrain.service.jobindex import job_view
 from dyntrain.service.model import JobStatus
 from dyntrain.service.scheduler import JobView
 from dyntrain.service.store import WORKER_RUNNING, Job
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
-from dyntrain.service.worker_log import read_error_line
+from dyntrain.service.worker_log import read_error_line, read_result
 
 
 @dataclass
@@ -91,7 +91,8 @@ class Settling:
             self._price_crashes(attempt)
             if host.coordinator.current is not None and not attempt.running_seen:
                 attempt.running_seen = True
-                self._set_running(attempt,
+                self._set_running(attempt, terminating(attempt.terminated)
+                                  if attempt.terminated else
                                   f"generation {host.coordinator.current.number} running")
             if phase is Phase.DONE and attempt.stop_reason is None:
                 attempt.stop_reason = "finished"  # its workers exit on their own; no growth
@@ -132,12 +133,16 @@ class Settling:
 
             phase = attempt.host.coordinator.phase
             attempt.host.close()
-            code = 0 if phase is Phase.DONE else (code if code not in (0, None) else 1)
+            if not attempt.terminated:  # a terminated job's code is its workers' own
+                code = 0 if phase is Phase.DONE else (code if code not in (0, None) else 1)
             if phase is Phase.FAILED:
                 reason = attempt.host.coordinator.failure or reason
-        if attempt.terminated:
+        result = read_result(self.run_dir(job.id), attempt.started_at)
+        if result is not None:  # trainer.report()'s values: the job keeps its last attempt's
+            self.store.update_job(job.id, result=result)
+        if attempt.terminated:  # the attempt ran: it counts, and it ends the job
             status, reason, used, counted = JobStatus.FAILED, attempt.terminated, \
-                job.attempts, True
+                job.attempts + 1, True
         else:
             outcome = lifecycle.after_attempt(job.id, code, reason, attempt.preempted,
                                               job.retry_strategy, job.attempts,

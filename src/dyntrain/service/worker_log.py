@@ -1,8 +1,12 @@
-"""Why a worker failed, read from its log: the line a job's status reason quotes."""
+"""What a job's workers leave behind: why one failed (the line a job's status reason quotes,
+from its log), and what its training reported (``result.json`` in the run folder)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+RESULT_FILE = "result.json"  # written by ``trainer.report()`` (or its job's coordinator)
 
 TRACEBACK = "Traceback (most recent call last):"
 MAX_CHARS = 300
@@ -36,6 +40,19 @@ def read_error_line(path: str | Path) -> str:
     except OSError:
         return ""
     return error_line(data.decode(errors="replace"))
+
+
+def read_result(run_dir: Path, since: float) -> dict | None:
+    """The values in the run folder's ``result.json`` when it was written at ``since`` or later
+    (by the attempt that started then); None when there are none."""
+    path = run_dir / RESULT_FILE
+    try:
+        if path.stat().st_mtime < since:
+            return None
+        values = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return values if isinstance(values, dict) and values else None
 
 
 def _cut(line: str) -> str:

@@ -22,24 +22,50 @@ from dyntrain.cli.service.common import (
     resolve_job,
 )
 from dyntrain.cli.service.output import list_items, reason_text, short_id
-from dyntrain.service.jobtext import progress_text
+from dyntrain.service.jobtext import attempt_text, progress_text
 
 PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
 FAILED_SHOWN = 5  # failed children listed under an array job's summary
 
 
-def _print_log_page(client, job_id: str, after: int) -> tuple[int, dict[str, Any]]:
-    """Print the lines after ``after``; returns the seq to go on from and the page."""
-    page = client.logs(job_id, after_seq=after)
-    for line in page.get("lines") or []:
-        click.echo(line.get("line", "") if isinstance(line, dict) else str(line))
-    return int(page.get("last_seq", after)), page
+class _LogPrinter:
+    """Prints a job's log lines; when the job has (or may have) more than one attempt, each
+    attempt's lines come after a header saying when it started and how it ended."""
+
+    def __init__(self, client, job: dict[str, Any]) -> None:
+        self.client, self.job_id = client, job["id"]
+        self.history = [a for a in job.get("attempt_history") or [] if isinstance(a, dict)]
+        allowed = (job.get("retry_strategy") or {}).get("attempts") or 1
+        self.headers = len(self.history) > 1 or allowed > 1
+        self.attempt: Any = None  # the attempt of the last line printed
+
+    def page(self, after: int) -> tuple[int, dict[str, Any]]:
+        """Print the lines after ``after``; returns the seq to go on from and the page."""
+        page = self.client.logs(self.job_id, after_seq=after)
+        for line in page.get("lines") or []:
+            if not isinstance(line, dict):
+                click.echo(str(line))
+                continue
+            attempt = line.get("attempt")
+            if attempt != self.attempt and (self.headers or (attempt or 1) > 1):
+                click.echo(f"=== {attempt_text(self._attempt(attempt))} ===")
+            self.attempt = attempt
+            click.echo(line.get("line", ""))
+        return int(page.get("last_seq", after)), page
+
+    def _attempt(self, number: Any) -> dict[str, Any]:
+        found = [a for a in self.history if a.get("attempt") == number]
+        if not found:  # begun since we looked
+            job = self.client.get_job(self.job_id)
+            self.history = [a for a in job.get("attempt_history") or [] if isinstance(a, dict)]
+            found = [a for a in self.history if a.get("attempt") == number]
+        return found[0] if found else {"attempt": number}
 
 
-def print_log(client, job_id: str) -> None:
-    after = 0
+def print_log(client, job: dict[str, Any]) -> None:
+    printer, after = _LogPrinter(client, job), 0
     while True:
-        after, page = _print_log_page(client, job_id, after)
+        after, page = printer.page(after)
         if not page.get("lines"):
             return
 
@@ -74,8 +100,9 @@ def follow(client, job_id: str, *, announce: bool) -> dict[str, Any]:
     """Print a job's log until it ends, with its progress (and, with ``announce``, its status
     changes and why it waits) on stderr; returns the finished job."""
     watcher, after, seen_status, next_look = _Watcher(job_id, announce), 0, None, 0.0
+    printer = _LogPrinter(client, client.get_job(job_id))
     while True:
-        after, page = _print_log_page(client, job_id, after)
+        after, page = printer.page(after)
         now = time.monotonic()
         if page.get("status") != seen_status or now >= next_look:
             job = client.get_job(job_id)
@@ -140,7 +167,7 @@ def logs(follow_, job, url, token):
         if follow_:
             follow(client, found["id"], announce=False)
         else:
-            print_log(client, found["id"])
+            print_log(client, found)
     except KeyboardInterrupt:
         click.echo(f"\ndyntrain: stopped following; job {found['id']} goes on (stop it with: "
                    f"dyntrain terminate {found['id']})", err=True)

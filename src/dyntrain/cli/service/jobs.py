@@ -24,7 +24,13 @@ from dyntrain.cli.service.output import (
     short_id,
     workers_text,
 )
-from dyntrain.service.jobtext import attempts_text, progress_text
+from dyntrain.service.jobtext import (
+    attempt_text,
+    attempts_text,
+    progress_text,
+    result_text,
+    short_worker,
+)
 
 
 def _jobs_table(jobs: list[dict[str, Any]]):
@@ -81,19 +87,25 @@ def _job_details(client, job: dict[str, Any]) -> list[str]:
     reason = reason_text(job)
     if reason:
         lines.append(f"reason:       {reason}")
-    lines += [f"attempts:     {attempts_text(job)}",
-              f"preemptions:  {job.get('preemptions', 0)} (capacity taken back; never counted "
+    lines.append(f"attempts:     {attempts_text(job)}")
+    lines += [f"  {attempt_text(a)}" for a in job.get("attempt_history") or []
+              if isinstance(a, dict)]
+    lines += [f"preemptions:  {job.get('preemptions', 0)} (capacity taken back; never counted "
               "as attempts)",
               f"workers:      {workers_text(job)}"]
     progress = progress_text(job.get("progress"))
     if progress:
         lines.append(f"progress:     {progress}")
+    result = result_text(job.get("result"))
+    if result:
+        lines.append(f"result:       {result}")
     if job.get("workdir"):
         lines.append(f"workdir:      {job['workdir']}")
     for w in job.get("workers") or []:
         if isinstance(w, dict):
             leaving = f", leaving: {w['leave_reason']}" if w.get("leave_reason") else ""
-            lines.append(f"  {w.get('id')}  {w.get('state')} on {w.get('compute_environment')} "
+            lines.append(f"  {short_worker(str(w.get('id')))}  {w.get('state')} on "
+                         f"{w.get('compute_environment')} "
                          f"({w.get('capacity_type')}, {w.get('price_per_slot_hour')}/slot-h)"
                          f"{leaving}")
     array = job.get("array")
@@ -212,4 +224,8 @@ def terminate(job, url, token):
 
 def _report_stop(verb: str, job_id: str, answer: Any) -> None:
     status = answer.get("status") if isinstance(answer, dict) else None
+    if verb == "terminated" and status not in TERMINAL:  # its workers are on their way out
+        click.echo(f"terminating {job_id}: its workers were told to stop; it ends FAILED "
+                   f"(`dyntrain status {job_id}` shows when)")
+        return
     click.echo(f"{verb} {job_id}" + (f" ({status})" if status else ""))

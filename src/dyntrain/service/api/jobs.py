@@ -83,6 +83,7 @@ def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
     job = _job(service, job_id)
     out = views.job(job, wait_info(_waiting(service), job))
     out["workers"] = [views.worker(w) for w in service.store.list_workers(job_id, active=True)]
+    out["attempt_history"] = [views.attempt(a) for a in service.store.list_attempts(job_id)]
     out["exported_environment"] = service.store.exported_environment(job)
     if job.is_array_parent:
         counts = service.store.child_status_counts([job_id])[job_id]

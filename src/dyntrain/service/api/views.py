@@ -10,6 +10,7 @@ from dyntrain.service.cost import JobCost
 from dyntrain.service.model import JobStatus, Resources, RetryStrategy
 from dyntrain.service.scheduler import WaitInfo
 from dyntrain.service.store import (
+    Attempt,
     ComputeEnvironment,
     Event,
     Job,
@@ -85,7 +86,7 @@ def job(j: Job, waiting: WaitInfo | None = None) -> dict[str, Any]:
         "current_workers": j.current_workers,
         "waiting": (None if waiting is None or j.status is not JobStatus.RUNNABLE
                     else {"reason": waiting.reason, "position": waiting.position}),
-        "workdir": j.workdir, "progress": j.progress,
+        "workdir": j.workdir, "progress": j.progress, "result": j.result,
         "created_at": j.created_at, "updated_at": j.updated_at, "started_at": j.started_at,
         "stopped_at": j.stopped_at,
     }
@@ -97,6 +98,12 @@ def worker(w: WorkerRecord) -> dict[str, Any]:
             "capacity_type": w.capacity_type, "price_per_slot_hour": w.price_per_slot_hour,
             "state": w.state, "started_at": w.started_at, "leave_reason": w.leave_reason,
             "leave_at": w.leave_at, "exit_code": w.exit_code, "stopped_at": w.stopped_at}
+
+
+def attempt(a: Attempt) -> dict[str, Any]:
+    """One attempt: when it ran and how it ended (``reason``: the job's status reason then)."""
+    return {"attempt": a.attempt_no, "started_at": a.started_at, "stopped_at": a.stopped_at,
+            "exit_code": a.exit_code, "reason": a.reason}
 
 
 def log_line(line: LogLine) -> dict[str, Any]:

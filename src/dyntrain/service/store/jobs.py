@@ -148,7 +148,7 @@ class JobStore(StoreBase):
                     "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
                     "created_at": now, "updated_at": now, "started_at": None,
                     "stopped_at": None, "workdir": workdir, "exported_environment": exports,
-                    "progress": None, "num_nodes": num_nodes, "tags": tags or None,
+                    "progress": None, "result": None, "num_nodes": num_nodes, "tags": tags or None,
                     "aws": aws or None, "client_token": client_token,
                 }
                 never = never_fits(queue, res, _queue_slots(conn, queue))
@@ -457,5 +457,5 @@ def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
         current_workers=r["current_workers"], created_at=r["created_at"],
         updated_at=r["updated_at"], started_at=r["started_at"], stopped_at=r["stopped_at"],
         workdir=r["workdir"], exported_environment=r["exported_environment"],
-        progress=r["progress"], num_nodes=r.get("num_nodes"), tags=dict(r.get("tags") or {}),
-        aws=dict(r.get("aws") or {}))
+        progress=r["progress"], result=r.get("result"), num_nodes=r.get("num_nodes"),
+        tags=dict(r.get("tags") or {}), aws=dict(r.get("aws") or {}))

@@ -121,6 +121,7 @@ class Job(_Workers):
     workdir: str | None = None  # where its workers start; None: the executor's directory
     exported_environment: dict[str, str] | None = None  # the submitter's (on an array's parent)
     progress: dict | None = None  # an elastic job's latest step, world size, loss, samples/s
+    result: dict | None = None  # what its training reported (trainer.report()), last attempt
     num_nodes: int | None = None  # a multi-node job (AWS Batch's nodeProperties.numNodes)
     tags: dict[str, str] = _dict()
     aws: dict[str, Any] = _dict()
@@ -239,7 +240,7 @@ class Event:
 # Columns update_job may change; everything else about a job is fixed at submit.
 MUTABLE_JOB_FIELDS = frozenset({
     "status", "status_reason", "attempts", "preemptions", "started_at", "stopped_at",
-    "exit_code", "current_workers", "min_workers", "max_workers", "progress",
+    "exit_code", "current_workers", "min_workers", "max_workers", "progress", "result",
 })
 
 

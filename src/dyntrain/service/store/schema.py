@@ -109,6 +109,7 @@ jobs = sa.Table(
     sa.Column("workdir", sa.Text),  # None: the executor's own working directory
     sa.Column("exported_environment", sa.JSON),  # the submitter's; an array's on its parent only
     sa.Column("progress", sa.JSON),  # an elastic job's latest training metrics
+    sa.Column("result", sa.JSON),  # what its training reported (trainer.report())
     *_aws(),
     sa.Column("num_nodes", sa.Integer),  # a multi-node job: its workers, one per node
     # who submitted it (AWS: the SDK's invocation id): a retried submit finds the job it made

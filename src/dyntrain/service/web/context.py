@@ -18,7 +18,7 @@ from dyntrain.service.api.jobs import cost_of
 from dyntrain.service.jobindex import wait_info
 from dyntrain.service.model import JobStatus, ValidationError
 from dyntrain.service.server import Service
-from dyntrain.service.store import Job
+from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.web import runfiles
 
 JOBS_PER_PAGE = 50
@@ -186,7 +186,9 @@ def job_page(service: Service, job: Job, child_status: str = "", child_page: int
     attempts = service.store.list_attempts(job.id)
     out: dict[str, Any] = {
         "job": view, "workers": workers, "attempts": attempts,
-        "active_workers": sum(1 for w in workers if w["state"] != "EXITED"),
+        # those told to leave are on their way out: counted apart from the ones that train
+        "active_workers": sum(1 for w in workers if w["state"] == WORKER_RUNNING),
+        "leaving_workers": sum(1 for w in workers if w["state"] == WORKER_LEAVING),
         "cost": views.job_cost(job.id, cost_of(service, job)),
         "parent": job.array_parent_id, "array": None, "elastic": job.elastic is not None,
         "changes": [], "checkpoints": [], "can_cancel": job.status in WAITING_STATES,

@@ -8,7 +8,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from dyntrain.service.jobtext import attempts_text, progress_text
+from dyntrain.service.jobtext import attempts_text, progress_text, result_text
 
 _HEX_ID = re.compile(r"^([0-9a-f]{32})(.*)$", re.DOTALL)
 
@@ -68,5 +68,5 @@ def make_environment() -> Environment:
                       lstrip_blocks=True)
     env.filters.update(clock=clock, duration=duration, money=money, percent=percent,
                        number=number, short=short, attempts=attempts_text,
-                       progress=progress_text)
+                       progress=progress_text, result=result_text)
     return env
