@@ -46,7 +46,8 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
                    "waiting for the previous change (a robustness test; see the README). "
                    "AIMs: any, reform, sender, receiver, checkpoint, burst.")
 @click.option("--out", "out_dir", default="runs/latest", show_default=True,
-              type=click.Path(file_okay=False), help="Run folder (checkpoints, logs, metrics).")
+              help="Run folder (checkpoints, logs, metrics): a local folder or an object-store "
+                   "URL such as s3://bucket/prefix (see the README).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")
@@ -64,13 +65,17 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
     """
+    from dyntrain.elastic.storage import open_store
+
+    open_store(out_dir).check()  # a bucket that is not there: said before torch is imported
+
     from dyntrain.launch.chaos import parse_chaos
     from dyntrain.launch.runner import RunOptions, run_job
 
     low, high = parse_workers(workers)
     command = _script_command(script, args)
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
-                      nproc=low if nproc is None else nproc, out_dir=Path(out_dir),
+                      nproc=low if nproc is None else nproc, out_dir=out_dir,
                       events=parse_events(events), host=host, port=port,
                       chaos=parse_chaos(chaos) if chaos else None,
                       failure_timeout=failure_timeout, grace_seconds=grace_seconds,

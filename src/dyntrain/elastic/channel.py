@@ -10,7 +10,6 @@ import threading
 import time
 from collections import deque
 from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
 
@@ -177,7 +176,7 @@ class WorkerChannel:
 
     def _candidates(self) -> list[str]:
         """The address the host recorded in the run folder (it may have moved), then the old one."""
-        record = p.read_coordinator_file(Path(self.run_dir)) if self.run_dir else {}
+        record = p.read_coordinator_file(self.run_dir) if self.run_dir else {}
         found = [record["address"]] if record.get("job") == self.job and "address" in record \
             else []
         return found + [a for a in (self.address,) if a not in found]

@@ -123,10 +123,13 @@ def write_coordinator_file(run_dir: Path, address: str, job: str) -> None:
     os.replace(tmp, run_dir / COORDINATOR_FILE)
 
 
-def read_coordinator_file(run_dir: Path) -> dict:
-    """What ``write_coordinator_file`` left in ``run_dir``; {} when there is nothing readable."""
+def read_coordinator_file(run_dir: str | Path) -> dict:
+    """What ``write_coordinator_file`` left in ``run_dir`` (a folder or an object-store URL);
+    {} when there is nothing readable."""
+    from dyntrain.elastic.storage import StorageError, open_store
+
     try:
-        record = json.loads((run_dir / COORDINATOR_FILE).read_text())
-    except (OSError, ValueError):
+        record = json.loads(open_store(run_dir).get(COORDINATOR_FILE))
+    except (OSError, ValueError, StorageError):
         return {}
     return record if isinstance(record, dict) else {}
