@@ -72,23 +72,20 @@ class S3Server:
         self.proc.wait()
 
 
-def start_s3_server(log: Path, host: str = "127.0.0.1", netns: str | None = None) -> S3Server:
-    """Start ``moto_server`` on a free port of ``host`` (inside network namespace ``netns`` when
-    given) and create the key that it accepts from then on.
+def start_s3_server(log: Path, host: str = "127.0.0.1", popen=subprocess.Popen) -> S3Server:
+    """Start ``moto_server`` on a free port of ``host`` and create the key that it accepts from
+    then on.
 
     Args:
         log: where the server's output goes.
         host: the address it listens on.
-        netns: ``ip netns exec NETNS`` runs it there (a test host's address).
+        popen: starts it (``Host.popen`` of a test host: on that host's address).
     """
     exe = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or "moto_server"
-    command = [exe, "-H", host, "-p", "0"]
-    if netns is not None:
-        command = ["ip", "netns", "exec", netns, *command]
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = popen([exe, "-H", host, "-p", "0"], stdout=out, stderr=subprocess.STDOUT,
+                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
         found = wait_for(lambda: proc.poll() is not None or re.search(
             rf"Running on http://{re.escape(host)}:(\d+)", log.read_text(errors="replace")),

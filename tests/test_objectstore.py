@@ -15,6 +15,7 @@ import torch
 from conftest import ROOT, wait_for
 from dyntrain.elastic import ckptstore, linelog
 from dyntrain.elastic.checkpoint import encode_checkpoint
+from dyntrain.elastic.runfolder import RunFolderMismatch
 from dyntrain.elastic.storage import StorageError, open_store
 from dyntrain.lab.report import load_noise
 from objectstore import start_s3_server
@@ -162,82 +163,33 @@ def test_an_unusable_store_is_one_line_naming_it(s3):
         open_store("nosuchprotocol://x/y").check()
 
 
+def test_a_script_alone_writes_and_resumes_a_run_folder_on_s3(s3, capsys):
+    """``ElasticTrainer`` without a coordinator, its output folder a URL (``DYNTRAIN_OUT``)."""
+    from test_runfolder import trainer
+
+    url = f"s3://{s3.bucket('alone')}/run"
+    first = trainer(url, epochs=2)
+    first.fit()
+    first.report(accuracy=0.5)
+    store = open_store(url)
+    assert json.loads(store.get("result.json")) == {"accuracy": 0.5}
+    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert store.exists("final.pt") and store.exists("run.json")
+    again = trainer(url, epochs=2)
+    again.fit()
+    shown = capsys.readouterr().out
+    assert f"resuming from step 8 ({url}/checkpoints/ckpt-000000008.commit)" in shown
+    assert f"model in {url}/final.pt" in shown and again.step == 8
+    with pytest.raises(RunFolderMismatch, match=rf"^{url} holds a run started with other "
+                                                r"settings: optimizer lr 0.1 -> 0.05"):
+        trainer(url, epochs=2, lr=0.05).fit()
+
+
 # ---- dyntrain run --out s3://... --------------------------------------------------------------
 
 DIGITS = ["-m", "dyntrain.workloads.digits", "--epochs", "4"]  # 88 steps, a checkpoint every 20
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every live descendant, from one /proc snapshot."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rpartition(")")[2].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [pid], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def committed_steps(s3, bucket: str, prefix: str) -> list[int]:
-    return sorted(int(k.rpartition("ckpt-")[2].split(".")[0])
-                  for k in s3.keys(bucket, f"{prefix}/checkpoints/") if k.endswith(".commit"))
-
-
-@pytest.mark.slow
-def test_a_run_on_s3_whose_processes_are_all_killed_resumes_bitwise_equal(s3, tmp_path):
-    """`dyntrain run --out s3://...`: every process of the run (launcher, fork server,
-    workers) is SIGKILLed at once; the same command resumes from the newest committed
-    checkpoint and ends bitwise equal to a static one-process run."""
-    static = subprocess.Popen([sys.executable, *DIGITS], cwd=ROOT, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.STDOUT,
-                              env={**s3.env(), "DYNTRAIN_OUT": str(tmp_path / "static")})
-    url = f"s3://{s3.bucket('runs')}/digits"
-    command = [sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", "2:2",
-               "--out", url, *DIGITS, "--step-delay", "0.01"]
-    env = s3.env(PYTHONUNBUFFERED="1")
-    with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                 env=env)
-    try:
-        wait_for(lambda: first.poll() is not None or committed_steps(s3, "runs", "digits"),
-                 "the first committed checkpoint", 180)
-        tree = process_tree(first.pid)
-        for pid in tree:
-            os.kill(pid, signal.SIGKILL)
-        assert len(tree) >= 3, "launcher and its workers"
-    finally:
-        first.kill()
-        first.wait()
-    killed_at = committed_steps(s3, "runs", "digits")[-1]
-    assert killed_at < 88, (tmp_path / "first.log").read_text()[-3000:]
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"run folder {url}; local workers' logs in" in again.stdout
-
-    store = open_store(url)
-    events = [json.loads(x) for x in linelog.read_lines(store, "events.jsonl")]
-    resumed = [e for e in events if e.get("origin") == "checkpoint"]
-    assert resumed and resumed[-1]["start_step"] >= killed_at, events
-    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
-    assert rows[-1]["step"] == 88 and {r["step"] for r in rows} >= set(range(killed_at + 1, 89))
-    assert json.loads(store.get("result.json"))["steps"] == 88
-    assert json.loads(store.get("run.json"))["setup"]["config"]["global_batch"] == 64
-    assert {"logs/worker-w0.log", "logs/worker-w1.log"} <= set(store.list("logs"))
-    assert static.wait(timeout=240) == 0
-    same = subprocess.run([sys.executable, "-m", "dyntrain.cli.main", "compare", "--atol", "0",
-                           url, tmp_path / "static"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert same.returncode == 0 and same.stdout.startswith("match: max |a-b| = 0 "), \
-        same.stdout + same.stderr
+SHORT = ["-m", "dyntrain.workloads.digits", "--epochs", "2"]  # 44 steps
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -259,3 +211,49 @@ def test_an_unusable_run_folder_is_refused_in_one_line(s3, change, needle):
                           timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(needle) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+# ---- the service ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
+    """An elastic job submitted with DYNTRAIN_OUT=s3://... : its workers and the service's
+    coordinator write the run folder there; the service keeps only the logs; the dashboard
+    reads the job's metrics and checkpoints from the bucket."""
+    import httpx
+
+    from conftest import start_server, stop_server
+    from dyntrain.service.client import ApiError, Client
+
+    url = f"s3://{s3.bucket('service-runs')}/job"
+    state = tmp_path / "state"
+    server, api = start_server(state, tmp_path / "server.log")  # this process's environment
+    try:
+        with Client(api) as client:
+            with pytest.raises(ApiError, match=r"DYNTRAIN_OUT='/tmp/x': a job's run folder "
+                                                  r"can only be moved to an object store"):
+                client.submit(queue="default", command=[sys.executable, *DIGITS],
+                              environment={"DYNTRAIN_OUT": "/tmp/x"})
+            job = client.submit(queue="default", command=[sys.executable, *SHORT],
+                                workers={"min": 1, "max": 1}, environment={"DYNTRAIN_OUT": url},
+                                resources={"cpus": 0.5, "memory_mib": 256})
+            final = wait_for(lambda: (j := client.get_job(job["id"]))["status"] in
+                             ("SUCCEEDED", "FAILED") and j, "the job to end", 240)
+            assert final["status"] == "SUCCEEDED", final["status_reason"]
+            page = httpx.get(f"{api}/ui/jobs/{job['id']}", timeout=30).text
+            series = httpx.get(f"{api}/ui/data/jobs/{job['id']}/series", timeout=30).json()
+    finally:
+        stop_server(server)
+    store = open_store(url)
+    assert json.loads(store.get("result.json"))["steps"] == 44
+    assert [s for s, _ in ckptstore.list_checkpoints(store)] == [20, 40, 44]
+    assert json.loads(store.get("coordinator.json"))["job"] == f"{job['id']}/attempt-1"
+    assert torch.load(__import__("io").BytesIO(store.get("final.pt")), weights_only=True)
+    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(1, 45))
+    assert "ckpt-000000044.commit" in page
+    assert series["rows"]["step"] == list(range(1, 45))
+    local = state / "runs" / "jobs" / job["id"]
+    assert sorted(p.name for p in local.iterdir()) == ["coordinator.json", "coordinator.secret",
+                                                       "logs"]
