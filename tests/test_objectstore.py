@@ -86,6 +86,24 @@ def test_line_files_are_segments_read_back_in_order_across_writers(s3):
     assert noise.path == "s3://lines/run/metrics.jsonl"
 
 
+def test_lines_refused_by_the_store_are_kept_and_written_once_it_accepts(s3):
+    """A bucket that is not there yet: the writer says so once, keeps the lines, and writes
+    them all at a later flush."""
+    store = open_store("s3://late-bucket/run")
+    told = []
+    lines = linelog.open_lines(store, "events.jsonl", flush_seconds=60, on_error=told.append)
+    lines.write('{"n": 1}')
+    lines.flush()
+    lines.write('{"n": 2}')
+    lines.flush()
+    assert len(told) == 1 and told[0].startswith("cannot write events.jsonl now (tried again "
+                                                 "every 60 s): ")
+    s3.bucket("late-bucket")
+    lines.close()
+    assert told[1:] == ["events.jsonl is written again"]
+    assert linelog.read_lines(store, "events.jsonl") == ['{"n": 1}', '{"n": 2}']
+
+
 def state_of(size: int, value: float) -> dict:
     return {"w": torch.full((size,), value), "step": torch.tensor(1)}
 
@@ -159,8 +177,9 @@ def test_an_unusable_store_is_one_line_naming_it(s3):
     with pytest.raises(StorageError, match=r"^s3://no-such-bucket/run: bucket "
                                            r"'no-such-bucket' does not exist \(endpoint http"):
         open_store("s3://no-such-bucket/run").check()
-    with pytest.raises(StorageError, match="not a usable storage URL|unknown|not"):
-        open_store("nosuchprotocol://x/y").check()
+    with pytest.raises(StorageError, match=r"^nosuchprotocol://x/y: not a usable storage URL "
+                                           r"\(Protocol not known: nosuchprotocol\)$"):
+        open_store("nosuchprotocol://x/y")
 
 
 def test_a_script_alone_writes_and_resumes_a_run_folder_on_s3(s3, capsys):
@@ -235,6 +254,10 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
                                                   r"can only be moved to an object store"):
                 client.submit(queue="default", command=[sys.executable, *DIGITS],
                               environment={"DYNTRAIN_OUT": "/tmp/x"})
+            with pytest.raises(ApiError, match=r"DYNTRAIN_OUT: nosuch://b/x: not a usable "
+                                               r"storage URL"):
+                client.submit(queue="default", command=[sys.executable, *DIGITS],
+                              environment={"DYNTRAIN_OUT": "nosuch://b/x"})
             job = client.submit(queue="default", command=[sys.executable, *SHORT],
                                 workers={"min": 1, "max": 1}, environment={"DYNTRAIN_OUT": url},
                                 resources={"cpus": 0.5, "memory_mib": 256})

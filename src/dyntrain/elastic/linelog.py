@@ -52,7 +52,12 @@ def open_lines(store: RunStore, name: str, *, flush_seconds: float = FLUSH_SECON
 
 
 class LineWriter:
-    """Appends to one local file, flushed after every line."""
+    """Appends to one local file, flushed after every line.
+
+    Args:
+        store: a local run folder.
+        name: the line file in it.
+    """
 
     def __init__(self, store: RunStore, name: str) -> None:
         self.store, self.name = store, name
@@ -77,7 +82,10 @@ class LineWriter:
 
 
 class SegmentWriter(LineWriter):
-    """Appends to numbered segments on an object store, uploaded from a thread of its own."""
+    """Appends to numbered segments on an object store, uploaded from a thread of its own.
+
+    Args: as ``open_lines``'s.
+    """
 
     def __init__(self, store: RunStore, name: str, flush_seconds: float, segment_bytes: int,
                  on_error: Callable[[str], None]) -> None:
@@ -117,7 +125,7 @@ class SegmentWriter(LineWriter):
             if not self._stop.is_set():
                 self.flush()
 
-    def flush(self) -> None:
+    def flush(self, last: bool = False) -> None:
         with self._upload_lock:
             with self._lock:
                 todo = {s: "".join(self._open[s]) for s in sorted(self._dirty)}
@@ -130,8 +138,11 @@ class SegmentWriter(LineWriter):
                 except Exception as exc:  # kept, and tried again at the next flush
                     with self._lock:
                         self._dirty.update(s for s in todo if s >= seq)
-                    if not self._failed:
-                        self.on_error(f"cannot write {self.name} yet: {exc}")
+                    if last:
+                        self.on_error(f"the last lines of {self.name} are not written: {exc}")
+                    elif not self._failed:
+                        self.on_error(f"cannot write {self.name} now (tried again every "
+                                      f"{self.flush_seconds:g} s): {exc}")
                     self._failed = True
                     return
                 with self._lock:
@@ -147,7 +158,7 @@ class SegmentWriter(LineWriter):
         self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        self.flush()
+        self.flush(last=True)
 
 
 def _segment_name(name: str, seq: int) -> str:
