@@ -55,8 +55,7 @@ def committed(s3, bucket: str, prefix: str) -> list[int]:
 def start_job(bed, s3, launcher: int, joiner: int, url: str, log) -> tuple:
     """The launcher (and one local worker) on host ``launcher``, `dyntrain worker` on host
     ``joiner``; returns both processes once the worker was started."""
-    # the hosts' names resolve to loopback: gloo is told the interface to use
-    env = s3.env(PYTHONUNBUFFERED="1", GLOO_SOCKET_IFNAME="eth0")
+    env = s3.env(PYTHONUNBUFFERED="1")  # no address settings: workers find their own
     host = bed.host(launcher)
     run = host.popen([*DYNTRAIN, "run", "--host", host.address, "--workers", "2:2", "--nproc",
                       "1", "--out", url, *DIGITS, "--step-delay", "0.01"], env=env, cwd=ROOT,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -17,6 +16,7 @@ from typing import TextIO
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.address import is_wildcard, machine_addresses
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.elastic.linelog import open_lines, read_lines
@@ -158,7 +158,10 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     except Exception as exc:
         raise DyntrainError(f"cannot listen on {opts.host}:{opts.port}: "
                             f"{str(exc).splitlines()[0]}") from None
-    address = f"{opts.host}:{tcp.port}"
+    # workers (local ones too) advertise the address they reach the coordinator from: with a
+    # wildcard, one that other hosts can reach as well
+    host = (machine_addresses() or ["127.0.0.1"])[0] if is_wildcard(opts.host) else opts.host
+    address = f"{host}:{tcp.port}"
     out = str(store.local.resolve()) if store.local is not None else store.location
     tcp.set(p.JOB_INFO, json.dumps({"out_dir": out}))
     sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every)
@@ -180,9 +183,8 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     if skipped:
         sink.log(f"resuming: not firing again {len(skipped)} event(s) that an earlier launch "
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
-    sink.log(f"coordinator listening on {address}; join with: dyntrain worker --coordinator "
-             f"{socket.gethostname() if opts.host == '0.0.0.0' else opts.host}:{tcp.port} "
-             f"{' '.join(opts.command)}")
+    sink.log(f"coordinator listening on {opts.host}:{tcp.port}; join with: dyntrain worker "
+             f"--coordinator {address} {' '.join(opts.command)}")
     if opts.nproc > opts.max_workers:
         sink.log(f"{opts.nproc - opts.max_workers} of the {opts.nproc} workers wait on standby "
                  f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
