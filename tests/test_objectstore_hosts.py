@@ -114,7 +114,8 @@ def test_fresh_hosts_resume_a_run_from_s3_after_every_host_is_lost(hosts, s3, tm
     assert json.loads(store.get("run.json"))["setup"]["config"]["global_batch"] == 64
     said = next(line for line in lines.lines if "local workers' logs in" in line)
     assert f"run folder {url}; local workers' logs in /tmp/" in said  # host 3's own disk
-    assert "logs/worker-w0.log" in store.list("logs")  # copied there when the launcher ended
+    assert "logs/worker-w0.log" in store.list("logs")  # moved there when the launcher ended
+    assert not hosts.host(3).path(said.rpartition(" in ")[2]).exists()
     # nothing of the run folder on any host's own disk
     for h in hosts.hosts[1:]:
         kept = [n for n in files_on(h.disk) if n.startswith("ckpt-")

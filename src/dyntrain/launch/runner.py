@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -227,11 +228,14 @@ def local_logs(location: str) -> Path:
 
 
 def _upload_logs(store: RunStore, logs: Path, say) -> None:
-    """Copy the local workers' logs into the run folder's ``logs/`` (they end with the run)."""
+    """Move the local workers' logs into the run folder's ``logs/`` (they end with the run);
+    they stay here if they cannot be written there."""
     try:
         store.put_many({f"logs/{f.name}": f.read_bytes() for f in sorted(logs.glob("*.log"))})
     except (OSError, StorageError) as exc:
         say(f"the workers' logs stay in {logs}: {exc}")
+        return
+    shutil.rmtree(logs, ignore_errors=True)
 
 
 def _interrupted(opts: RunOptions, coord: Coordinator, workers: LocalWorkers, sink: RunSink,
