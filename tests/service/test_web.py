@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from dyntrain.elastic.storage import LocalStore
 from dyntrain.lab import Measurement, Study, Trial, write_study
 from dyntrain.service.api import create_app
 from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec, Resources
@@ -336,16 +337,16 @@ def test_metrics_in_prometheus_text_format(anon, seeded):
 
 
 def test_read_rows_keeps_a_line_being_written_for_later(tmp_path):
-    path = tmp_path / "m.jsonl"
-    assert read_rows(path, 0) == ([], 0)
+    files, path = LocalStore(tmp_path), tmp_path / "metrics.jsonl"
+    assert read_rows(files, 0) == ([], 0)
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n{"step": 3')
-    rows, offset = read_rows(path, 0)
+    rows, offset = read_rows(files, 0)
     assert rows == [{"step": 1}, {"step": 2}]
     assert offset == len('{"step": 1}\nnot json\n{"step": 2}\n')
     with open(path, "a") as f:
         f.write("}\n")
-    assert read_rows(path, offset) == ([{"step": 3}], path.stat().st_size)
-    assert tail_rows(path, 2) == [{"step": 2}, {"step": 3}]
+    assert read_rows(files, offset) == ([{"step": 3}], path.stat().st_size)
+    assert tail_rows(files, 2) == [{"step": 2}, {"step": 3}]
     assert series([{"step": 1, "loss": 2.0}, {"step": 1, "recomputed": True}])["loss"] == [2.0]
     assert steps_per_second([{"step": 1, "time": 10.0}, {"step": 5, "time": 12.0}]) == 2.0
     assert steps_per_second([{"step": 1, "time": 10.0}]) is None

@@ -32,17 +32,34 @@ def state_distance(a: dict, b: dict) -> dict:
 
 
 def load_state(path: str) -> dict:
-    p = Path(path)
-    if p.is_dir():
-        p = p / "final.pt"
-    if not p.is_file():
-        raise DyntrainError(f"no such file: {p}")
+    """The state dict in a run folder's ``final.pt`` or in a file; either may be a local path
+    or an object-store URL (``s3://bucket/run``)."""
+    import io
+
     import torch
 
+    from dyntrain.elastic.storage import is_url, open_store
+
+    if is_url(path):
+        root, _, last = path.rstrip("/").rpartition("/")
+        store, name = ((open_store(root), last) if last.endswith((".pt", ".pth"))
+                       else (open_store(path), "final.pt"))
+        shown = store.where(name)
+        try:
+            data = io.BytesIO(store.get(name))
+        except FileNotFoundError:
+            raise DyntrainError(f"no such file: {shown}") from None
+    else:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "final.pt"
+        if not p.is_file():
+            raise DyntrainError(f"no such file: {p}")
+        data, shown = p, str(p)
     try:
-        return torch.load(p, weights_only=True, map_location="cpu")
+        return torch.load(data, weights_only=True, map_location="cpu")
     except Exception as exc:
-        raise DyntrainError(f"{p}: not a loadable state dict ({type(exc).__name__})") from None
+        raise DyntrainError(f"{shown}: not a loadable state dict ({type(exc).__name__})") from None
 
 
 @click.command()
@@ -51,7 +68,8 @@ def load_state(path: str) -> dict:
 @click.option("--atol", default=1e-5, show_default=True, help="Tolerance for the verdict.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def compare(run_a, run_b, atol, as_json):
-    """Compare two runs' final.pt (a run folder or a file); exit 1 if they differ beyond ATOL."""
+    """Compare two runs' final.pt (a run folder or a file, local or an object-store URL such
+    as s3://bucket/run); exit 1 if they differ beyond ATOL."""
     result = state_distance(load_state(run_a), load_state(run_b))
     result["allclose"] = result["max_abs_diff"] <= atol and result["non_float_equal"]
     if as_json:

@@ -46,7 +46,8 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
                    "waiting for the previous change (a robustness test; see the README). "
                    "AIMs: any, reform, sender, receiver, checkpoint, burst.")
 @click.option("--out", "out_dir", default="runs/latest", show_default=True,
-              type=click.Path(file_okay=False), help="Run folder (checkpoints, logs, metrics).")
+              help="Run folder (checkpoints, logs, metrics): a local folder or an object-store "
+                   "URL such as s3://bucket/prefix (see the README).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")
@@ -64,13 +65,17 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
     """
+    from dyntrain.elastic.storage import open_store
+
+    open_store(out_dir).check()  # a bucket that is not there: said before torch is imported
+
     from dyntrain.launch.chaos import parse_chaos
     from dyntrain.launch.runner import RunOptions, run_job
 
     low, high = parse_workers(workers)
     command = _script_command(script, args)
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
-                      nproc=low if nproc is None else nproc, out_dir=Path(out_dir),
+                      nproc=low if nproc is None else nproc, out_dir=out_dir,
                       events=parse_events(events), host=host, port=port,
                       chaos=parse_chaos(chaos) if chaos else None,
                       failure_timeout=failure_timeout, grace_seconds=grace_seconds,
@@ -81,18 +86,32 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--coordinator", required=True, help="HOST:PORT printed by `dyntrain run`.")
 @click.option("--connect-timeout", default=30.0, show_default=True, type=float)
+@click.option("--advertise-address", default=None, metavar="ADDRESS",
+              help="Address the other workers connect to [default: the one this host reaches "
+                   "the coordinator from].")
+@click.option("--iface", default=None, metavar="NAME",
+              help="Advertise the address of this network interface instead.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def worker(coordinator, connect_timeout, script, args):
+def worker(coordinator, connect_timeout, advertise_address, iface, script, args):
     """Join a running job as one more worker (e.g. from another machine)."""
-    from dyntrain.elastic.channel import connect_store
-    from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT
+    from dyntrain.elastic import address
+    from dyntrain.elastic.channel import connect_store, parse_address
+    from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
 
     command = _script_command(script, args)
+    if advertise_address and iface:
+        raise DyntrainError("give --advertise-address or --iface, not both")
+    # checked here, so that a wrong one is said before the script starts
+    address.advertise_address(parse_address(coordinator), advertise_address, iface)
     store = connect_store(coordinator, connect_timeout)
     info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
     env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
            str(connect_timeout)}
+    if advertise_address:
+        env[ENV_ADVERTISE] = advertise_address
+    if iface:
+        env[ENV_IFACE] = iface
     if info.get("out_dir") and ENV_OUT not in env:
         env[ENV_OUT] = info["out_dir"]
     os.execve(sys.executable, [sys.executable, *command], env)

@@ -102,9 +102,7 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
         raise ValueError(f"keep must be at least 1, got {keep}")
     directory.mkdir(parents=True, exist_ok=True)
     path = checkpoint_path(directory, step)
-    payload = dumps(state)
-    length = len(payload).to_bytes(_LENGTH_SIZE, "little")
-    atomic_write_bytes(path, MAGIC + hashlib.sha256(payload).digest() + length + payload)
+    atomic_write_bytes(path, encode_checkpoint(state))
     existing = list_checkpoints(directory)
     for old_step, old_path in existing[:-keep]:
         if old_step != step:
@@ -118,7 +116,19 @@ def read_checkpoint(path: Path) -> dict:
     Raises ``CorruptCheckpoint`` (one line, naming the file) rather than handing back a state that
     was damaged on disk or cut short by a crash.
     """
-    data = path.read_bytes()
+    return decode_checkpoint(path.read_bytes(), path)
+
+
+def encode_checkpoint(state: dict) -> bytes:
+    """A checkpoint's bytes: ``MAGIC + sha256(payload) + length + payload``."""
+    payload = dumps(state)
+    length = len(payload).to_bytes(_LENGTH_SIZE, "little")
+    return MAGIC + hashlib.sha256(payload).digest() + length + payload
+
+
+def decode_checkpoint(data: bytes, path: Path) -> dict:
+    """The state in a checkpoint's bytes, after checking its magic, length and checksum;
+    ``path`` names it in the ``CorruptCheckpoint`` raised for damaged bytes."""
     if not data.startswith(MAGIC) and not MAGIC.startswith(data):
         raise CorruptCheckpoint(path, "bad magic: not a dyntrain checkpoint")
     if len(data) < _HEADER_SIZE:

@@ -9,8 +9,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 from typing import TextIO
+
+from dyntrain.elastic.linelog import LineWriter, open_lines
+from dyntrain.elastic.storage import RunStore
+
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
 
 
 def progress_line(m: dict, total: int | str | None = None) -> str:
@@ -24,37 +29,43 @@ def result_line(values: dict) -> str:
     return "result: " + ", ".join(f"{k}={v}" for k, v in values.items())
 
 
-def write_result(out_dir: Path, results: dict) -> None:
-    (out_dir / "result.json").write_text(json.dumps(results, indent=2) + "\n")
+def write_result(store: RunStore, results: dict) -> None:
+    store.put(RESULT_FILE, (json.dumps(results, indent=2) + "\n").encode())
 
 
 class AloneOutput:
     """A world of one's terminal and run folder: a progress line every ``every`` seconds (and
-    the last step), ``report()`` on the terminal; with ``out_dir``, ``metrics.jsonl`` and
+    the last step), ``report()`` on the terminal; with a run folder, ``metrics.jsonl`` and
     ``result.json`` too (checkpoints and ``final.pt`` come from the trainer)."""
 
-    def __init__(self, out_dir: Path | None, stream: TextIO | None = None,
+    def __init__(self, store: RunStore | None, stream: TextIO | None = None,
                  every: float = 1.0) -> None:
-        self.out_dir, self.stream, self.every = out_dir, stream or sys.stdout, every
+        self.store, self.stream, self.every = store, stream or sys.stdout, every
         self.last_print = 0.0
         self.results: dict = {}
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics: LineWriter | None = None
 
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
     def metrics(self, row: dict, last: bool = False) -> None:
-        if self.out_dir is not None:
-            with open(self.out_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
+        if self.store is not None:
+            if self._metrics is None:
+                self._metrics = open_lines(self.store, METRICS_FILE, on_error=self.say)
+            self._metrics.write(json.dumps(row))
         now = time.monotonic()
         if last or now - self.last_print >= self.every:
             self.last_print = now
             self.say(progress_line(row))
 
+    def close(self) -> None:
+        """Write out the metrics rows still buffered (an object store's)."""
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
     def result(self, values: dict) -> None:
         self.results.update(values)
-        if self.out_dir is not None:
-            write_result(self.out_dir, self.results)
+        if self.store is not None:
+            write_result(self.store, self.results)
         self.say(result_line(values))

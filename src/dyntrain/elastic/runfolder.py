@@ -21,12 +21,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
-from dyntrain.elastic.checkpoint import atomic_write_bytes, list_checkpoints
+from dyntrain.elastic.ckptstore import list_checkpoints
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.state import TrainingParts
+from dyntrain.elastic.storage import RunStore
 from dyntrain.errors import DyntrainError
 
 RUN_FILE = "run.json"
@@ -114,14 +114,13 @@ def _model_differences(old: dict[str, list], new: dict[str, list]) -> list[str]:
     return out
 
 
-def check_run_folder(out_dir: Path, setup: dict[str, Any], *, where: str = "--out") -> None:
+def check_run_folder(store: RunStore, setup: dict[str, Any], *, where: str = "--out") -> None:
     """Refuse a run folder that holds a run with other settings; record ``setup`` otherwise.
 
     ``where`` names how the user chose the folder, for the hint.
     """
-    path = out_dir / RUN_FILE
-    recorded = _read(path)
-    started = bool(list_checkpoints(out_dir / "checkpoints")) or (out_dir / "final.pt").exists()
+    recorded = _read(store)
+    started = bool(list_checkpoints(store)) or store.exists("final.pt")
     diffs = differences(recorded, setup) if recorded is not None and started else []
     if diffs:
         # a scheduler's own settings (T_max, ...) follow the length: they count with it
@@ -135,18 +134,17 @@ def check_run_folder(out_dir: Path, setup: dict[str, Any], *, where: str = "--ou
             why = (" (a longer or shorter run needs a fresh folder when an LR scheduler is "
                    "used: its restored state keeps the old length)" if length_only else "")
             raise RunFolderMismatch(
-                f"{out_dir} holds a run started with other settings: {shown}{why}; use another "
-                f"{where}, or delete {out_dir} to start fresh")
+                f"{store.location} holds a run started with other settings: {shown}{why}; use "
+                f"another {where}, or delete {store.location} to start fresh")
     if recorded != setup:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, (json.dumps({"setup": setup}, indent=1) + "\n").encode())
+        store.put(RUN_FILE, (json.dumps({"setup": setup}, indent=1) + "\n").encode())
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def _read(store: RunStore) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text())["setup"]
+        return json.loads(store.get(RUN_FILE))["setup"]
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RunFolderMismatch(f"{path} is not readable ({exc}); delete it to record this "
-                                "run's settings again") from None
+        raise RunFolderMismatch(f"{store.where(RUN_FILE)} is not readable ({exc}); delete it to "
+                                "record this run's settings again") from None

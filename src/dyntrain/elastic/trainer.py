@@ -9,7 +9,6 @@ import os
 import signal
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,28 +17,31 @@ from torch.utils.data import Dataset
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.balance import ChunkBalancer
 from dyntrain.elastic.channel import CoordinatorGone, JobOver, WorkerChannel
-from dyntrain.elastic.checkpoint import (
-    atomic_write_bytes,
-    dumps,
+from dyntrain.elastic.checkpoint import dumps
+from dyntrain.elastic.ckptstore import (
     latest_valid_checkpoint,
-    list_checkpoints,
-    read_checkpoint,
+    newest_step,
+    read_ref,
     save_checkpoint,
 )
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group, run_abortable
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.progress import AloneOutput
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
+    ENV_ADVERTISE,
     ENV_CONNECT_TIMEOUT,
     ENV_COORDINATOR,
+    ENV_IFACE,
     ENV_OUT,
     ENV_REATTACH,
     ENV_WORKER_ID,
 )
+from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
+from dyntrain.elastic.storage import RunStore, open_store
 from dyntrain.elastic.transfer import broadcast_state
 from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
@@ -61,9 +63,10 @@ class ElasticTrainer:
     Inside a job started by ``dyntrain run`` (or joined with ``dyntrain worker``) the coordinator
     address comes from the environment. Without one, ``fit`` trains alone as a world of one, with
     exactly the same math: it prints a progress line every second and what ``report()`` gets;
-    given an output folder (``out_dir``, or ``DYNTRAIN_OUT`` in the environment) it also writes
-    ``metrics.jsonl``, checkpoints, ``final.pt`` and ``result.json`` as ``dyntrain run`` does,
-    and resumes from the folder's newest checkpoint. Either way, an output folder that holds a
+    given an output folder (``out_dir``, or ``DYNTRAIN_OUT`` in the environment: a local folder
+    or an object-store URL, ``dyntrain.elastic.storage``) it also writes ``metrics.jsonl``,
+    checkpoints, ``final.pt`` and ``result.json`` as ``dyntrain run`` does, and resumes from the
+    folder's newest checkpoint. Either way, an output folder that holds a
     run started with other settings is refused (``dyntrain.elastic.runfolder``).
 
     With ``TrainConfig.noise_scale`` on, the leader's row of ``metrics.jsonl`` for every step also
@@ -107,7 +110,7 @@ class ElasticTrainer:
         self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
         out = out_dir or os.environ.get(ENV_OUT)
-        self.out_dir = Path(out) if out else None
+        self.store: RunStore | None = open_store(out) if out else None
         self.collective_timeout = timedelta(seconds=collective_timeout)
         self.step = 0
         self.has_state = False
@@ -118,7 +121,7 @@ class ElasticTrainer:
         self._channel: WorkerChannel | None = None
         self._last_checkpoint = time.monotonic()
         self.last_result: StepResult | None = None  # of the last step this worker applied
-        self._alone = AloneOutput(self.out_dir)  # terminal and files of a world of one
+        self._alone = AloneOutput(self.store)  # terminal and files of a world of one
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
         self.balancer: ChunkBalancer | None = None
         self._state_sync_s: float | None = None  # this generation's state hand-over, seconds
@@ -146,8 +149,9 @@ class ElasticTrainer:
 
     def _fit(self) -> None:
         install_excepthook()
-        if self.out_dir is not None:
-            check_run_folder(self.out_dir, describe_setup(self.config, self.parts),
+        if self.store is not None:
+            self.store.check()
+            check_run_folder(self.store, describe_setup(self.config, self.parts),
                              where="--out" if self.coordinator else "output folder")
         if self.coordinator is None:
             self._fit_alone()
@@ -155,7 +159,8 @@ class ElasticTrainer:
         timeout = float(os.environ.get(ENV_CONNECT_TIMEOUT, "30"))
         self._channel = WorkerChannel(
             self.coordinator, self.worker_id, connect_timeout=timeout,
-            reattach_seconds=float(os.environ.get(ENV_REATTACH, "0")), position=self._position)
+            reattach_seconds=float(os.environ.get(ENV_REATTACH, "0")), position=self._position,
+            advertise=os.environ.get(ENV_ADVERTISE), iface=os.environ.get(ENV_IFACE))
         self.worker_id = self._channel.worker
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
@@ -192,25 +197,28 @@ class ElasticTrainer:
         group = Group(None, 0, 1, self.device)
         self.generation = p.Generation(0, ("local",), 0)
         self.has_state = True
-        if self.out_dir is not None:  # resume, as `dyntrain run` does with the same --out
-            found = latest_valid_checkpoint(self.out_dir / "checkpoints", on_skip=lambda path,
-                                            why: out.say(f"skipping checkpoint {path}: {why}"))
+        if self.store is not None:  # resume, as `dyntrain run` does with the same --out
+            found = latest_valid_checkpoint(self.store, on_skip=lambda where, why: out.say(
+                f"skipping checkpoint {where}: {why}"))
             if found is not None:
                 self.step = restore_state(self.parts, found[2])
                 out.say(f"resuming from step {self.step} ({found[1]})")
         last = time.perf_counter()
-        while self.step < self.total_steps:
-            red = self.stepper.start(self.step, self.stepper.my_chunks(0, 1), group)
-            result = self.last_result = self.stepper.finish(red, False, False, lambda: False)
-            self.step += 1
-            self._maybe_checkpoint(force=self.step == self.total_steps)
-            now = time.perf_counter()
-            out.metrics(self._metrics_row(result, 1, now - last),
-                        last=self.step == self.total_steps)
-            last = time.perf_counter()  # validation time is not step time
+        try:
+            while self.step < self.total_steps:
+                red = self.stepper.start(self.step, self.stepper.my_chunks(0, 1), group)
+                result = self.last_result = self.stepper.finish(red, False, False, lambda: False)
+                self.step += 1
+                self._maybe_checkpoint(force=self.step == self.total_steps)
+                now = time.perf_counter()
+                out.metrics(self._metrics_row(result, 1, now - last),
+                            last=self.step == self.total_steps)
+                last = time.perf_counter()  # validation time is not step time
+        finally:
+            out.close()
         self._write_final()
-        if self.out_dir is not None:
-            out.say(f"trained to step {self.step}; model in {self.out_dir / 'final.pt'}")
+        if self.store is not None:
+            out.say(f"trained to step {self.step}; model in {self.store.where('final.pt')}")
 
     # ---- elastic -------------------------------------------------------------------------------
 
@@ -260,18 +268,27 @@ class ElasticTrainer:
         ch = self._channel
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
-        group = None
+        group, stage = None, "group"
         try:
+            # peers that cannot reach each other are named before a group that cannot form
+            peers = gen.peer_probes(self.worker_id)
+            failed = run_abortable(lambda: probe_peers(peers), aborted) if peers else []
+            if failed:
+                ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
+                        reason="unreachable", unreachable=[f.to_dict() for f in failed])
+                return Outcome.REFORM
             # a connection per generation: see WorkerChannel.group_store
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
-                                 self.device, self.collective_timeout, aborted)
+                                 self.device, self.collective_timeout, aborted, ch.advertise)
+            stage = "sync"
             self._sync_state(gen, group, aborted)
+            stage = "train"
             return self._train(gen, group, aborted)
         except (Aborted, CollectiveFailed) as exc:
             reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
             ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
-                    reason=reason)
+                    reason=reason, stage=stage)
             return Outcome.REFORM
         finally:
             if group is not None:
@@ -279,7 +296,7 @@ class ElasticTrainer:
 
     def _sync_state(self, gen: p.Generation, group: Group, aborted) -> None:
         if gen.checkpoint is not None:
-            self.step = restore_state(self.parts, read_checkpoint(Path(gen.checkpoint)))
+            self.step = restore_state(self.parts, read_ref(gen.checkpoint))
             self.has_state = True
         elif gen.receivers or gen.fresh:
             began = time.perf_counter()
@@ -397,26 +414,20 @@ class ElasticTrainer:
         due = force or (cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0)
         due = due or (cfg.checkpoint_every_seconds is not None and
                       time.monotonic() - self._last_checkpoint >= cfg.checkpoint_every_seconds)
-        if not due or self.out_dir is None:
+        if not due or self.store is None:
             return
         state = capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
-        path = save_checkpoint(self.out_dir / "checkpoints", self.step, state,
-                               keep=cfg.keep_checkpoints)
+        where = save_checkpoint(self.store, self.step, state, keep=cfg.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
         if self._channel is not None:
-            self._channel.send("checkpoint", step=self.step, path=str(path))
+            self._channel.send("checkpoint", step=self.step, path=where)
 
     def _newest_checkpoint_step(self) -> int:
-        if self.out_dir is None:
-            return 0
-        found = list_checkpoints(self.out_dir / "checkpoints")
-        return found[-1][0] if found else 0
+        return 0 if self.store is None else newest_step(self.store)
 
     def _write_final(self) -> None:
-        if self.out_dir is None:
-            return
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.out_dir / "final.pt", dumps(self.parts.model.state_dict()))
+        if self.store is not None:
+            self.store.put("final.pt", dumps(self.parts.model.state_dict()))
 
 
 class _AbortCheck:

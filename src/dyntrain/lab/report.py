@@ -34,9 +34,11 @@ import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dyntrain.elastic.linelog import pieces, read_lines
+from dyntrain.elastic.storage import StorageError, is_url, open_store
 from dyntrain.lab.fit import (
     DIMINISHING,
     MAXIMAL,
@@ -394,14 +396,15 @@ def optimizer_comparisons(reports: Iterable[WorkloadReport]) -> list[dict[str, A
 # gradient noise scale
 
 
-def parse_noise_spec(spec: str) -> tuple[str | None, Path]:
-    """``NAME=PATH`` or ``PATH`` (a path that exists as given wins over splitting at ``=``)."""
-    if "=" in spec and not Path(spec).exists():
+def parse_noise_spec(spec: str) -> tuple[str | None, Path | str]:
+    """``NAME=PATH`` or ``PATH`` (a path that exists as given wins over splitting at ``=``);
+    PATH may be an object-store URL (kept as a string)."""
+    if "=" in spec and not Path(spec).exists() and not is_url(spec.partition("=")[0]):
         name, _, path = spec.partition("=")
         if not name or not path:
             raise LabError(f"--noise expects [NAME=]PATH, got {spec!r}")
-        return name, Path(path)
-    return None, Path(spec)
+        return name, path if is_url(path) else Path(path)
+    return None, spec if is_url(spec) else Path(spec)
 
 
 def _default_noise_name(path: Path) -> str:
@@ -417,14 +420,21 @@ def load_noise(path: str | Path, name: str | None = None) -> NoiseSeries:
     key are ignored. Raises :class:`LabError` naming the file and line for a line that is not
     JSON, a ``b_simple`` that is neither a number nor null, or a record with ``b_simple`` but
     no integer ``step``; and when the file has no ``b_simple`` records at all.
+
+    ``path`` may be an object-store URL of a run folder or of its ``metrics.jsonl``.
     """
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise LabError(f"{path}: cannot read: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise LabError(f"{path}: not a text file") from None
+    if is_url(path):
+        text, shown = _remote_metrics(str(path))
+        path = PurePosixPath(shown.partition("://")[2])  # for the default name
+    else:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise LabError(f"{path}: cannot read: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise LabError(f"{path}: not a text file") from None
+        shown = str(path)
     records: dict[int, float | None] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -432,24 +442,40 @@ def load_noise(path: str | Path, name: str | None = None) -> NoiseSeries:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise LabError(f"{path}:{lineno}: invalid JSON: {e.msg}") from None
+            raise LabError(f"{shown}:{lineno}: invalid JSON: {e.msg}") from None
         if not isinstance(rec, dict) or "b_simple" not in rec:
             continue
         raw = rec["b_simple"]
         if raw is None or (isinstance(raw, float) and not math.isfinite(raw)):
             value = None  # null (or NaN/infinity): no estimate at this step
         elif (value := _number(raw)) is None:
-            raise LabError(f"{path}:{lineno}: b_simple is not a number: {raw!r}")
+            raise LabError(f"{shown}:{lineno}: b_simple is not a number: {raw!r}")
         step = rec.get("step")
         if isinstance(step, bool) or not isinstance(step, (int, float)) or step != int(step):
-            raise LabError(f"{path}:{lineno}: record with b_simple has no integer step: "
+            raise LabError(f"{shown}:{lineno}: record with b_simple has no integer step: "
                            f"{step!r}")
         records[int(step)] = value  # a later record for the same step replaces the earlier
     if not records:
-        raise LabError(f"{path}: no records with a b_simple key")
+        raise LabError(f"{shown}: no records with a b_simple key")
     steps = sorted(records)
-    return NoiseSeries(name or _default_noise_name(path), str(path), steps,
+    return NoiseSeries(name or _default_noise_name(path), shown, steps,
                        [records[s] for s in steps])
+
+
+def _remote_metrics(url: str) -> tuple[str, str]:
+    """The text of a run folder's metrics on an object store (its segments joined) and its
+    URL."""
+    root, _, last = url.rstrip("/").rpartition("/")
+    if not last.endswith(".jsonl"):
+        root, last = url.rstrip("/"), "metrics.jsonl"
+    try:
+        store = open_store(root)
+        if not pieces(store, last):
+            raise LabError(f"{root}/{last}: no such file")
+        text = "\n".join(read_lines(store, last))
+    except StorageError as e:
+        raise LabError(str(e)) from None
+    return text, f"{root}/{last}"
 
 
 def noise_comparisons(series: NoiseSeries, reports: Iterable[WorkloadReport]

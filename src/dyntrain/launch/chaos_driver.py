@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 
 from dyntrain.elastic.coordinator import Coordinator, Phase
+from dyntrain.elastic.linelog import open_lines
+from dyntrain.elastic.storage import RunStore
 from dyntrain.launch.chaos import Chaos, Situation, Strike
 from dyntrain.launch.local import LocalWorkers
 
@@ -17,11 +18,13 @@ CHAOS_FILE = "chaos.jsonl"
 class ChaosDriver:
     """One tick at a time: build the ``Situation``, make the strikes, log them to chaos.jsonl."""
 
-    def __init__(self, chaos: Chaos, coord: Coordinator, workers: LocalWorkers, out_dir: Path,
+    def __init__(self, chaos: Chaos, coord: Coordinator, workers: LocalWorkers, store: RunStore,
                  say) -> None:
         self.chaos, self.coord, self.workers, self.say = chaos, coord, workers, say
-        self.checkpoints = out_dir / "checkpoints"
-        self.log = out_dir / CHAOS_FILE
+        # the `checkpoint` aim watches a local folder's temporary files (an object store's
+        # uploads are not seen: that aim falls back to `any` after its timeout)
+        self.checkpoints = store.local / "checkpoints" if store.local is not None else None
+        self.log = open_lines(store, CHAOS_FILE, on_error=say)
         self.made = 0
 
     @property
@@ -55,6 +58,8 @@ class ChaosDriver:
     def _writing_checkpoint(self) -> bool:
         """A checkpoint is being written: its temporary file (``atomic_write_bytes``) exists and
         grew within the last second (a killed writer leaves one behind)."""
+        if self.checkpoints is None:
+            return False
         now = time.time()
         try:
             with os.scandir(self.checkpoints) as entries:
@@ -83,5 +88,7 @@ class ChaosDriver:
                   "aim": strike.aim, "time": time.time(), "phase": self.coord.phase.value,
                   "generation": self.coord.current.number if self.coord.current else None,
                   "step": self.coord.highest_step}
-        with open(self.log, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.log.write(json.dumps(record))
+
+    def close(self) -> None:
+        self.log.close()

@@ -30,22 +30,23 @@ class LocalWorkers:
     has already imported torch (``dyntrain.launch.forkserver``); if it fails, plain processes.
     """
 
-    def __init__(self, command: list[str], coordinator: str, out_dir: Path,
+    def __init__(self, command: list[str], coordinator: str, out_dir: str | Path,
                  extra_env: dict[str, str] | None = None,
-                 fork_server: bool | None = None) -> None:
-        self.command, self.coordinator, self.out_dir = command, coordinator, out_dir
+                 fork_server: bool | None = None, logs_dir: Path | None = None) -> None:
+        self.command, self.coordinator, self.out_dir = command, coordinator, str(out_dir)
+        self.logs_dir = logs_dir or Path(out_dir) / "logs"  # out_dir may be a URL: logs stay here
         self.extra_env = extra_env or {}
         self.workers: dict[str, LocalWorker] = {}
         self._next = 0
-        (out_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
         use = wanted() if fork_server is None else fork_server
-        self.server = ForkServer(out_dir / "logs" / "forkserver.log") if use else None
+        self.server = ForkServer(self.logs_dir / "forkserver.log") if use else None
 
     def start(self) -> str:
         worker_id = f"w{self._next}"
         self._next += 1
         env = {**os.environ, **self.extra_env, ENV_COORDINATOR: self.coordinator,
-               ENV_WORKER_ID: worker_id, ENV_OUT: str(self.out_dir), "PYTHONUNBUFFERED": "1",
+               ENV_WORKER_ID: worker_id, ENV_OUT: self.out_dir, "PYTHONUNBUFFERED": "1",
                "LOCAL_RANK": str(self._next - 1)}
         log_path = self.log_path(worker_id)
         self.workers[worker_id] = LocalWorker(worker_id, self._spawn(env, log_path), log_path)
@@ -107,7 +108,7 @@ class LocalWorkers:
 
     def log_path(self, worker_id: str) -> Path:
         """Where a local worker's stdout and stderr go (its traceback, when it failed)."""
-        return self.out_dir / "logs" / f"worker-{worker_id}.log"
+        return self.logs_dir / f"worker-{worker_id}.log"
 
     def last_line(self, worker_id: str) -> str:
         """The last non-empty line a worker wrote (its error, when it failed)."""

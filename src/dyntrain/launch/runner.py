@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-import socket
+import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -14,9 +17,12 @@ from typing import TextIO
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.checkpoint import latest_valid_checkpoint
+from dyntrain.elastic.address import is_wildcard, machine_addresses
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.progress import progress_line, result_line, write_result
+from dyntrain.elastic.linelog import open_lines, read_lines
+from dyntrain.elastic.progress import METRICS_FILE, progress_line, result_line, write_result
+from dyntrain.elastic.storage import RunStore, StorageError, open_store
 from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
@@ -40,7 +46,7 @@ class RunOptions:
     min_workers: int
     max_workers: int
     nproc: int
-    out_dir: Path
+    out_dir: str | Path  # a local folder or an object-store URL
     events: list[Event] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 0
@@ -66,11 +72,13 @@ class RunOptions:
 class RunSink:
     """Writes events.jsonl and metrics.jsonl and prints progress on the terminal."""
 
-    def __init__(self, out_dir: Path, total_hint: str, stream: TextIO, quiet: bool,
+    def __init__(self, store: RunStore, total_hint: str, stream: TextIO, quiet: bool,
                  every: float) -> None:
-        self.events_file = open(out_dir / "events.jsonl", "a")
-        self.metrics_file = open(out_dir / "metrics.jsonl", "a")
-        self.out_dir, self.stream, self.quiet, self.every = out_dir, stream, quiet, every
+        self.files, self.stream, self.quiet, self.every = store, stream, quiet, every
+        # told from the writers' threads when an object store refuses a write for a while
+        self.events_file = open_lines(store, "events.jsonl", on_error=self.storage_warning)
+        self.metrics_file = open_lines(store, METRICS_FILE, on_error=self.storage_warning)
+        self.fired_file = open_lines(store, FIRED_FILE, on_error=self.storage_warning)
         self.total_hint = total_hint
         self.started = time.time()
         self.last_print = 0.0
@@ -86,10 +94,12 @@ class RunSink:
         """A line said even with --quiet (how the run ended, what did not happen)."""
         print(f"[{time.time() - self.started:7.2f}s] {line}", file=self.stream, flush=True)
 
+    def storage_warning(self, line: str) -> None:
+        self.announce(line)
+
     def event(self, record: dict) -> None:
         self.events.append(record)
-        self.events_file.write(json.dumps(record) + "\n")
-        self.events_file.flush()
+        self.events_file.write(json.dumps(record), urgent=True)
         who = ",".join(record["workers"])
         self._say(f"{record['event']} {who}: world {record['world_before']} -> "
                   f"{record.get('world_after')}, first step in the new world "
@@ -98,8 +108,7 @@ class RunSink:
 
     def metrics(self, record: dict) -> None:
         self.last_metrics = record
-        self.metrics_file.write(json.dumps(record) + "\n")
-        self.metrics_file.flush()
+        self.metrics_file.write(json.dumps(record))
         now = time.time()
         if now - self.last_print >= self.every:
             self.last_print = now
@@ -114,66 +123,69 @@ class RunSink:
     def result(self, record: dict) -> None:
         record = {k: v for k, v in record.items() if k != "worker"}
         self.results.update(record)
-        write_result(self.out_dir, self.results)
+        write_result(self.files, self.results)
         self._say(result_line(record))
 
     def fired(self, event: Event, step: int) -> None:
         """Record an injected event, so that a resumed run does not fire it again."""
-        with open(self.out_dir / FIRED_FILE, "a") as f:
-            f.write(json.dumps({"event": event.text, "step": step, "time": time.time()}) + "\n")
+        self.fired_file.write(json.dumps({"event": event.text, "step": step,
+                                          "time": time.time()}), urgent=True)
 
     def fired_before(self) -> list[str]:
         """The events that earlier launches into this run folder fired, in order."""
-        path = self.out_dir / FIRED_FILE
-        if not path.exists():
-            return []
-        return [json.loads(line)["event"] for line in path.read_text().splitlines()
+        return [json.loads(line)["event"] for line in read_lines(self.files, FIRED_FILE)
                 if line.strip()]
 
     def unfired(self, events: list[str], why: str) -> None:
         """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""
         self.results["events_not_fired"] = events
-        write_result(self.out_dir, self.results)
+        write_result(self.files, self.results)
         self.announce(f"{len(events)} event(s) never fired: {', '.join(events)} ({why})")
 
     def close(self) -> None:
-        self.events_file.close()
-        self.metrics_file.close()
+        """Write out what is still buffered (an object store's lines)."""
+        for lines in (self.events_file, self.metrics_file, self.fired_file):
+            lines.close()
 
 
 def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     """Run one elastic job to the end; returns the process exit code."""
-    out = opts.out_dir
-    out.mkdir(parents=True, exist_ok=True)
+    store = open_store(opts.out_dir)
+    store.check()
+    logs = store.local / "logs" if store.local is not None else local_logs(store.location)
     try:
-        store = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=30))
+        tcp = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
+                            timeout=timedelta(seconds=30))
     except Exception as exc:
         raise DyntrainError(f"cannot listen on {opts.host}:{opts.port}: "
                             f"{str(exc).splitlines()[0]}") from None
-    address = f"{opts.host}:{store.port}"
-    store.set(p.JOB_INFO, json.dumps({"out_dir": str(out.resolve())}))
-    sink = RunSink(out, "?", stream, opts.quiet, opts.progress_every)
+    # workers (local ones too) advertise the address they reach the coordinator from: with a
+    # wildcard, one that other hosts can reach as well
+    host = (machine_addresses() or ["127.0.0.1"])[0] if is_wildcard(opts.host) else opts.host
+    address = f"{host}:{tcp.port}"
+    out = str(store.local.resolve()) if store.local is not None else store.location
+    tcp.set(p.JOB_INFO, json.dumps({"out_dir": out}))
+    sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every)
 
     def find_checkpoint():
-        found = latest_valid_checkpoint(out / "checkpoints",
-                                        on_skip=lambda path, why: sink.log(
-                                            f"skipping checkpoint {path.name}: {why}"))
-        return (found[0], str(found[1])) if found else None
+        found = latest_valid_checkpoint(store, on_skip=lambda where, why: sink.log(
+            f"skipping checkpoint {where.rpartition('/')[2]}: {why}"))
+        return (found[0], found[1]) if found else None
 
-    coord = Coordinator(store, CoordinatorConfig(
+    coord = Coordinator(tcp, CoordinatorConfig(
         opts.min_workers, opts.max_workers, expected_initial=max(opts.nproc, 1),
         settle_seconds=opts.settle_seconds, failure_timeout=opts.failure_timeout),
         sink, find_checkpoint)
-    workers = LocalWorkers(opts.command, address, out)
+    workers = LocalWorkers(opts.command, address, out, logs_dir=logs)
+    if store.local is None:
+        sink.log(f"run folder {store.location}; local workers' logs in {logs}")
     schedule = EventSchedule(opts.events)
     skipped = schedule.skip_fired(sink.fired_before())
     if skipped:
         sink.log(f"resuming: not firing again {len(skipped)} event(s) that an earlier launch "
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
-    sink.log(f"coordinator listening on {address}; join with: dyntrain worker --coordinator "
-             f"{socket.gethostname() if opts.host == '0.0.0.0' else opts.host}:{store.port} "
-             f"{' '.join(opts.command)}")
+    sink.log(f"coordinator listening on {opts.host}:{tcp.port}; join with: dyntrain worker "
+             f"--coordinator {address} {' '.join(opts.command)}")
     if opts.nproc > opts.max_workers:
         sink.log(f"{opts.nproc - opts.max_workers} of the {opts.nproc} workers wait on standby "
                  f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
@@ -183,7 +195,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     if opts.chaos is not None:
         chaos = ChaosDriver(Chaos(*opts.chaos[:2], max_workers=opts.max_workers,
                                   aims=opts.chaos[2]), coord, workers,
-                            out, sink.log)
+                            store, sink.log)
     with StopSignals() as signals:
         for _ in range(opts.nproc):
             workers.start()
@@ -201,6 +213,29 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
             workers.stop_all(timeout=0.0 if coord.phase is Phase.FAILED else 20.0)
             workers.close()
             sink.close()
+            if chaos is not None:
+                chaos.close()
+            if store.local is None:
+                _upload_logs(store, logs, sink.announce)
+
+
+def local_logs(location: str) -> Path:
+    """Where the local workers of a run folder on an object store write their logs: a folder of
+    this machine's temporary directory named after the URL (the same for a re-run)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in location.split("://")[-1])
+    digest = hashlib.sha256(location.encode()).hexdigest()[:8]
+    return Path(tempfile.gettempdir()) / f"dyntrain-{os.getuid()}" / f"{name[-60:]}-{digest}"
+
+
+def _upload_logs(store: RunStore, logs: Path, say) -> None:
+    """Move the local workers' logs into the run folder's ``logs/`` (they end with the run);
+    they stay here if they cannot be written there."""
+    try:
+        store.put_many({f"logs/{f.name}": f.read_bytes() for f in sorted(logs.glob("*.log"))})
+    except (OSError, StorageError) as exc:
+        say(f"the workers' logs stay in {logs}: {exc}")
+        return
+    shutil.rmtree(logs, ignore_errors=True)
 
 
 def _interrupted(opts: RunOptions, coord: Coordinator, workers: LocalWorkers, sink: RunSink,
@@ -245,7 +280,11 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
                 if worker_id in coord.errors:
                     sink.log(f"worker {worker_id} exited with code {code}; its traceback is in "
                              f"{workers.log_path(worker_id)}")
-        phase = coord.tick()
+        try:
+            phase = coord.tick()
+        except StorageError as exc:  # finding a checkpoint: never start over from step 0
+            coord.fail(f"the run folder cannot be read: {exc}")
+            phase = coord.phase
         now = time.monotonic()
         for worker_id in coord.dead & set(workers.alive()):
             if worker_id in coord.errors and \

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dyntrain.elastic.protocol import ENV_OUT
+from dyntrain.elastic.storage import LocalStore, RunStore, open_store
 from dyntrain.service.attempts import Attempt, LogTail, terminating
 from dyntrain.service.capacity import parse_trace
 from dyntrain.service.executors.base import Executor, ExecutorError, WorkerExit
@@ -41,7 +43,7 @@ from dyntrain.service.model import JobStatus
 from dyntrain.service.recovery import Recovery
 from dyntrain.service.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
 from dyntrain.service.settling import Settling
-from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Store, WorkerRecord
+from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job, Store, WorkerRecord
 
 
 @dataclass
@@ -282,6 +284,12 @@ class Controller(Recovery, Launching, Settling):
 
     def run_dir(self, job_id: str) -> Path:
         return self.config.state_dir / "jobs" / job_id.replace(":", "_")
+
+    def run_store(self, job: Job) -> RunStore:
+        """Where a job's training files go: the object store its ``DYNTRAIN_OUT`` names, else
+        its run folder here (which keeps its logs either way)."""
+        out = job.environment.get(ENV_OUT)
+        return open_store(out) if out else LocalStore(self.run_dir(job.id))
 
     def _log_path(self, job_id: str, wid: str) -> Path:
         return self.run_dir(job_id) / "logs" / f"{wid}.log"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import time
@@ -13,14 +14,17 @@ import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import parse_address
-from dyntrain.elastic.checkpoint import latest_valid_checkpoint
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.progress import result_line
+from dyntrain.elastic.linelog import read_bytes, size
+from dyntrain.elastic.progress import METRICS_FILE, result_line
+from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
 from dyntrain.launch.runner import RunSink
 from dyntrain.service.jobtext import short_worker
 from dyntrain.service.model import JobStatus
 from dyntrain.service.store import Store
 
+log = logging.getLogger("dyntrain.service")
 PROGRESS_FIELDS = ("step", "total_steps", "epoch", "world_size", "loss", "samples_per_s", "time")
 PROGRESS_EVERY = 1.0  # seconds between two progress writes to the store
 SECRET_FILE = "coordinator.secret"
@@ -31,8 +35,8 @@ class ServiceSink(RunSink):
     job's progress (its latest metrics, at most once a second), a status reason that follows
     its membership changes, and what the training reported as a line of the job's log."""
 
-    def __init__(self, store: Store, job_id: str, run_dir: Path, attempt: int = 1) -> None:
-        super().__init__(run_dir, "?", stream=None, quiet=True, every=1e9)
+    def __init__(self, store: Store, job_id: str, files: RunStore, attempt: int = 1) -> None:
+        super().__init__(files, "?", stream=None, quiet=True, every=1e9)
         self.store, self.job_id, self.attempt = store, job_id, attempt
         self._progress_at = -PROGRESS_EVERY
         self._progress_of: dict | None = None  # the metrics record last written as progress
@@ -79,6 +83,10 @@ class ServiceSink(RunSink):
     def log(self, line: str) -> None:
         self.store.add_event(self.job_id, "coordinator", {"message": line})
 
+    def storage_warning(self, line: str) -> None:
+        # from a writer's thread: the service's log, not its store (the controller's)
+        log.warning("job %s: %s", self.job_id, line)
+
 
 class ElasticHost:
     """A TCPStore server and a Coordinator for one attempt of one elastic job.
@@ -87,14 +95,20 @@ class ElasticHost:
     ``recovering`` (after a service restart): the attempt's workers that may still run; the
     store listens on the recorded port again if it can (else on a new one, which the file
     tells the workers) and the coordinator is rebuilt from their reports.
+
+    ``files``: where the job's training files go (checkpoints, metrics, events, results) when
+    not in ``run_dir``: an object store (the job's ``DYNTRAIN_OUT``). ``run_dir`` keeps what
+    belongs to this service only (logs, the coordinator's secret), and ``coordinator.json`` is
+    written to both, for workers that share neither.
     """
 
     def __init__(self, store: Store, job_id: str, run_dir: Path, min_workers: int,
                  max_workers: int, expected: int, failure_timeout: float = 10.0,
                  attempt: int = 1, recovering: list[str] | None = None,
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", files: RunStore | None = None) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
+        self.files = files or LocalStore(run_dir)
         self.identity = f"{job_id}/attempt-{attempt}"
         previous = p.read_coordinator_file(run_dir) if recovering is not None else {}
         same = previous.get("job") == self.identity
@@ -103,23 +117,32 @@ class ElasticHost:
         self.tcp = _listen(port)  # TCPStore listens on every interface, whatever the host
         jobstore = dist.PrefixStore(self.secret, self.tcp)
         self.address = f"{host}:{self.tcp.port}"
-        jobstore.set(p.JOB_INFO, json.dumps({"out_dir": str(run_dir.resolve()),
-                                             "job": self.identity}))
+        out = str(run_dir.resolve()) if self.files.local is not None else self.files.location
+        jobstore.set(p.JOB_INFO, json.dumps({"out_dir": out, "job": self.identity}))
         p.write_coordinator_file(run_dir, self.address, self.identity)
-        self.sink = ServiceSink(store, job_id, run_dir, attempt)
+        self.sink = ServiceSink(store, job_id, self.files, attempt)
+        if self.files.local is None:
+            try:
+                self.files.put(p.COORDINATOR_FILE, (run_dir / p.COORDINATOR_FILE).read_bytes())
+            except StorageError as exc:  # its workers fail on it too, and say so
+                self.sink.log(f"cannot record the coordinator's address: {exc}")
         self.coordinator = Coordinator(
             jobstore, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
                                         settle_seconds=2.0, failure_timeout=failure_timeout),
             self.sink, self._find_checkpoint)
         if recovering is not None:
-            self.coordinator.expect_reattach(recovering, _last_step(run_dir / "metrics.jsonl"))
+            self.coordinator.expect_reattach(recovering, _last_step(self.files))
 
     def _find_checkpoint(self):
-        found = latest_valid_checkpoint(self.run_dir / "checkpoints")
-        return (found[0], str(found[1])) if found else None
+        found = latest_valid_checkpoint(self.files)
+        return (found[0], found[1]) if found else None
 
     def tick(self) -> Phase:
-        return self.coordinator.tick()
+        try:
+            return self.coordinator.tick()
+        except StorageError as exc:  # finding a checkpoint: never start over from step 0
+            self.coordinator.fail(f"the run folder cannot be read: {exc}")
+            return self.coordinator.phase
 
     def close(self) -> None:
         if self.coordinator.phase is Phase.DONE:
@@ -160,13 +183,12 @@ def _listen(port: int) -> dist.TCPStore:
     raise AssertionError("unreachable")
 
 
-def _last_step(metrics: Path) -> int:
-    """The step of the last complete row of a metrics file (0 when there is none)."""
+def _last_step(files: RunStore) -> int:
+    """The step of the last complete row of the run's metrics (0 when there is none)."""
     try:
-        with open(metrics, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 65536))
-            lines = f.read().splitlines()
-    except OSError:
+        lines = read_bytes(files, METRICS_FILE, max(0, size(files, METRICS_FILE) - 65536)
+                           ).splitlines()
+    except (OSError, StorageError):
         return 0
     for line in reversed(lines):
         try:

@@ -66,7 +66,8 @@ class Launching:
                 attempt.host = ElasticHost(
                     self.store, job_id, self.run_dir(job_id), job.min_workers, job.max_workers,
                     expected=len(attempt.workers), failure_timeout=self.config.failure_timeout,
-                    attempt=attempt.number, host=self.executor.coordinator_host)
+                    attempt=attempt.number, host=self.executor.coordinator_host,
+                    files=self.run_store(job))
             started.append(attempt)
         self._send(started)
         self._record_launches()
@@ -232,7 +233,7 @@ class Launching:
                "DYNTRAIN_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JOB_ID": job.id,
                "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JQ_NAME": job.queue,
                "AWS_BATCH_CE_NAME": w.compute_environment, ENV_WORKER_ID: w.id,
-               ENV_OUT: str(self.run_dir(job.id)), "PYTHONUNBUFFERED": "1"}
+               ENV_OUT: self.run_store(job).location, "PYTHONUNBUFFERED": "1"}
         if job.array_index is not None:
             env["AWS_BATCH_JOB_ARRAY_INDEX"] = env["DYNTRAIN_ARRAY_INDEX"] = str(job.array_index)
         if job.num_nodes:

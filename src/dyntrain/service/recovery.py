@@ -99,7 +99,8 @@ class Recovery:
                                    job.max_workers, expected=len(workers),
                                    failure_timeout=self.config.failure_timeout,
                                    attempt=attempt.number, recovering=[w.id for w in workers],
-                                   host=self.executor.coordinator_host)
+                                   host=self.executor.coordinator_host,
+                                   files=self.run_store(job))
         self.attempts[job.id] = attempt
         return f"its workers re-attach to its coordinator at {attempt.host.address}"
 

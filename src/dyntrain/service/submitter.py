@@ -22,6 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dyntrain.elastic.storage import StorageError, is_url, open_store
 from dyntrain.service.model import ValidationError
 
 # Set by the controller for every worker (see Controller._worker_env), never taken from a shell.
@@ -78,3 +79,19 @@ def clean(variables: Mapping[str, str]) -> dict[str, str]:
     """Drop the service's own variables and names a process environment cannot hold."""
     return {k: str(v) for k, v in variables.items()
             if k not in SERVICE_VARIABLES and _NAME.match(k) and "\x00" not in str(v)}
+
+
+def check_run_folder(environment: Mapping[str, str]) -> None:
+    """A job's own ``DYNTRAIN_OUT`` may move its run folder to an object store, nowhere else:
+    the service keeps local run folders in its state directory."""
+    out = environment.get("DYNTRAIN_OUT")
+    if out is None:
+        return
+    if not is_url(out):
+        raise ValidationError(f"DYNTRAIN_OUT={out!r}: a job's run folder can only be moved to "
+                              "an object store (a URL such as s3://bucket/prefix); local run "
+                              "folders live in the service's state directory")
+    try:
+        open_store(out)  # a known protocol whose package is installed here (no request made)
+    except StorageError as exc:
+        raise ValidationError(f"DYNTRAIN_OUT: {exc}") from None

@@ -45,7 +45,7 @@ from dyntrain.service.store.schema import (
     jobs,
     queue_environments,
 )
-from dyntrain.service.submitter import clean
+from dyntrain.service.submitter import check_run_folder, clean
 
 MAX_NODES = 1000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -127,6 +127,7 @@ class JobStore(StoreBase):
                           **{str(k): str(v) for k, v in (parameters or {}).items()}}
                 env = {**dict(spec.environment if spec else ()),
                        **{str(k): str(v) for k, v in (environment or {}).items()}}
+                check_run_folder(env)
                 retry = retry_strategy or (spec.retry_strategy if spec else RetryStrategy())
                 if retry_attempts is not None:
                     retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)

@@ -8,7 +8,6 @@ are reused, so a page and ``GET /jobs/{id}`` never disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -174,10 +173,6 @@ def world_timeline(job: Job, changes: list[MembershipChange], now: float
     return {"t": [t[i] for i in order], "world": [world[i] for i in order]}
 
 
-def run_dir(service: Service, job_id: str) -> Path:
-    return service.controller.run_dir(job_id)
-
-
 def job_page(service: Service, job: Job, child_status: str = "", child_page: int = 0
              ) -> dict[str, Any]:
     waiting = _waiting(service)
@@ -196,7 +191,7 @@ def job_page(service: Service, job: Job, child_status: str = "", child_page: int
     }
     if job.elastic is not None:
         out["changes"] = membership(service, job.id)
-        out["checkpoints"] = runfiles.checkpoints(run_dir(service, job.id))
+        out["checkpoints"] = runfiles.checkpoints(service.controller.run_store(job))
     if job.is_array_parent:
         statuses = [child_status] if child_status else None
         children, total = service.store.search_jobs(
@@ -214,8 +209,7 @@ def job_page(service: Service, job: Job, child_status: str = "", child_page: int
 def job_series(service: Service, job: Job, offset: int) -> dict[str, Any]:
     """What the job page's charts poll: new metrics rows after byte ``offset`` of
     metrics.jsonl, and the whole (small) world-size timeline with its membership changes."""
-    path = run_dir(service, job.id) / runfiles.METRICS_FILE
-    rows, next_offset = runfiles.read_rows(path, offset)
+    rows, next_offset = runfiles.read_rows(service.controller.run_store(job), offset)
     changes = membership(service, job.id)
     return {
         "offset": next_offset, "rows": runfiles.series(rows),

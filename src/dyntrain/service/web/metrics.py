@@ -101,8 +101,7 @@ class ServiceCollector(Collector):
             if job.elastic is None:
                 continue
             key = [job.id, job.name]
-            rows = runfiles.tail_rows(controller.run_dir(job.id) / runfiles.METRICS_FILE,
-                                      RATE_WINDOW_ROWS)
+            rows = runfiles.tail_rows(controller.run_store(job), RATE_WINDOW_ROWS)
             world.add_metric(key, rows[-1].get("world_size", running[job.id]) if rows
                              else running[job.id])
             rate = runfiles.steps_per_second(rows)

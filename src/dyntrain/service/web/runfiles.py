@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
-from pathlib import Path
 
 # imports torch, so the app loads it at start. Loaded lazily instead, torch would first load when
 # the controller launches an elastic job, under the service's lock: API calls waited for the import
 # (a 10 s client timeout ran out in make demo on a loaded machine).
-from dyntrain.elastic.checkpoint import list_checkpoints
+from dyntrain.elastic.ckptstore import CheckpointInfo, describe_checkpoints
+from dyntrain.elastic.linelog import read_bytes, size
+from dyntrain.elastic.storage import RunStore, StorageError
 
 METRICS_FILE = "metrics.jsonl"
 # the per-step fields the dashboard plots (a row may carry more: validation, gradient norm, ...)
@@ -18,14 +17,14 @@ SERIES_FIELDS = ("step", "time", "world_size", "loss", "samples_per_s", "b_simpl
 MAX_CHUNK_BYTES = 2 << 20
 
 
-def read_rows(path: Path, offset: int, max_bytes: int = MAX_CHUNK_BYTES) -> tuple[list[dict], int]:
-    """Whole JSON lines from byte ``offset`` on (at most about ``max_bytes``), and the offset
-    after the last whole line read; a line still being written is left for the next call."""
+def read_rows(files: RunStore, offset: int, max_bytes: int = MAX_CHUNK_BYTES,
+              name: str = METRICS_FILE) -> tuple[list[dict], int]:
+    """Whole JSON lines of a run's metrics from byte ``offset`` on (at most about
+    ``max_bytes``), and the offset after the last whole line read; a line still being written
+    is left for the next call. A run folder that cannot be read now has no new rows."""
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(max_bytes)
-    except FileNotFoundError:
+        data = read_bytes(files, name, offset, max_bytes)
+    except (OSError, StorageError):
         return [], offset
     end = data.rfind(b"\n") + 1
     rows = []
@@ -39,14 +38,15 @@ def read_rows(path: Path, offset: int, max_bytes: int = MAX_CHUNK_BYTES) -> tupl
     return rows, offset + end
 
 
-def tail_rows(path: Path, n: int, window: int = 64 << 10) -> list[dict]:
-    """The last ``n`` whole JSON lines of ``path`` (fewer when the file is short or absent)."""
+def tail_rows(files: RunStore, n: int, window: int = 64 << 10,
+              name: str = METRICS_FILE) -> list[dict]:
+    """The last ``n`` whole JSON lines of a run's metrics (fewer when short or absent)."""
     try:
-        size = path.stat().st_size
-    except FileNotFoundError:
+        total = size(files, name)
+    except (OSError, StorageError):
         return []
-    start = max(0, size - window)
-    rows, _ = read_rows(path, start, window)
+    start = max(0, total - window)
+    rows, _ = read_rows(files, start, window, name)
     if start > 0 and rows:
         rows = rows[1:]  # the first line read may have begun before the window
     return rows[-n:]
@@ -69,21 +69,9 @@ def steps_per_second(rows: list[dict]) -> float | None:
     return (last["step"] - first["step"]) / seconds if seconds > 0 else None
 
 
-@dataclass(frozen=True)
-class CheckpointFile:
-    step: int
-    name: str
-    size_bytes: int
-    written_at: float
-
-
-def checkpoints(run_dir: Path) -> list[CheckpointFile]:
+def checkpoints(files: RunStore) -> list[CheckpointInfo]:
     """The checkpoints in the run folder now, newest first (older ones are pruned as it runs)."""
-    out = []
-    for step, path in list_checkpoints(run_dir / "checkpoints"):
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            continue  # pruned between the listing and the stat
-        out.append(CheckpointFile(step, path.name, st.st_size, st.st_mtime))
-    return sorted(out, key=lambda c: c.step, reverse=True)
+    try:
+        return describe_checkpoints(files)
+    except StorageError:
+        return []

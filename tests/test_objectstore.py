@@ -1,0 +1,282 @@
+"""Run folders on an object store: the storage layer, line files and committed checkpoints
+against a real S3-compatible server (moto's, its own process, over HTTP)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, wait_for
+from dyntrain.elastic import ckptstore, linelog
+from dyntrain.elastic.checkpoint import encode_checkpoint
+from dyntrain.elastic.runfolder import RunFolderMismatch
+from dyntrain.elastic.storage import StorageError, open_store
+from dyntrain.lab.report import load_noise
+from objectstore import start_s3_server
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """One server for the module; this process reaches it through the environment."""
+    import s3fs
+
+    server = start_s3_server(tmp_path_factory.mktemp("moto") / "moto.log")
+    patch = pytest.MonkeyPatch()
+    for name, value in server.env().items():
+        patch.setenv(name, value)
+    s3fs.S3FileSystem.clear_instance_cache()  # made with other credentials, if any
+    try:
+        yield server
+    finally:
+        patch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()
+
+
+def test_files_are_put_listed_read_and_deleted(s3):
+    store = open_store(f"s3://{s3.bucket('files')}/run")
+    store.check()
+    store.put("run.json", b"{}")
+    store.put_many({"logs/a.log": b"a", "logs/b.log": b"bb"})
+    assert store.list() == {"run.json": 2}
+    assert store.list("logs") == {"logs/a.log": 1, "logs/b.log": 2}
+    assert store.get("logs/b.log") == b"bb" and store.get("run.json", 1, 2) == b"}"
+    assert store.exists("run.json") and not store.exists("final.pt")
+    with pytest.raises(FileNotFoundError):
+        store.get("final.pt")
+    store.delete(["logs/a.log", "logs/missing.log"])
+    assert store.list("logs") == {"logs/b.log": 2}
+    assert store.where("final.pt") == "s3://files/run/final.pt"
+
+
+def test_line_files_are_segments_read_back_in_order_across_writers(s3):
+    store = open_store(f"s3://{s3.bucket('lines')}/run")
+    first = linelog.open_lines(store, "metrics.jsonl", flush_seconds=60, segment_bytes=100)
+    for step in range(1, 11):
+        first.write(json.dumps({"step": step, "b_simple": 10.0 * step}))
+    first.flush()  # what a reader sees before the writer closes
+    assert [json.loads(x)["step"] for x in linelog.read_lines(store, "metrics.jsonl")] == \
+        list(range(1, 11))
+    first.write(json.dumps({"step": 11, "b_simple": 110.0}))
+    first.close()
+    second = linelog.open_lines(store, "metrics.jsonl")  # a resumed run: segments after those
+    second.write(json.dumps({"step": 12, "b_simple": 120.0}), urgent=True)
+    wait_for(lambda: len(linelog.read_lines(store, "metrics.jsonl")) == 12,
+             "the urgent line to be uploaded by the writer's thread", 30)
+    second.close()
+    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(1, 13))
+    # segments closed at 100 bytes or more (4 rows of 30 bytes); the second writer's own
+    keys = s3.keys("lines", "run/")
+    assert sorted(keys) == [f"run/metrics.jsonl.d/{n:08d}.jsonl" for n in (1, 2, 3, 4)]
+    assert keys["run/metrics.jsonl.d/00000004.jsonl"] == len(json.dumps(rows[-1])) + 1
+    # byte offsets run across the segments as if they were one file
+    whole = linelog.read_bytes(store, "metrics.jsonl")
+    assert linelog.read_bytes(store, "metrics.jsonl", 150, 100) == whole[150:250]
+    assert linelog.size(store, "metrics.jsonl") == len(whole)
+    # the lab reads the run folder's metrics by URL
+    noise = load_noise("s3://lines/run")
+    assert noise.steps == list(range(1, 13)) and noise.name == "run"
+    assert noise.path == "s3://lines/run/metrics.jsonl"
+
+
+def test_lines_refused_by_the_store_are_kept_and_written_once_it_accepts(s3):
+    """A bucket that is not there yet: the writer says so once, keeps the lines, and writes
+    them all at a later flush."""
+    store = open_store("s3://late-bucket/run")
+    told = []
+    lines = linelog.open_lines(store, "events.jsonl", flush_seconds=60, on_error=told.append)
+    lines.write('{"n": 1}')
+    lines.flush()
+    lines.write('{"n": 2}')
+    lines.flush()
+    assert len(told) == 1 and told[0].startswith("cannot write events.jsonl now (tried again "
+                                                 "every 60 s): ")
+    s3.bucket("late-bucket")
+    lines.close()
+    assert told[1:] == ["events.jsonl is written again"]
+    assert linelog.read_lines(store, "events.jsonl") == ['{"n": 1}', '{"n": 2}']
+
+
+def state_of(size: int, value: float) -> dict:
+    return {"w": torch.full((size,), value), "step": torch.tensor(1)}
+
+
+def test_only_committed_checkpoints_are_seen_and_a_damaged_one_is_skipped(s3):
+    store = open_store(f"s3://{s3.bucket('ckpts')}/run")
+    for step in (1, 2, 3):
+        where = ckptstore.save_checkpoint(store, step, state_of(1000, float(step)), keep=2,
+                                          part_bytes=1500)
+    assert where == "s3://ckpts/run/checkpoints/ckpt-000000003.commit"
+    assert [s for s, _ in ckptstore.list_checkpoints(store)] == [2, 3]  # pruned as on disk
+    parts = sorted(k for k in s3.keys("ckpts", "run/checkpoints/") if ".part" in k)
+    per_step = -(-len(encode_checkpoint(state_of(1000, 1.0))) // 1500)
+    assert per_step > 1 and len(parts) == 2 * per_step
+    assert all("ckpt-000000001" not in k for k in parts)  # pruned with its record
+    assert torch.equal(ckptstore.read_ref(where)["w"], torch.full((1000,), 3.0))
+    damaged = next(k for k in parts if "ckpt-000000003" in k)
+    s3.client().put_object(Bucket="ckpts", Key=damaged, Body=b"x" * 1500)
+    skipped = []
+    step, found, state = ckptstore.latest_valid_checkpoint(store, lambda *a: skipped.append(a))
+    assert (step, found) == (2, "s3://ckpts/run/checkpoints/ckpt-000000002.commit")
+    assert torch.equal(state["w"], torch.full((1000,), 2.0))
+    assert skipped == [(where, f"part {damaged.rpartition('/')[2]}: checksum mismatch")]
+    s3.client().delete_object(Bucket="ckpts", Key=damaged)
+    assert "is missing" in _skip_reason(store)
+
+
+def _skip_reason(store) -> str:
+    skipped = []
+    ckptstore.latest_valid_checkpoint(store, lambda *a: skipped.append(a[1]))
+    return skipped[0]
+
+
+SAVE = """
+import sys, torch
+from dyntrain.elastic.ckptstore import save_checkpoint
+from dyntrain.elastic.storage import open_store
+save_checkpoint(open_store(sys.argv[1]), int(sys.argv[2]),
+                {"w": torch.full((5_000_000,), 2.0)}, part_bytes=64 << 10)
+"""
+
+
+def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint_newest(s3, tmp_path):
+    url = f"s3://{s3.bucket('killed')}/run"
+    store = open_store(url)
+    ckptstore.save_checkpoint(store, 1, state_of(10, 1.0))
+    # 20 MB in 64 KiB parts: about 300 uploads, killed once the first has landed
+    writer = subprocess.Popen([sys.executable, "-c", SAVE, url, "2"], cwd=ROOT,
+                              env=s3.env(), start_new_session=True)
+    try:
+        wait_for(lambda: writer.poll() is not None or any(
+            "ckpt-000000002" in k for k in s3.keys("killed", "run/checkpoints/")),
+            "the first part of step 2 to be uploaded", 120)
+        os.killpg(writer.pid, signal.SIGKILL)
+    finally:
+        writer.kill()
+        writer.wait()
+    keys = s3.keys("killed", "run/checkpoints/")
+    assert writer.returncode == -signal.SIGKILL, "it finished before it was killed"
+    assert "run/checkpoints/ckpt-000000002.commit" not in keys
+    orphans = [k for k in keys if "ckpt-000000002" in k]
+    assert orphans and all(".part" in k for k in orphans)
+    step, where, state = ckptstore.latest_valid_checkpoint(store)
+    assert (step, where) == (1, f"{url}/checkpoints/ckpt-000000001.commit")
+    assert ckptstore.newest_step(store) == 1
+    ckptstore.save_checkpoint(store, 3, state_of(10, 3.0))  # the next save removes the orphans
+    assert not [k for k in s3.keys("killed", "run/checkpoints/") if "ckpt-000000002" in k]
+
+
+def test_an_unusable_store_is_one_line_naming_it(s3):
+    with pytest.raises(StorageError, match=r"^s3://no-such-bucket/run: bucket "
+                                           r"'no-such-bucket' does not exist \(endpoint http"):
+        open_store("s3://no-such-bucket/run").check()
+    with pytest.raises(StorageError, match=r"^nosuchprotocol://x/y: not a usable storage URL "
+                                           r"\(Protocol not known: nosuchprotocol\)$"):
+        open_store("nosuchprotocol://x/y")
+
+
+def test_a_script_alone_writes_and_resumes_a_run_folder_on_s3(s3, capsys):
+    """``ElasticTrainer`` without a coordinator, its output folder a URL (``DYNTRAIN_OUT``)."""
+    from test_runfolder import trainer
+
+    url = f"s3://{s3.bucket('alone')}/run"
+    first = trainer(url, epochs=2)
+    first.fit()
+    first.report(accuracy=0.5)
+    store = open_store(url)
+    assert json.loads(store.get("result.json")) == {"accuracy": 0.5}
+    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert store.exists("final.pt") and store.exists("run.json")
+    again = trainer(url, epochs=2)
+    again.fit()
+    shown = capsys.readouterr().out
+    assert f"resuming from step 8 ({url}/checkpoints/ckpt-000000008.commit)" in shown
+    assert f"model in {url}/final.pt" in shown and again.step == 8
+    with pytest.raises(RunFolderMismatch, match=rf"^{url} holds a run started with other "
+                                                r"settings: optimizer lr 0.1 -> 0.05"):
+        trainer(url, epochs=2, lr=0.05).fit()
+
+
+# ---- dyntrain run --out s3://... --------------------------------------------------------------
+
+DIGITS = ["-m", "dyntrain.workloads.digits", "--epochs", "4"]  # 88 steps, a checkpoint every 20
+SHORT = ["-m", "dyntrain.workloads.digits", "--epochs", "2"]  # 44 steps
+
+
+@pytest.mark.parametrize("change, needle", [
+    ("bucket", "dyntrain: error: s3://absent-bucket/run: bucket 'absent-bucket' does not exist "
+               "(endpoint http"),
+    ("key", "dyntrain: error: cannot read s3://present/run: access denied (The AWS Access Key "
+            "Id you provided does not exist in our records.); check the credentials"),
+    ("endpoint", "dyntrain: error: cannot read s3://present/run (endpoint http://127.0.0.1:9/): "
+                 "EndpointConnectionError: Could not connect to the endpoint URL"),
+], ids=["no-bucket", "bad-key", "no-endpoint"])
+def test_an_unusable_run_folder_is_refused_in_one_line(s3, change, needle):
+    if "present" not in s3.buckets:
+        s3.bucket("present")
+    url = "s3://absent-bucket/run" if change == "bucket" else "s3://present/run"
+    env = s3.env(**({"AWS_ACCESS_KEY_ID": "AKIAWRONGWRONGWRONG"} if change == "key" else {}),
+                 **({"AWS_ENDPOINT_URL": "http://127.0.0.1:9/"} if change == "endpoint" else {}))
+    proc = subprocess.run([sys.executable, "-m", "dyntrain.cli.main", "run", "--out", url,
+                           *DIGITS], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(needle) and proc.stderr.count("\n") == 1, proc.stderr
+
+
+# ---- the service ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
+    """An elastic job submitted with DYNTRAIN_OUT=s3://... : its workers and the service's
+    coordinator write the run folder there; the service keeps only the logs; the dashboard
+    reads the job's metrics and checkpoints from the bucket."""
+    import httpx
+
+    from conftest import start_server, stop_server
+    from dyntrain.service.client import ApiError, Client
+
+    url = f"s3://{s3.bucket('service-runs')}/job"
+    state = tmp_path / "state"
+    server, api = start_server(state, tmp_path / "server.log")  # this process's environment
+    try:
+        with Client(api) as client:
+            with pytest.raises(ApiError, match=r"DYNTRAIN_OUT='/tmp/x': a job's run folder "
+                                                  r"can only be moved to an object store"):
+                client.submit(queue="default", command=[sys.executable, *DIGITS],
+                              environment={"DYNTRAIN_OUT": "/tmp/x"})
+            with pytest.raises(ApiError, match=r"DYNTRAIN_OUT: nosuch://b/x: not a usable "
+                                               r"storage URL"):
+                client.submit(queue="default", command=[sys.executable, *DIGITS],
+                              environment={"DYNTRAIN_OUT": "nosuch://b/x"})
+            job = client.submit(queue="default", command=[sys.executable, *SHORT],
+                                workers={"min": 1, "max": 1}, environment={"DYNTRAIN_OUT": url},
+                                resources={"cpus": 0.5, "memory_mib": 256})
+            final = wait_for(lambda: (j := client.get_job(job["id"]))["status"] in
+                             ("SUCCEEDED", "FAILED") and j, "the job to end", 240)
+            assert final["status"] == "SUCCEEDED", final["status_reason"]
+            page = httpx.get(f"{api}/ui/jobs/{job['id']}", timeout=30).text
+            series = httpx.get(f"{api}/ui/data/jobs/{job['id']}/series", timeout=30).json()
+    finally:
+        stop_server(server)
+    store = open_store(url)
+    assert json.loads(store.get("result.json"))["steps"] == 44
+    assert [s for s, _ in ckptstore.list_checkpoints(store)] == [20, 40, 44]
+    assert json.loads(store.get("coordinator.json"))["job"] == f"{job['id']}/attempt-1"
+    assert torch.load(__import__("io").BytesIO(store.get("final.pt")), weights_only=True)
+    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(1, 45))
+    assert "ckpt-000000044.commit" in page
+    assert series["rows"]["step"] == list(range(1, 45))
+    local = state / "runs" / "jobs" / job["id"]
+    assert sorted(p.name for p in local.iterdir()) == ["coordinator.json", "coordinator.secret",
+                                                       "logs"]
