@@ -46,7 +46,7 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
                    "waiting for the previous change (a robustness test; see the README). "
                    "AIMs: any, reform, sender, receiver, checkpoint, burst.")
 @click.option("--out", "out_dir", default="runs/latest", show_default=True,
-              type=click.Path(file_okay=False), help="Run folder (checkpoints, logs, metrics).")
+              type=click.Path(), help="Run folder (checkpoints, logs, metrics).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")

@@ -43,6 +43,7 @@ from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.transfer import broadcast_state
 from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
+from dyntrain.outdir import make_out_dir
 
 log = logging.getLogger("dyntrain.trainer")
 
@@ -91,6 +92,10 @@ class ElasticTrainer:
         loader=None,
         validation: Validation | None = None,
     ) -> None:
+        install_excepthook()  # a DyntrainError from here on is one line in a script
+        out = out_dir or os.environ.get(ENV_OUT)
+        # the folder exists from here on: a path that cannot be one is one line, naming its source
+        self.out_dir = make_out_dir(out, "out_dir" if out_dir else ENV_OUT) if out else None
         self.config = config
         self.device = torch.device(device) if device is not None else _default_device(config)
         self.backend = config.backend if config.backend != "auto" else (
@@ -106,8 +111,6 @@ class ElasticTrainer:
         self.validations: list[dict] = []  # this worker's validation results, with their step
         self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
-        out = out_dir or os.environ.get(ENV_OUT)
-        self.out_dir = Path(out) if out else None
         self.collective_timeout = timedelta(seconds=collective_timeout)
         self.step = 0
         self.has_state = False
