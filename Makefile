@@ -31,12 +31,14 @@ $(STAMP): pyproject.toml $(TORCH)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# DEMO_ARGS=--no-keep-serving: end after the summary instead of serving the dashboard until Ctrl-C
 demo: $(DEMO_STAMP)
-	$(PY) examples/service_demo.py --out runs/service-demo
+	$(PY) examples/service_demo.py --out runs/service-demo $(DEMO_ARGS)
 
 # The dashboard's screenshots in docs/screenshots, taken by the demo while its job runs.
 screenshots: $(STAMP) browser
-	$(PY) examples/service_demo.py --out runs/service-demo --screenshots docs/screenshots
+	$(PY) examples/service_demo.py --out runs/service-demo --screenshots docs/screenshots \
+		--no-keep-serving
 
 demo-elastic: $(DEMO_STAMP)
 	$(PY) examples/demo.py --out runs/demo
