@@ -33,7 +33,7 @@ def _csv(text: str | None) -> tuple[str, ...] | None:
 
 @click.command()
 @click.option("--preset", type=click.Choice(["quick", "full"]), default=None,
-              help="Start from a preset (quick: ~10 min on 2 cores; full: bigger machines); "
+              help="Start from a preset (quick: a few minutes on 2 cores; full: bigger machines); "
                    "other options override it.")
 @click.option("--workload", default=None,
               help="digits-mlp (default), digits-cnn, module:function or file.py:function.")
