@@ -39,7 +39,13 @@ MODULES: dict[str, tuple[str, str]] = {
 
 
 class MissingExtra(DyntrainError):
-    """A module of an optional extra is not installed; the message says what to install."""
+    """A module of an optional extra is not installed; the message says what to install.
+
+    Args:
+        module: the missing top-level module (a key of ``MODULES``).
+        what: what needs it, as the user knows it; None: "this".
+        extra: the extra to name instead of the module's own (one that also brings it).
+    """
 
     def __init__(self, module: str, what: str | None = None, extra: str | None = None) -> None:
         default, dist = MODULES[module]
@@ -51,8 +57,9 @@ class MissingExtra(DyntrainError):
 
 def missing_extra(exc: BaseException, what: str | None = None,
                   extra: str | None = None) -> MissingExtra | None:
-    """The ``MissingExtra`` that ``exc`` (an ImportError) stands for, or None when the missing
-    module belongs to no extra (a real bug, or the user's own import).
+    """The ``MissingExtra`` that ``exc`` (a ModuleNotFoundError) stands for, or None when the
+    missing module belongs to no extra (a real bug, or the user's own import). An ImportError
+    of a module that is there (a name it lacks) is a bug, not a missing extra: None.
 
     Args:
         exc: the exception an import raised.
@@ -60,7 +67,7 @@ def missing_extra(exc: BaseException, what: str | None = None,
         extra: the extra to name, when ``what`` needs one that brings the module (the lab's
             commands: ``lab``) rather than the module's own extra.
     """
-    if not isinstance(exc, ImportError) or not exc.name:
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
         return None
     top = exc.name.partition(".")[0]
     return MissingExtra(top, what, extra) if top in MODULES else None
@@ -76,7 +83,7 @@ def needs_extra(what: str) -> Iterator[None]:
     """
     try:
         yield
-    except ImportError as exc:
+    except ModuleNotFoundError as exc:
         found = missing_extra(exc, what)
         if found is None:
             raise

@@ -79,7 +79,7 @@ def _name_missing_extras(command: click.Command) -> None:
     def wrapper(*args, **kwargs):
         try:
             return callback(*args, **kwargs)
-        except ImportError as exc:
+        except ModuleNotFoundError as exc:
             path = click.get_current_context().command_path
             found = missing_extra(exc, f"`{path}`", _COMMAND_EXTRAS.get(path.split()[1]))
             if found is None:
