@@ -1,4 +1,4 @@
-"""`make demo`: the whole product on the embedded service (2-3 minutes on 2 cores).
+"""`make demo`: the whole product on the embedded service (2-4 minutes on 2 cores).
 
 1. Starts the embedded job service (SQLite, local processes) on 127.0.0.1.
 2. Creates a SPOT compute environment that replays a capacity trace (examples/traces), a RESERVED
