@@ -1,32 +1,51 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Each target installs what it uses into .venv: `make demo` the service and the workloads
+# (`pip install -e '.[service,workloads]'`), `make lab` the lab, `make test` everything.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+TORCH := $(VENV)/.torch
+DEMO_STAMP := $(VENV)/.demo-installed
+LAB_STAMP := $(VENV)/.lab-installed
 STAMP := $(VENV)/.installed
 
 .PHONY: demo demo-elastic demo-images screenshots lab test browser lint clean
 
-$(STAMP): pyproject.toml
+$(TORCH):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch 2.13.0 (CPU) lies on this machine's disk; a bare `torch` would pull a CUDA build.
 	$(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.3,<2.15"
+	touch $(TORCH)
+
+$(DEMO_STAMP): pyproject.toml $(TORCH)
+	$(PY) -m pip install --quiet -e ".[service,workloads]"
+	touch $(DEMO_STAMP)
+
+$(LAB_STAMP): pyproject.toml $(TORCH)
+	$(PY) -m pip install --quiet -e ".[lab]"
+	touch $(LAB_STAMP)
+
+# everything: every extra and the test tools
+$(STAMP): pyproject.toml $(TORCH)
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) examples/service_demo.py --out runs/service-demo
+# DEMO_ARGS=--no-keep-serving: end after the summary instead of serving the dashboard until Ctrl-C
+demo: $(DEMO_STAMP)
+	$(PY) examples/service_demo.py --out runs/service-demo $(DEMO_ARGS)
 
 # The dashboard's screenshots in docs/screenshots, taken by the demo while its job runs.
 screenshots: $(STAMP) browser
-	$(PY) examples/service_demo.py --out runs/service-demo --screenshots docs/screenshots
+	$(PY) examples/service_demo.py --out runs/service-demo --screenshots docs/screenshots \
+		--no-keep-serving
 
-demo-elastic: $(STAMP)
+demo-elastic: $(DEMO_STAMP)
 	$(PY) examples/demo.py --out runs/demo
 
 # The input pipeline and the recipe on a real image task read from disk: digits as JPEGs, packed
 # into shards, a small ResNet with the article's recipe, 2 workers x 2 loader processes each.
-demo-images: $(STAMP)
+demo-images: $(DEMO_STAMP)
 	rm -rf runs/demo-images
 	$(PY) -m dyntrain.workloads.digits_images runs/demo-images/jpeg
 	$(VENV)/bin/dyntrain data pack runs/demo-images/jpeg/train runs/demo-images/packed/train
@@ -38,7 +57,7 @@ demo-images: $(STAMP)
 # The scaling lab on digits: the quick sweep (resumable), B_simple from two elastic runs, report.
 NOISE_RUN := --workers 2:2 --quiet -m dyntrain.workloads.digits --model mlp --lr-schedule constant \
 	--weight-decay 0 --global-batch 64 --chunk-size 8 --epochs 100 --max-steps 400 --noise-scale
-lab: $(STAMP)
+lab: $(LAB_STAMP)
 	$(VENV)/bin/dyntrain lab sweep --preset quick --service none --out runs/lab/sweep
 	rm -rf runs/lab/noise-sgd runs/lab/noise-nesterov
 	$(VENV)/bin/dyntrain run --out runs/lab/noise-sgd $(NOISE_RUN) --optimizer sgd --lr 0.3

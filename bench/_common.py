@@ -177,7 +177,7 @@ def machine_info() -> dict:
     except OSError:
         pass
     return {
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "cpu_count": os.cpu_count(),
         "cpu_model": model,
         "platform": platform.platform(),

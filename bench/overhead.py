@@ -250,7 +250,7 @@ def machine_info() -> dict:
             else None,
             "cpu_model": model, "platform": platform.platform(),
             "python": platform.python_version(), "torch": torch.__version__,
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "load_avg_start": list(os.getloadavg())}
 
 

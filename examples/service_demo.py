@@ -1,14 +1,18 @@
-"""`make demo`: the whole product on the embedded service, in about two minutes on 2 cores.
+"""`make demo`: the whole product on the embedded service (2-4 minutes on 2 cores).
 
 1. Starts the embedded job service (SQLite, local processes) on 127.0.0.1.
 2. Creates a SPOT compute environment that replays a capacity trace (examples/traces), a RESERVED
    pool whose idle slots are lent to training and later taken back, and an ON_DEMAND one; a
-   high-priority `training` queue over spot -> reserved -> on-demand, and a `batch` queue.
+   high-priority `training` queue over spot -> reserved -> on-demand (a job spills to the next
+   when the one before is full), and a `batch` queue over on-demand.
 3. Submits an elastic training job (the digits workload, 1 to 4 workers) and a small array job.
 4. Shows live progress: jobs, workers per environment, preemptions, training step and loss;
    the service's web dashboard (its URL is printed) shows the same, with charts, as it happens.
-5. Ends with a summary: accuracy, equivalence to a static one-worker run, and cost against a
-   static on-demand allocation of the job's max workers.
+   After 45 s the reserved pool takes its slots back; at 60 s the spot trace reclaims three
+   slots and the job spills onto on-demand; spot capacity returns at 88-92 s.
+5. Ends with a summary: accuracy, equivalence to a static one-worker run, and the cost per
+   capacity type against a static on-demand allocation of the job's max workers. The service
+   (and its dashboard) then stays up until Ctrl-C (--no-keep-serving: the demo ends there).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,15 +32,21 @@ from typing import NoReturn
 import torch
 import uvicorn
 
+from dyntrain.errors import DyntrainError
+from dyntrain.outdir import make_out_dir
 from dyntrain.service.api.app import create_app
 from dyntrain.service.client import Client
 from dyntrain.service.jobtext import live_workers
 from dyntrain.service.server import Service, ServiceConfig
 
 HERE = Path(__file__).resolve().parent
-DIGITS = ["-m", "dyntrain.workloads.digits", "--epochs", "30", "--global-batch", "64",
-          "--chunk-size", "8", "--noise-scale"]  # B_simple: the dashboard charts it
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}
+
+
+def digits(epochs: int) -> list[str]:
+    """The training job's command line after `python` (and the static run's)."""
+    return ["-m", "dyntrain.workloads.digits", "--epochs", str(epochs), "--global-batch", "64",
+            "--chunk-size", "8", "--noise-scale"]  # B_simple: the dashboard charts it
 
 
 def free_port() -> int:
@@ -71,10 +82,31 @@ def setup(client: Client) -> None:
                                       desired_slots=2, max_slots=2)
     client.create_compute_environment(name="ondemand", capacity_type="ON_DEMAND",
                                       price_per_slot_hour=1.00, slot=SLOT, min_slots=0,
-                                      desired_slots=1, max_slots=4)
+                                      desired_slots=2, max_slots=4)
     client.create_job_queue(name="training", priority=10,
-                            compute_environments=["spot", "reserved"])
+                            compute_environments=["spot", "reserved", "ondemand"])
     client.create_job_queue(name="batch", priority=1, compute_environments=["ondemand"])
+
+
+def submit_training(client: Client, epochs: int) -> dict:
+    """The elastic digits job, 1 to 4 workers, on the training queue."""
+    return client.submit(queue="training", name="digits-elastic",
+                         command=[sys.executable, *digits(epochs), "--step-delay", "0.03",
+                                  "--log-every", "50"],  # a progress line in its logs
+                         resources=SLOT, workers=(1, 4))
+
+
+def cost_line(cost: dict) -> str:
+    """The summary's cost: per capacity type (and its worker-seconds), against a static
+    on-demand allocation of the job's max workers."""
+    seconds = cost["worker_seconds_by_capacity_type"]
+    by_type = ", ".join(f"{kind} {value:.4f} ({seconds.get(kind, 0):.0f} worker-s)"
+                        for kind, value in cost["cost_by_capacity_type"].items())
+    base, saving = cost["static_on_demand"], cost["saving_percent"]
+    return (f"cost {cost['total']:.4f} for {cost['worker_seconds']:.0f} worker-seconds "
+            f"({by_type}); a static on-demand allocation of {base['workers']} workers: "
+            f"{base['cost']:.4f} in {base['wall_seconds']:.0f} s; saving "
+            f"{'n/a' if saving is None else f'{saving:.1f}%'}")
 
 
 def screenshots(url: str, out: str, job_id: str) -> None:
@@ -102,7 +134,8 @@ def progress(client: Client, train_id: str, array_id: str, t0: float) -> int | N
     done = (array_info.get("status_counts") or {}).get("SUCCEEDED", 0)
     print(f"[{time.time() - t0:5.1f}s] training {job['status']:<9} step {step:>4} world {world} "
           f"loss {loss:>6} workers {per_env or '{}'} preemptions {job['preemptions']} | "
-          f"capacity spot={slots.get('spot')} reserved={slots.get('reserved')} | "
+          f"capacity spot={slots.get('spot')} reserved={slots.get('reserved')} "
+          f"ondemand={slots.get('ondemand')} | "
           f"array {done}/{array_info.get('size')} done", flush=True)
     return world if isinstance(world, int) else None
 
@@ -146,28 +179,57 @@ def interrupted(client: Client, service: Service, server: uvicorn.Server,
     sys.exit(130)
 
 
+def compare_with_static(out: Path, run_dir: Path, epochs: int) -> float:
+    """Train the same job statically on one worker; the max |elastic - static| parameter."""
+    static = out / "static"
+    subprocess.run([sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", "1",
+                    "--quiet", "--out", str(static), *digits(epochs)], check=True)
+    a = torch.load(static / "final.pt", weights_only=True)
+    b = torch.load(run_dir / "final.pt", weights_only=True)
+    return max(float((a[k] - b[k]).abs().max()) for k in a if a[k].is_floating_point())
+
+
+def serve_until_interrupted(url: str, job_id: str) -> None:
+    """Keep the service and its dashboard up until Ctrl-C (or SIGTERM)."""
+    print(f"\n== the service stays up: dashboard {url}/ (the training job: {url}/ui/jobs/"
+          f"{job_id}); Ctrl-C stops it", flush=True)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        print("\n== stopping the service", flush=True)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/service-demo")
+    ap.add_argument("--epochs", type=int, default=30,
+                    help="the training job's epochs (22 steps each) [30]")
+    ap.add_argument("--keep-serving", action=argparse.BooleanOptionalAction, default=True,
+                    help="after the summary, keep the service and its dashboard up until "
+                         "Ctrl-C [on]")
     ap.add_argument("--screenshots", metavar="DIR",
                     help="take screenshots of the dashboard into DIR while the job runs "
                          "(needs Playwright and Debian's chromium)")
     args = ap.parse_args()
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
+    try:
+        make_out_dir(out, "--out")
+    except DyntrainError as e:
+        ap.exit(2, f"{ap.prog}: error: {e}\n")
     print("== starting the embedded service (SQLite, local worker processes)", flush=True)
     service, server, url = start_service(out / "state")
     client = Client(url)
     setup(client)
     print(f"   {url}: compute environments spot (trace), reserved (2 idle slots lent), "
-          "ondemand; queues training (priority 10), batch (1)", flush=True)
+          "ondemand (2 slots); queues training (priority 10: spot -> reserved -> ondemand), "
+          "batch (1: ondemand)", flush=True)
     print(f"   dashboard: {url}/  (open it now: the job page follows the spot trace live)",
           flush=True)
 
-    train = client.submit(queue="training", name="digits-elastic",
-                          command=[sys.executable, *DIGITS, "--step-delay", "0.03",
-                                   "--log-every", "50"],  # a progress line in its logs
-                          resources=SLOT, workers=(1, 4))
+    train = submit_training(client, args.epochs)
     array = client.submit(queue="batch", name="eval-shards", array_size=4, resources=SLOT,
                           command=[sys.executable, "-c",
                                    "import os, time; time.sleep(2); print('shard', "
@@ -182,32 +244,29 @@ def main() -> None:
     cost = client.cost(train["id"])
     run_dir = service.controller.run_dir(train["id"])
     events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
-    server.should_exit = True
-    service.stop()
-
-    print("\n== static one-worker run of the same job, for comparison", flush=True)
-    static = out / "static"
-    subprocess.run([sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", "1",
-                    "--quiet", "--out", str(static), *DIGITS], check=True)
-    a = torch.load(static / "final.pt", weights_only=True)
-    b = torch.load(run_dir / "final.pt", weights_only=True)
-    diff = max(float((a[k] - b[k]).abs().max()) for k in a if a[k].is_floating_point())
-    acc = json.loads((run_dir / "result.json").read_text())["val_accuracy"]
-
-    print("\n== summary")
-    print(f"training job {job['status']}: {len(events)} membership changes "
-          f"({', '.join(e['event'] for e in events)}), {job['preemptions']} preemption(s) "
-          "(workers whose capacity was taken back, and suspensions), "
-          f"{job['attempts']} counted attempt(s)")
-    print(f"validation accuracy {acc:.4f}; max |elastic - static| over all parameters = {diff:.3g}"
-          f" ({'identical' if diff == 0 else 'within rounding' if diff < 1e-5 else 'DIFFERENT'})")
-    base = cost["static_on_demand"]
-    by_type = ", ".join(f"{k} {v:.4f}" for k, v in cost["cost_by_capacity_type"].items())
-    saving = cost["saving_percent"]
-    print(f"cost {cost['total']:.4f} for {cost['worker_seconds']:.0f} worker-seconds ({by_type});"
-          f" a static on-demand allocation of {base['workers']} workers: {base['cost']:.4f} "
-          f"in {base['wall_seconds']:.0f} s; saving "
-          f"{'n/a' if saving is None else f'{saving:.1f}%'}")
+    try:
+        print("\n== static one-worker run of the same job, for comparison", flush=True)
+        diff = compare_with_static(out, run_dir, args.epochs)
+        acc = json.loads((run_dir / "result.json").read_text())["val_accuracy"]
+        print("\n== summary")
+        print(f"training job {job['status']}: {len(events)} membership changes "
+              f"({', '.join(e['event'] for e in events)}), {job['preemptions']} preemption(s) "
+              "(workers whose capacity was taken back, and suspensions), "
+              f"{job['attempts']} counted attempt(s)")
+        verdict = "identical" if diff == 0 else "within rounding" if diff < 1e-5 else "DIFFERENT"
+        print(f"validation accuracy {acc:.4f}; max |elastic - static| over all parameters = "
+              f"{diff:.3g} ({verdict})")
+        print(cost_line(cost), flush=True)
+        if args.keep_serving:
+            serve_until_interrupted(url, train["id"])
+    except KeyboardInterrupt:
+        print("\n== interrupted: stopping the service", flush=True)
+        diff = None
+    finally:
+        server.should_exit = True
+        service.stop()
+    if diff is None:
+        sys.exit(130)
     sys.exit(0 if job["status"] == "SUCCEEDED" and diff < 1e-5 else 1)
 
 

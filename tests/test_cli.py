@@ -63,7 +63,7 @@ def test_bad_events_or_other_settings_leave_an_existing_run_untouched(tmp_path):
 def test_unreachable_coordinator():
     proc = run_cli(["worker", "--coordinator", "127.0.0.1:1", "--connect-timeout", "1",
                     SCRIPTS / "ledger_train.py"], timeout=60)
-    assert_one_line_error(proc, "cannot reach the coordinator at 127.0.0.1:1")
+    assert_one_line_error(proc, "cannot reach the coordinator at 127.0.0.1:1", code=3)
 
 
 @pytest.mark.parametrize("address", ["nohostport", "host:", ":123", "h:99999", "h:x"])

@@ -172,3 +172,50 @@ def test_readme_training_script_alone_shows_progress_writes_outputs_and_repeats(
         finals.append(torch.load(out / "final.pt", weights_only=True))
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+
+@pytest.mark.slow
+def test_run_ends_with_the_last_step_then_the_result(tmp_path):
+    """The last step's progress line, then that the job finished, then the result: never the
+    result before the last step's line (the once-a-second rhythm catches up first)."""
+    from conftest import run_cli
+
+    proc = run_cli(["run", "--workers", "2", "--out", tmp_path / "run",
+                    SCRIPTS / "ledger_train.py", "--epochs", "10"], check=True)
+    lines = [line.split("] ", 1)[1] for line in proc.stdout.strip().splitlines()]
+    assert re.fullmatch(r"step +60/60 +epoch +9 +world 2 +loss .*", lines[-3]), proc.stdout
+    assert lines[-2:] == ["job finished at step 60", "result: steps=60"], proc.stdout
+
+
+@pytest.mark.slow
+def test_run_without_local_workers_waits_for_the_printed_worker_command(tmp_path):
+    """`--nproc 0`: the job waits (even with --quiet it says so, with the `dyntrain worker`
+    command to run); the worker started with that command trains the job to the end."""
+    import subprocess
+
+    from conftest import DYNTRAIN
+
+    launcher = subprocess.Popen(
+        [*DYNTRAIN, "run", "--workers", "1:2", "--nproc", "0", "--quiet", "--out",
+         str(tmp_path / "run"), str(SCRIPTS / "ledger_train.py"), "--epochs", "5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    worker = None
+    try:
+        said = launcher.stdout.readline()
+        assert "no local workers (--nproc 0): the job waits for workers to join; start each " \
+               "with: dyntrain worker --coordinator 127.0.0.1:" in said, said
+        command = said.split("start each with: ")[1].split(" (it listens on 127.0.0.1")[0]
+        assert command.endswith(f"{SCRIPTS / 'ledger_train.py'} --epochs 5"), said
+        worker = subprocess.Popen([*DYNTRAIN, *shlex.split(command)[1:]], cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        rest = launcher.communicate(timeout=240)[0]
+        assert launcher.returncode == 0, rest
+        assert worker.wait(timeout=60) == 0, worker.stdout.read()
+        assert "every worker is gone" not in rest
+        assert (tmp_path / "run" / "final.pt").is_file()
+    finally:
+        for proc in (launcher, worker):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -62,3 +62,101 @@ def test_demo_prints_the_dashboard_url_and_ctrl_c_ends_its_jobs(tmp_path):
     for job in jobs:  # ended, and the service saw each worker exit before it stopped
         assert job.status.is_terminal(), (job.name, job.status, job.status_reason)
         assert store.list_workers(job.id) == [], job.name
+
+
+
+def test_the_demo_ends_with_a_summary_and_keeps_its_dashboard_up_until_ctrl_c(tmp_path):
+    """A short run of the whole demo: the summary (bitwise identical to the static run, the
+    cost per capacity type), then the service stays up with its URL printed again; the
+    finished job's page answers; Ctrl-C stops it with the demo's verdict (0)."""
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(ROOT / "examples" / "service_demo.py"), "--out", str(out),
+         "--epochs", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        up = wait_for_line(proc, lines, r"== the service stays up: dashboard (http://\S+)/ \(the "
+                           r"training job: (\S+)\); Ctrl-C stops it", bound=240)
+        text = "".join(lines)
+        assert "max |elastic - static| over all parameters = 0 (identical)" in text, text
+        assert re.search(r"cost \d+\.\d{4} for \d+ worker-seconds \(.*SPOT \d+\.\d{4} \(\d+ "
+                         r"worker-s\)", text), text
+        page = httpx.get(up.group(2), timeout=30)
+        assert page.status_code == 200 and "digits-elastic" in page.text
+        assert proc.poll() is None  # still serving
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    assert "Traceback" not in "".join(lines)
+
+
+def wait_for_line(proc, lines: list[str], pattern: str, bound: float = 180) -> re.Match:
+    """The first line the demo printed that matches ``pattern``, waiting up to ``bound`` s."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline and proc.poll() is None:
+        for line in list(lines):
+            if m := re.search(pattern, line):
+                return m
+        time.sleep(0.1)
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(lines)[-3000:]}")
+
+def load_demo():
+    """examples/service_demo.py as a module (its functions: the demo's own setup)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("service_demo",
+                                                  ROOT / "examples" / "service_demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return demo
+
+
+def test_the_demo_job_spills_onto_on_demand_when_spot_and_reserved_are_gone(tmp_path):
+    """What the demo promises: its training queue goes spot -> reserved -> on-demand. With the
+    spot and reserved capacity taken away, the job runs on on-demand workers (not at world 1
+    beside idle on-demand slots), and the summary's cost shows the on-demand spill."""
+    from conftest import wait_for
+
+    demo = load_demo()
+    service, server, url = demo.start_service(tmp_path / "state")
+    client = demo.Client(url)
+    job_id = None
+    try:
+        demo.setup(client)
+        job_id = demo.submit_training(client, epochs=30)["id"]
+
+        def running_on(envs: set[str]):
+            job = client.get_job(job_id)
+            on = {w["compute_environment"] for w in job.get("workers", [])
+                  if w["state"] == "RUNNING"}
+            return job if job["status"] == "RUNNING" and job.get("progress") and on \
+                and on <= envs else None
+
+        wait_for(lambda: running_on({"spot", "reserved"}), "the job running on spot and reserved",
+                 timeout=180, poll=0.5)
+        client.set_capacity_trace("spot", "offset_s,slots\n0,0\n")  # every spot slot reclaimed
+        client.update_compute_environment("reserved", desired_slots=0)  # the pool taken back
+        job = wait_for(lambda: running_on({"ondemand"}), "the job running on on-demand only",
+                       timeout=180, poll=0.5)
+        step = job["progress"]["step"]
+        wait_for(lambda: (client.get_job(job_id).get("progress") or {}).get("step", 0) > step,
+                 "a step on on-demand workers", timeout=120, poll=0.5)
+        client.terminate(job_id)
+        client.wait(job_id, timeout=180)
+        line = demo.cost_line(client.cost(job_id))
+        spill = re.search(r"ON_DEMAND \d+\.\d{4} \((\d+) worker-s\)", line)
+        assert spill and int(spill.group(1)) > 0, line
+    finally:
+        if job_id is not None and client.get_job(job_id)["status"] not in ("SUCCEEDED", "FAILED"):
+            client.terminate(job_id)  # its workers run outside this process
+            client.wait(job_id, timeout=180)
+        server.should_exit = True
+        service.stop()

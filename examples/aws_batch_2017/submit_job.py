@@ -13,7 +13,7 @@ nothing at all).
 import argparse
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import boto3
 
@@ -31,7 +31,7 @@ def print_logs(logs, stream: str, start_time: int) -> int:
         response = logs.get_log_events(**request)
         for event in response["events"]:
             last = event["timestamp"]
-            when = datetime.fromtimestamp(last / 1000, timezone.utc)
+            when = datetime.fromtimestamp(last / 1000, UTC)
             print(f"[{when.isoformat(timespec='milliseconds')[:23]}Z] {event['message']}")
         token = response["nextForwardToken"]
         if not token or request.get("nextToken") == token:

@@ -415,7 +415,8 @@ def test_cli_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert_one_line_error(code, err, "--target")
     (tmp_path / "file").write_text("x")
     code, _, err = invoke(["lab", "report", root, "--out", tmp_path / "file" / "sub"], capsys)
-    assert_one_line_error(code, err, "cannot write")
+    file = tmp_path / "file"
+    assert_one_line_error(code, err, f"--out {file / 'sub'}: {file} is a file, not a folder")
 
 
 def test_cli_bad_inputs_real_process(tmp_path):

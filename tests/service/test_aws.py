@@ -466,7 +466,7 @@ def test_signatures_are_verified(server, batch, logs, monkeypatch):
             clients(server, key, secret)[0].describe_job_queues()
         assert err.value.response["Error"]["Code"] == code
         assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
-    stale = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None) - dt.timedelta(minutes=10)
+    stale = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(minutes=10)
     monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: stale)
     with pytest.raises(ClientError, match="Signature expired") as err:
         logs.describe_log_groups()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from dyntrain.outdir import make_out_dir
+
 
 def _hint(message: str) -> str:
     if message.endswith("no 'target'"):
@@ -71,9 +73,8 @@ def report(root: Path, out: Path | None, noise_specs: tuple[str, ...], target: f
         noise.append(series)
     reports = lab_report.analyse(studies)
 
-    out = root / "report" if out is None else out
+    out = make_out_dir(root / "report" if out is None else out, "--out")
     try:
-        out.mkdir(parents=True, exist_ok=True)
         plots = lab_plots.render(reports, out, noise)
         markdown = lab_report.to_markdown(reports, plots, noise, base=out, source=root)
         (out / "report.md").write_text(markdown)

@@ -33,7 +33,7 @@ def _csv(text: str | None) -> tuple[str, ...] | None:
 
 @click.command()
 @click.option("--preset", type=click.Choice(["quick", "full"]), default=None,
-              help="Start from a preset (quick: ~10 min on 2 cores; full: bigger machines); "
+              help="Start from a preset (quick: a few minutes on 2 cores; full: bigger machines); "
                    "other options override it.")
 @click.option("--workload", default=None,
               help="digits-mlp (default), digits-cnn, module:function or file.py:function.")
@@ -64,7 +64,7 @@ def _csv(text: str | None) -> tuple[str, ...] | None:
 @click.option("--trial-cpus", type=float, default=1.0, show_default=True,
               help="CPUs per trial on the service.")
 @click.option("--out", "out_dir", default="runs/sweep", show_default=True,
-              type=click.Path(file_okay=True), help="Sweep folder (batch-science layout).")
+              type=click.Path(), help="Sweep folder (batch-science layout).")
 @click.option("--quiet", is_flag=True, help="No progress output.")
 def sweep(preset, workload, workload_args, optimizers, batch_sizes, trials, budget_steps,
           eval_every, target, lr_range, momentum_range, seed, no_stop_at_target, jobs,

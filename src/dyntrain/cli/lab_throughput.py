@@ -28,7 +28,7 @@ from dyntrain.cli.run import _script_command
 @click.option("--repeat", "repeats", default=1, show_default=True, type=int,
               help="Runs per (mode, workers); the one with the median samples/s counts.")
 @click.option("--out", "out_dir", default="runs/throughput", show_default=True,
-              type=click.Path(file_okay=False),
+              type=click.Path(),
               help="Writes throughput.json, throughput.md, throughput.png and runs/ here.")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)

@@ -19,6 +19,7 @@ from dyntrain.data.sources import (
     _fs,
     open_source,
 )
+from dyntrain.outdir import make_out_dir
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ def pack(src: str, dst: str, shard_bytes: int = 256 << 20) -> PackSummary:
     t0 = time.perf_counter()
     source = open_source(src)
     fs, root = _fs(str(dst))
+    if "file" in fs.protocol:  # a local folder: one line when it cannot be one
+        make_out_dir(root if "://" in str(dst) else dst, "DST")
     if fs.exists(posixpath.join(root, INDEX_JSON)):
         raise DataError(f"{dst} already holds a pack (index.json); choose an empty folder")
     fs.makedirs(root, exist_ok=True)

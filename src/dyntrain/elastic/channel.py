@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.address import advertise_address
 from dyntrain.elastic.reach import ProbeListener
-from dyntrain.errors import DyntrainError
+from dyntrain.errors import DyntrainError, Unreachable
 
 POLL_SECONDS = 0.005
 
@@ -47,7 +47,7 @@ def connect_store(address: str, timeout: float) -> dist.Store:
         secret = os.environ.get(p.ENV_SECRET)
         return dist.PrefixStore(secret, store) if secret else store
     except Exception as exc:  # torch raises RuntimeError/DistNetworkError with a long message
-        raise DyntrainError(
+        raise Unreachable(
             f"cannot reach the coordinator at {host}:{port} within {timeout:g} s "
             f"({str(exc).splitlines()[0][:120]})"
         ) from None
@@ -62,7 +62,7 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
                 return
         except OSError as exc:
             if time.monotonic() >= deadline:
-                raise DyntrainError(f"cannot reach the coordinator at {host}:{port} within "
+                raise Unreachable(f"cannot reach the coordinator at {host}:{port} within "
                                     f"{timeout:g} s ({exc.strerror or exc})") from None
             time.sleep(0.1)
 

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from dyntrain.errors import DyntrainError
+from dyntrain.outdir import make_out_dir
 
 
 class StorageError(DyntrainError):
@@ -38,16 +39,19 @@ def is_url(location: str | os.PathLike) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
-def open_store(location: str | os.PathLike) -> RunStore:
+def open_store(location: str | os.PathLike, what: str | None = None) -> RunStore:
     """The run store at a local path, a ``file://`` URL or any other fsspec URL.
 
     Args:
         location: where the run folder is, as the user gave it (``--out``, ``DYNTRAIN_OUT``).
+        what: where the location came from (``--out``, ``DYNTRAIN_OUT``); when given, a local
+            folder is created now, and one that cannot be is a ``ConfigError`` naming it.
     """
     text = os.fspath(location)
     if is_url(text):
         return FsspecStore(text)
-    return LocalStore(Path(text.removeprefix("file://")))
+    folder = Path(text.removeprefix("file://"))
+    return LocalStore(make_out_dir(folder, what) if what is not None else folder)
 
 
 def parent_and_name(ref: str) -> tuple[str, str]:

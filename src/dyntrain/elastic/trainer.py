@@ -94,6 +94,12 @@ class ElasticTrainer:
         loader=None,
         validation: Validation | None = None,
     ) -> None:
+        install_excepthook()  # a DyntrainError from here on is one line in a script
+        out = out_dir or os.environ.get(ENV_OUT)
+        # a local folder exists from here on: a path that cannot be one is one line, naming its
+        # source
+        self.store: RunStore | None = (open_store(out, "out_dir" if out_dir else ENV_OUT)
+                                       if out else None)
         self.config = config
         self.device = torch.device(device) if device is not None else _default_device(config)
         self.backend = config.backend if config.backend != "auto" else (
@@ -109,8 +115,6 @@ class ElasticTrainer:
         self.validations: list[dict] = []  # this worker's validation results, with their step
         self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
-        out = out_dir or os.environ.get(ENV_OUT)
-        self.store: RunStore | None = open_store(out) if out else None
         self.collective_timeout = timedelta(seconds=collective_timeout)
         self.step = 0
         self.has_state = False

@@ -38,6 +38,7 @@ from dyntrain.lab.results import LabError, read_measurements
 from dyntrain.lab.search import OPTIMIZERS, search_space, trial_points
 from dyntrain.lab.trial import TrialOutcome, TrialSpec, run_trial
 from dyntrain.lab.workload import LabWorkload, load_workload
+from dyntrain.outdir import make_out_dir
 
 SWEEP_FILE = "sweep.json"
 PLANS_DIR = ".plans"
@@ -219,9 +220,7 @@ def _write_json(path: Path, data: Any) -> None:
 def prepare(sweep: Sweep) -> None:
     """Create the folders, check an existing sweep is compatible, write settings files."""
     root, config = sweep.root, sweep.config
-    if root.exists() and not root.is_dir():
-        raise LabError(f"{root} exists and is not a folder")
-    root.mkdir(parents=True, exist_ok=True)
+    make_out_dir(root, "--out")
     path = root / SWEEP_FILE
     if path.exists():
         try:

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dyntrain.errors import ConfigError, DyntrainError
+from dyntrain.outdir import make_out_dir
 
 MODES = ("weak", "strong")
 DIGITS = ["-m", "dyntrain.workloads.digits"]
@@ -445,9 +446,8 @@ def run_throughput(config: ThroughputConfig, *,
                    hw: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run every (mode, workers) job, write throughput.json/.md/.png; return the JSON document."""
     hw = hw or hardware()
-    started, t0 = dt.datetime.now(dt.timezone.utc), time.perf_counter()
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    started, t0 = dt.datetime.now(dt.UTC), time.perf_counter()
+    out = make_out_dir(config.out_dir, "--out")
     runs = len(config.modes) * len(config.workers) * config.repeats
     say(f"throughput: {runs} runs on {hw['summary']}; {config.steps} steps each, first "
         f"{config.warmup} and the last not timed")
@@ -563,7 +563,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 def write_outputs(doc: dict[str, Any], out: Path) -> dict[str, Path]:
     """throughput.json, throughput.md and throughput.png under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
+    make_out_dir(out, "--out")
     paths = {"json": out / "throughput.json", "md": out / "throughput.md",
              "png": out / "throughput.png"}
     paths["json"].write_text(json.dumps(doc, indent=2) + "\n")

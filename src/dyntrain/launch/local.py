@@ -88,6 +88,11 @@ class LocalWorkers:
     def alive(self) -> list[str]:
         return [w for w, lw in self.workers.items() if lw.proc.poll() is None]
 
+    @property
+    def started(self) -> int:
+        """How many workers were started, the exited ones included."""
+        return self._next
+
     def stop_all(self, timeout: float = 20.0) -> None:
         """Give workers time to exit on their own, then terminate and kill what is left. A
         worker stopped with SIGSTOP (hang) cannot exit by itself: it is killed at once."""

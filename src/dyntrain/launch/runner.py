@@ -83,6 +83,7 @@ class RunSink:
         self.started = time.time()
         self.last_print = 0.0
         self.last_metrics: dict | None = None
+        self.printed: dict | None = None  # the newest metrics row shown as a progress line
         self.results: dict = {}
         self.events: list[dict] = []
 
@@ -115,15 +116,23 @@ class RunSink:
             self.print_progress(record)
 
     def print_progress(self, m: dict) -> None:
+        self.printed = m
         self._say(progress_line(m, self.total_hint))
 
+    def catch_up(self) -> None:
+        """Show the newest step's progress line if the once-a-second rhythm skipped it."""
+        if self.last_metrics is not None and self.printed is not self.last_metrics:
+            self.print_progress(self.last_metrics)
+
     def log(self, line: str) -> None:
+        self.catch_up()  # what happened follows the step it happened after
         self._say(line)
 
     def result(self, record: dict) -> None:
         record = {k: v for k, v in record.items() if k != "worker"}
         self.results.update(record)
         write_result(self.files, self.results)
+        self.catch_up()
         self._say(result_line(record))
 
     def fired(self, event: Event, step: int) -> None:
@@ -150,7 +159,7 @@ class RunSink:
 
 def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     """Run one elastic job to the end; returns the process exit code."""
-    store = open_store(opts.out_dir)
+    store = open_store(opts.out_dir, "--out")
     store.check()
     logs = store.local / "logs" if store.local is not None else local_logs(store.location)
     try:
@@ -184,8 +193,13 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     if skipped:
         sink.log(f"resuming: not firing again {len(skipped)} event(s) that an earlier launch "
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
-    sink.log(f"coordinator listening on {opts.host}:{tcp.port}; join with: dyntrain worker "
-             f"--coordinator {address} {' '.join(opts.command)}")
+    join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
+    sink.log(f"coordinator listening on {address}; join with: {join}")
+    if opts.nproc == 0:  # said even with --quiet: nothing happens until someone runs it
+        local = (" (it listens on 127.0.0.1: workers on this machine only; --host 0.0.0.0 "
+                 "accepts other machines)" if opts.host in ("127.0.0.1", "localhost") else "")
+        sink.announce(f"no local workers (--nproc 0): the job waits for workers to join; "
+                      f"start each with: {join}{local}")
     if opts.nproc > opts.max_workers:
         sink.log(f"{opts.nproc - opts.max_workers} of the {opts.nproc} workers wait on standby "
                  f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
@@ -294,8 +308,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
         if phase is Phase.DONE:
             workers.stop_all(timeout=30.0)
             coord.drain()
-            if sink.last_metrics:
-                sink.print_progress(sink.last_metrics)
+            sink.catch_up()
             return 0
         if phase is Phase.FAILED:
             sink.log(f"job failed: {coord.failure}")
@@ -308,7 +321,10 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             last_fired = (event.action, _fire(event, coord, workers, sink))
         if chaos is not None:
             chaos.tick()
-        if (not workers.alive() and not coord.live_workers()
+        # every local worker exited and was reaped above (so a startup failure is known), no
+        # remote one is alive, and one ever started or joined (--nproc 0 waits for the first)
+        if (not workers.workers and not coord.live_workers()
+                and (workers.started or coord.workers)
                 and not schedule.can_add_workers(coord.highest_step)
                 and not (chaos is not None and chaos.pending)):
             ckpt = coord.find_checkpoint()

@@ -2,8 +2,9 @@
 
 ``Client()`` talks to ``$DYNTRAIN_URL`` (default ``http://127.0.0.1:8642``) with the token in
 ``$DYNTRAIN_TOKEN`` (if any). Methods return the decoded JSON. Every failure raises ``ApiError``
-with a one-line message: the server's ``detail`` (and ``status``, the HTTP status code), or
-"cannot reach the dyntrain service at URL: ..." when there is no answer (``status`` None).
+with a one-line message: the server's ``detail`` (and ``status``, the HTTP status code), or,
+when there is no answer, ``ServiceUnreachable`` (``status`` None): "cannot reach the dyntrain
+service at URL (...)", with how to start one or point at another.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from urllib.parse import quote
 
 import httpx
 
-from dyntrain.errors import DyntrainError
+from dyntrain.errors import DyntrainError, Unreachable
 
 DEFAULT_URL = "http://127.0.0.1:8642"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
@@ -34,6 +35,15 @@ class ApiError(DyntrainError):
     @property
     def status_code(self) -> int | None:
         return self.status
+
+
+class ServiceUnreachable(ApiError, Unreachable):
+    """No answer from the service at all (refused, unknown host, timed out)."""
+
+
+def unreachable_hint() -> str:
+    return ("start one with `dyntrain server`, or point at another with --url URL or "
+            "DYNTRAIN_URL=URL")
 
 
 def _seg(value: Any) -> str:
@@ -90,11 +100,12 @@ class Client:
             response = self._http.request(method, path, json=_jsonable(json) if json is not None
                                           else None, params=params or None)
         except httpx.TimeoutException as e:
-            raise ApiError(f"the dyntrain service at {self.base_url} did not answer in time: "
-                           f"{e or type(e).__name__}") from None
+            raise ServiceUnreachable(f"the dyntrain service at {self.base_url} did not answer "
+                                     f"in time: {e or type(e).__name__}") from None
         except httpx.TransportError as e:
-            raise ApiError(f"cannot reach the dyntrain service at {self.base_url}: "
-                           f"{e or type(e).__name__}") from None
+            raise ServiceUnreachable(f"cannot reach the dyntrain service at {self.base_url} "
+                                     f"({e or type(e).__name__}): {unreachable_hint()}") \
+                from None
         if response.status_code >= 400:
             raise ApiError(_detail(response), response.status_code)
         return response.json() if response.content else None

@@ -22,6 +22,7 @@ from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DyntrainError
+from dyntrain.extras import needs_extra
 
 
 def load_digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,7 +37,8 @@ def load_digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
         table = np.loadtxt(path, delimiter=",", dtype=np.float32)
         images, labels = table[:, :-1], table[:, -1]
     else:
-        from sklearn.datasets import load_digits
+        with needs_extra("the digits workload"):
+            from sklearn.datasets import load_digits
 
         data = load_digits()
         images, labels = data.data, data.target
@@ -184,12 +186,12 @@ def main(argv: list[str] | None = None) -> None:
                              checkpoint_every_steps=args.checkpoint_every,
                              noise_scale=args.noise_scale, noise_ema=args.noise_ema,
                              noise_every=args.noise_every)
+        train, val = load_digits_split()
     except DyntrainError as exc:
         print(f"digits: error: {exc}", file=sys.stderr)
         sys.exit(2)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    train, val = load_digits_split()
     model = build_model(args.model)
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dyntrain.errors import DyntrainError
+from dyntrain.extras import needs_extra
+from dyntrain.outdir import make_out_dir
 from dyntrain.workloads.digits import load_digits_arrays, stratified_split
 
 
@@ -19,7 +22,8 @@ def write_digits_images(dst: str | Path, size: int = 32, per_class: int | None =
     """Write the digits as ``size`` x ``size`` RGB images; returns the count per split.
 
     ``per_class`` keeps only the first N images of each class in each split (small tests)."""
-    from PIL import Image
+    with needs_extra("writing the digits as images"):
+        from PIL import Image
 
     x, y = load_digits_arrays()
     train_idx, val_idx = stratified_split(y, 0.2, 0)
@@ -52,7 +56,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("dst", help="folder to write train/ and val/ into")
     ap.add_argument("--size", type=int, default=16, help="image side in pixels [16]")
     args = ap.parse_args(argv)
-    counts = write_digits_images(args.dst, size=args.size)
+    try:
+        make_out_dir(args.dst, "DST")
+        counts = write_digits_images(args.dst, size=args.size)
+    except DyntrainError as exc:
+        ap.exit(2, f"{ap.prog}: error: {exc}\n")
     print(f"wrote {counts['train']} training and {counts['val']} validation JPEGs "
           f"({args.size}x{args.size}) to {args.dst}")
 

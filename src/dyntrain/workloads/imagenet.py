@@ -19,11 +19,15 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
-from dyntrain.data import ImageDataset, LoaderConfig
 from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.elastic.validation import Validation
-from dyntrain.errors import DyntrainError
-from dyntrain.recipes import PRECISIONS, RECIPES, get_recipe
+from dyntrain.errors import DyntrainError, install_excepthook
+from dyntrain.extras import needs_extra
+
+install_excepthook()  # without the data extra: one line naming it, not an ImportError
+with needs_extra("the imagenet workload"):
+    from dyntrain.data import ImageDataset, LoaderConfig
+    from dyntrain.recipes import PRECISIONS, RECIPES, get_recipe
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from dyntrain.errors import DyntrainError
+from dyntrain.errors import DyntrainError, Unreachable
 from dyntrain.launch.events import parse_workers
 
 DEFAULT_PORT = 8642
@@ -56,11 +56,14 @@ def friendly(f: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         import httpx
 
+        from dyntrain.service.client import unreachable_hint
+
         try:
             return f(*args, **kwargs)
         except httpx.HTTPError as e:
-            raise DyntrainError(f"cannot reach the dyntrain service: "
-                                f"{one_line(e) or type(e).__name__}") from None
+            raise Unreachable(f"cannot reach the dyntrain service "
+                              f"({one_line(e) or type(e).__name__}): {unreachable_hint()}") \
+                from None
     return wrapper
 
 

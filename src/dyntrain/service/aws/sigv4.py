@@ -85,7 +85,7 @@ class Verifier:
 
     def __init__(self, keys: dict[str, str] | None = None, clock=None) -> None:
         self.keys = dict(keys or {})
-        self.clock = clock or (lambda: dt.datetime.now(dt.timezone.utc))
+        self.clock = clock or (lambda: dt.datetime.now(dt.UTC))
 
     def check(self, *, loopback: bool, method: str, raw_path: str, query: str,
               headers: dict[str, str], body: bytes) -> None:
@@ -109,7 +109,7 @@ class Verifier:
                            f"access key {scope.access_key}", 403)
         stamp = headers.get("x-amz-date", "")
         try:
-            when = dt.datetime.strptime(stamp, SIGV4_TIMESTAMP).replace(tzinfo=dt.timezone.utc)
+            when = dt.datetime.strptime(stamp, SIGV4_TIMESTAMP).replace(tzinfo=dt.UTC)
         except ValueError:
             raise AwsError("IncompleteSignatureException",
                            "X-Amz-Date must be set (YYYYMMDDTHHMMSSZ) on a signed request",

@@ -136,6 +136,27 @@ def _one(conn: Connection, table: sa.Table, kind: str, for_update: bool = False,
         q = q.with_for_update()  # PostgreSQL: row lock; SQLite: ignored (writers serialise)
     row = conn.execute(q).first()
     if row is None:
-        raise ValidationError(f"unknown {kind} {':'.join(str(v) for v in keys.values())!r}")
+        known = f" ({known_names(conn, table, kind)})" \
+            if kind in _NAMED and set(keys) == {"name"} else ""
+        raise ValidationError(f"unknown {kind} {':'.join(str(v) for v in keys.values())!r}"
+                              f"{known}")
     return row
+
+
+# the named resources whose "unknown ..." errors list what exists
+_NAMED = {"compute environment": "compute environments", "job queue": "job queues",
+          "job definition": "job definitions"}
+_SHOWN = 10
+
+
+def known_names(conn: Connection, table: sa.Table, kind: str, *where: Any) -> str:
+    """``job queues: batch, training``, or ``there are no job queues``: what exists, for an
+    error about one that does not (at most ``_SHOWN`` names)."""
+    names = conn.execute(sa.select(table.c.name).where(*where).distinct()
+                         .order_by(table.c.name).limit(_SHOWN + 1)).scalars().all()
+    plural = _NAMED[kind]
+    if not names:
+        return f"there are no {plural}"
+    more = ", ..." if len(names) > _SHOWN else ""
+    return f"{plural}: {', '.join(names[:_SHOWN])}{more}"
 

@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from dyntrain.service.model import JobDefinitionSpec, Resources, ValidationError
-from dyntrain.service.store.base import StoreBase, _one
+from dyntrain.service.store.base import StoreBase, _one, known_names
 from dyntrain.service.store.records import (
     ACTIVE,
     INACTIVE,
@@ -74,7 +74,7 @@ class DefinitionStore(StoreBase):
     def deregister_job_definition(self, name: str, revision: int) -> None:
         """Mark a revision INACTIVE: it can no longer be submitted (idempotent)."""
         with self._tx() as conn:
-            _one(conn, job_definitions, "job definition", name=name, revision=revision)
+            _revision(conn, name, revision)
             conn.execute(job_definitions.update().where(
                 job_definitions.c.name == name, job_definitions.c.revision == revision)
                 .values(status=INACTIVE))
@@ -82,13 +82,28 @@ class DefinitionStore(StoreBase):
 
 def _find_definition(conn: Connection, name: str, revision: int | None) -> sa.Row:
     if revision is not None:
-        return _one(conn, job_definitions, "job definition", name=name, revision=revision)
+        return _revision(conn, name, revision)
     row = conn.execute(sa.select(job_definitions).where(
         job_definitions.c.name == name, job_definitions.c.status == ACTIVE)
         .order_by(job_definitions.c.revision.desc()).limit(1)).first()
     if row is None:
-        raise ValidationError(f"unknown job definition {name!r} (or no active revision)")
+        known = known_names(conn, job_definitions, "job definition",
+                            job_definitions.c.status == ACTIVE)
+        raise ValidationError(f"unknown job definition {name!r} (or no active revision; {known})")
     return row
+
+
+def _revision(conn: Connection, name: str, revision: int) -> sa.Row:
+    """Revision ``revision`` of ``name``; unknown: an error listing the revisions there are."""
+    try:
+        return _one(conn, job_definitions, "job definition", name=name, revision=revision)
+    except ValidationError as e:
+        revisions = conn.execute(sa.select(job_definitions.c.revision).where(
+            job_definitions.c.name == name).order_by(job_definitions.c.revision)).scalars().all()
+        known = (f"{name} has revision(s) {', '.join(map(str, revisions))}" if revisions
+                 else known_names(conn, job_definitions, "job definition",
+                                  job_definitions.c.status == ACTIVE))
+        raise ValidationError(f"{e} ({known})") from None
 
 
 def _definition_from_row(r: sa.Row) -> JobDefinition:
