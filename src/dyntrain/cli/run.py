@@ -67,13 +67,14 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
     """
     from dyntrain.elastic.storage import open_store
 
-    open_store(out_dir).check()  # a bucket that is not there: said before torch is imported
+    low, high = parse_workers(workers)
+    command = _script_command(script, args)
+    # a folder that cannot be one or a bucket that is not there: said before torch is imported
+    open_store(out_dir, "--out").check()
 
     from dyntrain.launch.chaos import parse_chaos
     from dyntrain.launch.runner import RunOptions, run_job
 
-    low, high = parse_workers(workers)
-    command = _script_command(script, args)
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
                       nproc=low if nproc is None else nproc, out_dir=out_dir,
                       events=parse_events(events), host=host, port=port,
