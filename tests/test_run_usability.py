@@ -188,6 +188,28 @@ def test_run_ends_with_the_last_step_then_the_result(tmp_path):
     assert lines[-2:] == ["job finished at step 60", "result: steps=60"], proc.stdout
 
 
+def test_local_workers_share_the_cores_unless_the_user_chose_their_threads(tmp_path,
+                                                                           monkeypatch):
+    """Up to MAX workers on one machine each get cores / MAX intra-op threads (as torchrun sets
+    OMP_NUM_THREADS), and the launcher says so; a user's own OMP_NUM_THREADS is kept."""
+    import os
+
+    from dyntrain.launch.local import thread_settings
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    proc = run_cli(["run", "--workers", "2", "--out", tmp_path / "run",
+                    SCRIPTS / "ledger_train.py", "--epochs", "2", "--report-threads"],
+                   check=True)
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
+    assert f"each local worker runs {share} intra-op thread(s)" in proc.stdout, proc.stdout
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["threads"] == share
+
+    assert thread_settings(4, {}, cpus=2) == {"OMP_NUM_THREADS": "1"}
+    assert thread_settings(2, {}, cpus=16) == {"OMP_NUM_THREADS": "8"}
+    assert thread_settings(1, {}, cpus=16) == {}  # one worker: torch's own default
+    assert thread_settings(4, {"OMP_NUM_THREADS": "3"}, cpus=16) == {}
+
+
 @pytest.mark.slow
 def test_run_without_local_workers_waits_for_the_printed_worker_command(tmp_path):
     """`--nproc 0`: the job waits (even with --quiet it says so, with the `dyntrain worker`

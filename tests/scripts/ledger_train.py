@@ -38,6 +38,8 @@ def main():
                     help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
                          "in a phase until they saw what they wait for, then let it finish)")
     ap.add_argument("--checkpoint-every", type=int, default=10)
+    ap.add_argument("--report-threads", action="store_true",
+                    help="report the worker's intra-op thread count too")
     ap.add_argument("--ballast-mb", type=float, default=0.0,
                     help="optimizer state that only travels: hand-overs and checkpoints take "
                          "long enough to be hit (not in final.pt)")
@@ -88,7 +90,8 @@ def main():
     trainer = ElasticTrainer(config, model, opt, data, loss_fn, device=trainer_device)
     trainer.fit()
     if trainer.is_leader:
-        trainer.report(steps=trainer.step)
+        extra = {"threads": torch.get_num_threads()} if args.report_threads else {}
+        trainer.report(steps=trainer.step, **extra)
 
 
 if __name__ == "__main__":

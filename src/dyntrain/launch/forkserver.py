@@ -83,13 +83,20 @@ class ForkedProcess:
 class ForkServer:
     """The launcher's side: starts the server, asks it for workers, learns their exit codes."""
 
-    def __init__(self, log_path: Path) -> None:
-        self.env = dict(os.environ)
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None) -> None:
+        """Start the server.
+
+        Args:
+            log_path: where the server's own messages go.
+            env: the environment it runs with (default: this process's); only workers with the
+                same environment, apart from per-worker variables, are forked from it.
+        """
+        self.env = dict(os.environ) if env is None else dict(env)
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-u", "-m", "dyntrain.launch.forkserver"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True)
+                start_new_session=True, env=self.env)
         self._replies: dict[int, int] = {}  # request number -> pid
         self._exits: dict[int, int] = {}  # pid -> exit code
         self._ready = threading.Event()

@@ -28,7 +28,7 @@ from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
 from dyntrain.launch.interrupt import StopSignals, stop_workers
-from dyntrain.launch.local import SIGNALS, LocalWorkers
+from dyntrain.launch.local import SIGNALS, LocalWorkers, thread_settings
 
 TICK_SECONDS = 0.01
 # Each injected event as it fires (one JSON line), so that a resumed run skips those.
@@ -185,7 +185,12 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
         opts.min_workers, opts.max_workers, expected_initial=max(opts.nproc, 1),
         settle_seconds=opts.settle_seconds, failure_timeout=opts.failure_timeout),
         sink, find_checkpoint)
-    workers = LocalWorkers(opts.command, address, out, logs_dir=logs)
+    threads = thread_settings(opts.max_workers)
+    workers = LocalWorkers(opts.command, address, out, extra_env=threads, logs_dir=logs)
+    if threads:
+        sink.log(f"each local worker runs {threads['OMP_NUM_THREADS']} intra-op thread(s) "
+                 f"(OMP_NUM_THREADS; up to {opts.max_workers} workers share this machine); "
+                 f"set OMP_NUM_THREADS to choose")
     if store.local is None:
         sink.log(f"run folder {store.location}; local workers' logs in {logs}")
     schedule = EventSchedule(opts.events)
