@@ -12,17 +12,22 @@ gone).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from conftest import ROOT, SCRIPTS
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.channel import Fenced, WorkerChannel
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.rejoin import next_worker_id
 from dyntrain.elastic.stepper import ChunkStepper
 from test_stepper import dataset, loss_fn, make_worker
 
@@ -77,3 +82,46 @@ def test_each_generation_sums_into_buffers_of_its_own():
     for a, b in zip(reference.model.state_dict().values(), fenced.model.state_dict().values(),
                     strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_worker_asks_the_coordinator_before_it_writes_and_learns_it_was_declared_dead():
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+    store.set(p.JOB_STATE, "running")
+    store.set(p.GEN_LATEST, "-1")
+    ch = WorkerChannel(f"127.0.0.1:{store.port}", "w1")
+    try:
+        assert ch.confirm(3) is None  # not (yet) a member there: cannot say
+        store.set(p.ctl_key(3, "w1"), p.CTL_RUN)
+        assert ch.confirm(3) is True and ch.confirm(None) is True
+        store.set(p.ctl_key(3, "w1"), p.CTL_ABORT)
+        assert ch.confirm(3) is False
+        store.set(p.reply_key("w1"), f"{p.REPLY_DEAD}no heartbeat for 10 s")
+        assert ch.confirm(None) is False
+        with pytest.raises(Fenced, match=r"declared dead \(no heartbeat for 10 s\)"):
+            ch.wait_generation(-1, lambda: False)
+    finally:
+        ch.close()
+
+
+def test_a_worker_declared_dead_starts_over_under_a_new_id_or_says_why_not():
+    assert [next_worker_id(w) for w in ("w3", "w3.r1", "ip-10-0-0-7.r9", "a.r")] == [
+        "w3.r1", "w3.r2", "ip-10-0-0-7.r10", "a.r.r1"]
+    code = ("from dyntrain.elastic.rejoin import start_over; "
+            "start_over('w3', 'declared dead (no heartbeat for 2 s)')")
+    env = {k: v for k, v in os.environ.items() if k != p.ENV_WORKER_ARGV}
+    alone = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert alone.returncode == 1
+    assert alone.stderr.strip().splitlines() == [
+        "dyntrain: worker w3 was declared dead (no heartbeat for 2 s) while it was cut off; "
+        "the generation it was in was abandoned and nothing it did since counts; start it "
+        "again to re-join as a new worker"]
+    again = [sys.executable, "-c", "import os; print(os.getpid(), os.environ["
+             f"'{p.ENV_WORKER_ID}'])"]
+    proc = subprocess.run([sys.executable, "-c", f"import os; print(os.getpid()); {code}"],
+                          env={**env, p.ENV_WORKER_ARGV: json.dumps(again)},
+                          capture_output=True, text=True, timeout=60)
+    first, second = proc.stdout.splitlines()
+    assert proc.returncode == 0 and second == f"{first} w3.r1"  # the same process, new id
+    assert "starting over as the new worker w3.r1" in proc.stderr

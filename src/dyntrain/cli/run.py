@@ -84,15 +84,20 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(coordinator, connect_timeout, script, args):
-    """Join a running job as one more worker (e.g. from another machine)."""
+    """Join a running job as one more worker (e.g. from another machine).
+
+    Should the job declare it dead while it is cut off (frozen, or behind a network partition
+    that heals later), it starts over as a new worker and is re-admitted with the state handed
+    over afresh."""
     from dyntrain.elastic.channel import connect_store
+    from dyntrain.elastic.protocol import ENV_WORKER_ARGV
     from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT
 
     command = _script_command(script, args)
     store = connect_store(coordinator, connect_timeout)
     info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
     env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
-           str(connect_timeout)}
+           str(connect_timeout), ENV_WORKER_ARGV: json.dumps([sys.executable, *command])}
     if info.get("out_dir") and ENV_OUT not in env:
         env[ENV_OUT] = info["out_dir"]
     os.execve(sys.executable, [sys.executable, *command], env)
