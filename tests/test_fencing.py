@@ -87,16 +87,23 @@ def test_each_generation_sums_into_buffers_of_its_own():
 def test_a_worker_asks_the_coordinator_before_it_writes_and_learns_it_was_declared_dead():
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=30))
-    store.set(p.JOB_STATE, "running")
-    store.set(p.GEN_LATEST, "-1")
+
+    def put(key: str, value: str) -> None:
+        # a set is not answered: a check on the same connection returns once it is applied,
+        # so that the channel's next read (another connection) sees it
+        store.set(key, value)
+        assert store.check([key])
+
+    put(p.JOB_STATE, "running")
+    put(p.GEN_LATEST, "-1")
     ch = WorkerChannel(f"127.0.0.1:{store.port}", "w1")
     try:
         assert ch.confirm(3) is None  # not (yet) a member there: cannot say
-        store.set(p.ctl_key(3, "w1"), p.CTL_RUN)
+        put(p.ctl_key(3, "w1"), p.CTL_RUN)
         assert ch.confirm(3) is True and ch.confirm(None) is True
-        store.set(p.ctl_key(3, "w1"), p.CTL_ABORT)
+        put(p.ctl_key(3, "w1"), p.CTL_ABORT)
         assert ch.confirm(3) is False
-        store.set(p.reply_key("w1"), f"{p.REPLY_DEAD}no heartbeat for 10 s")
+        put(p.reply_key("w1"), f"{p.REPLY_DEAD}no heartbeat for 10 s")
         assert ch.confirm(None) is False
         with pytest.raises(Fenced, match=r"declared dead \(no heartbeat for 10 s\)"):
             ch.wait_generation(-1, lambda: False)

@@ -162,22 +162,26 @@ def sever(pg: dist.ProcessGroup, rank: int, size: int) -> None:
 
     NCCL has ``abort``. gloo's ``abort`` and ``shutdown`` leave pending operations and sockets
     as they are; but a receive whose wait times out makes gloo close every pair of its context
-    (so that no data can arrive after an application timeout). One such receive from a peer,
-    with a tag nobody sends, per context (gloo picks a send/receive's context by its tag)."""
+    (so that no data can arrive after an application timeout). Such a receive, with a tag
+    nobody sends, per context (gloo picks a send/receive's context by its tag) and peer: the
+    connection to a peer that severed first is closed already, and a receive on it fails
+    without the timeout that closes the others; once one has timed out, the rest fail at
+    once."""
     if pg.name() != "gloo":
         try:
             pg.abort()
         except Exception:  # an already broken group may refuse; it is gone either way
             pass
         return
-    if size < 2:
-        return
     contexts = len(getattr(getattr(pg, "options", None), "_devices", None) or ()) or 1
     for index in range(contexts):
-        try:
-            pg.recv([torch.empty(1)], (rank + 1) % size, SEVER_TAG + index).wait(SEVER_WAIT)
-        except Exception:  # the timeout that closes the connections (or they already were)
-            pass
+        for peer in range(size):
+            if peer == rank:
+                continue
+            try:
+                pg.recv([torch.empty(1)], peer, SEVER_TAG + index).wait(SEVER_WAIT)
+            except Exception:  # the timeout that closes the connections (or they already were)
+                pass
 
 
 def create_group(
