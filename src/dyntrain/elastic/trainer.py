@@ -437,9 +437,11 @@ class ElasticTrainer:
 
     def _may_write(self, generation: int | None, wait: bool) -> bool:
         """Whether this worker may write the run folder for ``generation``: alone always; in a
-        job only while the coordinator, asked now, still counts it (a worker of an abandoned
-        generation - cut off, then back - writes nothing). ``wait``: while the coordinator
-        cannot say (it is away), wait for it rather than skip the write."""
+        job unless the coordinator, asked now, says that the generation was abandoned or this
+        worker declared dead (a worker cut off and back writes nothing). While the coordinator
+        cannot say (it is away: a restarted service), a periodic write goes ahead as the
+        training does - the worker presumes its generation goes on until it re-attaches - and
+        a forced one (``wait``: the last step's, ``final.pt``) waits for the answer."""
         if self._channel is None:
             return True
         while (answer := self._channel.confirm(generation)) is None and wait:
@@ -447,7 +449,7 @@ class ElasticTrainer:
         if answer is False:
             log.warning("worker %s writes nothing more: generation %s was abandoned",
                         self.worker_id, generation)
-        return bool(answer)
+        return answer is not False
 
     def _newest_checkpoint_step(self) -> int:
         if self.out_dir is None:
