@@ -442,6 +442,16 @@ def test_heartbeat_timeout_marks_only_the_silent_member_dead(store):
     assert job.phase is Phase.RUNNING and job.coord.live_workers() == ["a"]
 
 
+def test_a_silence_longer_than_half_the_timeout_is_logged_as_a_near_miss(store):
+    job = Job(store, failure_timeout=4.0)
+    job.start("a", "b", step=2)
+    job.w["b"].beating = False
+    for _ in range(25):  # a beats every 0.1 s, b stays silent for 2.5 s
+        job.tick(0.1)
+    job.w["b"].beating = True
+    assert job.tick(0.1) is Phase.RUNNING
+    assert [line for line in job.sink.logs if "silent" in line] == [
+        "worker b was silent for 2.6 s (lost after 4 s)"]
 def test_a_leader_declared_dead_is_fenced_and_what_it_sends_later_is_refused(store):
     """The leader is cut off (no heartbeat), the other member goes on alone; when the leader
     comes back with what it did meanwhile (a step, a checkpoint, the end of the job), none of

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.errors import DyntrainError
 from dyntrain.launch.events import parse_events, parse_workers
 
@@ -50,7 +51,7 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")
-@click.option("--failure-timeout", default=10.0, show_default=True, type=float,
+@click.option("--failure-timeout", default=FAILURE_TIMEOUT, show_default=True, type=float,
               help="Seconds without a heartbeat before a remote worker counts as dead.")
 @click.option("--grace-seconds", default=30.0, show_default=True, type=float,
               help="After Ctrl-C, seconds the workers get to finish their step and checkpoint "

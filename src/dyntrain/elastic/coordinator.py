@@ -23,6 +23,10 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.formation import Formation
 from dyntrain.elastic.membership import next_generation
 
+#: seconds a worker of a previous coordinator has to re-attach (``expect_reattach``) when the
+#: failure timeout is shorter
+REATTACH_WAIT = 10.0
+
 
 class Phase(enum.Enum):
     WAITING = "waiting"  # no generation runs: starting, or fewer than min workers
@@ -74,7 +78,7 @@ class CoordinatorConfig:
     max_workers: int
     expected_initial: int = 1
     settle_seconds: float = 2.0
-    failure_timeout: float = 10.0
+    failure_timeout: float = p.FAILURE_TIMEOUT
 
 
 class Coordinator:
@@ -265,6 +269,11 @@ class Coordinator:
         for worker, raw in zip(watched, values[len(watched) + 1 :], strict=True):
             info = self.workers[worker]
             if int(raw) != info.heartbeat:
+                silent = now - info.heartbeat_seen
+                if info.heartbeat >= 0 and silent > self.config.failure_timeout / 2:
+                    # a near miss: the timeout is close to what this machine needs
+                    self.sink.log(f"worker {worker} was silent for {silent:.1f} s (lost after "
+                                  f"{self.config.failure_timeout:g} s)")
                 info.heartbeat, info.heartbeat_seen = int(raw), now
         for worker in watched:
             self._read_inbox(worker, int(counts[worker]))
@@ -272,8 +281,11 @@ class Coordinator:
                 return
         for worker in self.live_workers():
             info = self.workers[worker]
-            if info.alive and now - info.heartbeat_seen > self.config.failure_timeout:
-                self.mark_dead(worker, f"no heartbeat for {self.config.failure_timeout:g} s")
+            # a worker of a previous coordinator must first notice the loss and reconnect
+            limit = self.config.failure_timeout if info.listed else \
+                max(self.config.failure_timeout, REATTACH_WAIT)
+            if info.alive and now - info.heartbeat_seen > limit:
+                self.mark_dead(worker, f"no heartbeat for {limit:g} s")
 
     def _read_inbox(self, worker: str, count: int) -> None:
         info = self.workers[worker]

@@ -38,6 +38,12 @@ ENV_WORKER_ARGV = "DYNTRAIN_WORKER_ARGV"
 ENV_ADVERTISE = "DYNTRAIN_ADVERTISE_ADDRESS"
 ENV_IFACE = "DYNTRAIN_IFACE"
 
+#: seconds without a heartbeat (sent every 0.5 s) before a worker is declared lost: a partitioned
+#: or frozen host is found this fast; a live worker would have to be silent that long to be
+#: evicted by mistake (bench/multihost.py --mode detection: 0.85 s at most at load average 20 on
+#: 2 cores, see the README)
+FAILURE_TIMEOUT = 3.0
+
 ROSTER = "roster"
 ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll, not the list
 GEN_LATEST = "gen/latest"
