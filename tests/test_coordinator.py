@@ -74,8 +74,8 @@ class FakeWorker:
         self.send("left", gen=gen, step=step)
 
     def metrics(self, gen: int, step: int, **extra) -> None:
-        self.send("metrics", gen=gen, step=step, epoch=0, world_size=0, total_steps=100,
-                  loss=0.5, samples_per_s=10.0, **extra)
+        self.send("metrics", **{"gen": gen, "step": step, "epoch": 0, "world_size": 0,
+                                "total_steps": 100, "loss": 0.5, "samples_per_s": 10.0, **extra})
 
 
 class Job:
@@ -469,6 +469,68 @@ def test_heartbeat_timeout_marks_only_the_silent_member_dead(store):
     assert job.phase is Phase.RUNNING and job.coord.live_workers() == ["a"]
 
 
+def test_a_silence_longer_than_half_the_timeout_is_logged_as_a_near_miss(store):
+    job = Job(store, failure_timeout=4.0)
+    job.start("a", "b", step=2)
+    job.w["b"].beating = False
+    for _ in range(25):  # a beats every 0.1 s, b stays silent for 2.5 s
+        job.tick(0.1)
+    job.w["b"].beating = True
+    assert job.tick(0.1) is Phase.RUNNING
+    assert [line for line in job.sink.logs if "silent" in line] == [
+        "worker b was silent for 2.6 s (lost after 4 s)"]
+def test_a_leader_declared_dead_is_fenced_and_what_it_sends_later_is_refused(store):
+    """The leader is cut off (no heartbeat), the other member goes on alone; when the leader
+    comes back with what it did meanwhile (a step, a checkpoint, the end of the job), none of
+    it counts: it is told it is dead, and its messages are refused even where the coordinator
+    reads every inbox (``drain``)."""
+    job = Job(store, failure_timeout=10.0)
+    job.start("a", "b", step=4)
+    job.w["a"].beating = False
+    assert job.tick(10.5) is Phase.REFORMING
+    assert job.store.get(p.reply_key("a")).decode() == "dead:no heartbeat for 10 s"
+    assert job.ctl(0, "a") == "abort" and job.ctl(0, "b") == "abort"
+    job.w["b"].ready(0, 4, reason="abort")
+    assert job.tick() is Phase.RUNNING and job.gen(1).members == ("b",)
+    job.w["b"].metrics(1, 5)
+    job.tick()
+    # the old leader comes back and reports as if its generation still ran
+    job.w["a"].beating = True
+    job.w["a"].metrics(0, 5, samples_per_s=1.0)
+    job.w["a"].send("checkpoint", gen=0, step=5, path="/run/checkpoints/ckpt-5")
+    job.w["a"].send("done", gen=0, step=5)
+    job.w["a"].send("result", gen=0, accuracy=0.0)
+    job.w["a"].ready(0, 5, reason="abort")
+    assert job.tick() is Phase.RUNNING
+    job.coord.drain()
+    assert job.phase is Phase.RUNNING and job.job_state() == "running"
+    assert [r["step"] for r in job.sink.metrics_rows] == [1, 2, 3, 4, 5]
+    assert job.sink.metrics_rows[-1]["samples_per_s"] == 10.0  # b's row, not a's
+    assert job.sink.results == [] and job.coord.last_checkpoint is None
+    assert "a" not in job.coord.ready and job.coord.live_workers() == ["b"]
+    assert any("refused 'result' from a: it was declared dead" in line for line in job.sink.logs)
+
+
+def test_messages_for_a_generation_that_is_over_are_refused(job):
+    job.start("a", "b", step=3)
+    job.coord.mark_dead("b", "exit code -9")
+    job.w["a"].ready(0, 3, reason="abort")
+    assert job.tick() is Phase.RUNNING and job.latest() == 1
+    job.w["a"].metrics(0, 4)  # tagged with the abandoned generation
+    job.w["a"].send("checkpoint", gen=0, step=4, path="/ckpt/4")
+    job.w["a"].send("done", gen=0, step=4)
+    assert job.tick() is Phase.RUNNING
+    assert [r["step"] for r in job.sink.metrics_rows] == [1, 2, 3]
+    assert job.coord.last_checkpoint is None
+    assert any("refused 'done' from a: it is for generation 0, the current one is 1" in line
+               for line in job.sink.logs)
+    job.w["a"].metrics(1, 4)
+    job.w["a"].send("checkpoint", gen=1, step=4, path="/ckpt/4")
+    job.w["a"].send("done", gen=1, step=4)
+    assert job.tick() is Phase.DONE
+    assert job.sink.metrics_rows[-1]["step"] == 4 and job.coord.last_checkpoint == (4, "/ckpt/4")
+
+
 def test_below_min_waits_and_a_new_hello_forms_again(store):
     job = Job(store, min_workers=2)
     job.start("a", "b", step=3)
@@ -520,8 +582,8 @@ def test_all_members_dead_then_a_joiner_starts_over(store, checkpoint):
 def test_done_message_finishes_the_job(job):
     job.start("a", "b", step=9)
     job.w["a"].metrics(0, 10)
-    job.w["a"].send("done", step=10)
-    job.w["a"].send("result", accuracy=0.97)
+    job.w["a"].send("done", gen=0, step=10)
+    job.w["a"].send("result", gen=0, accuracy=0.97)
     assert job.tick() is Phase.DONE
     assert job.job_state() == "done" and job.phase.is_terminal()
     assert job.sink.results == []  # messages after "done" wait for drain()
@@ -538,7 +600,7 @@ def test_an_exception_in_one_worker_is_that_workers_crash(job):
     assert job.coord.last_error == "b: ValueError: bad batch"
     assert "b" in job.coord.dead
     assert job.ctl(0, "a") == "abort"
-    assert job.store.get("reply/b").decode().startswith("reject:it was declared dead")
+    assert job.store.get("reply/b").decode() == "dead:raised ValueError: bad batch"
     job.w["a"].ready(0, 2, reason="abort")
     job.tick()
     assert job.latest() == 1 and job.gen(1).members == ("a",)

@@ -4,9 +4,13 @@ the product anything. The run folder is the bed's shared folder (a shared file s
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from conftest import SCRIPTS, wait_for
+from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.testing.jobs import HostJob
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
@@ -34,16 +38,33 @@ def finish(job: HostJob) -> str:
     return out
 
 
-def test_remote_workers_join_with_loopback_hostnames_and_match_the_static_run(hosts,
-                                                                              static_ledger):
+def test_remote_workers_join_and_a_partitioned_one_is_found_by_its_silence(hosts,
+                                                                          static_ledger):
+    # hosts 1 and 2 resolve their names to 127.0.1.1: they must advertise their own address
     job = ledger_job(hosts, "join")
     for h in (1, 2):
         job.add_worker(hosts.host(h))
     wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
-    out = finish(job)
     joins = [e for e in job.events() if e["event"] == "join"]
-    assert joins and all(e["steps_redone"] == 0 for e in joins), out
-    assert "generation 4" not in out  # one or two joins, not a loop of re-formations
+    assert joins and all(e["steps_redone"] == 0 for e in joins)
+    assert "generation 4" not in job.launcher.text()  # one or two joins, not a livelock
+    # four busy loops per core: live workers keep their heartbeat within the default timeout
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8)]
+    try:
+        steps = len(job.metrics())
+        wait_for(lambda: len(job.metrics()) >= steps + 20, "steps under contention", timeout=180)
+    finally:
+        for proc in spinners:
+            proc.kill()
+            proc.wait()
+    assert "crash" not in [e["event"] for e in job.events()], job.launcher.text()[-3000:]
+    hosts.partition(2)
+    crash = wait_for(lambda: next((e for e in job.events() if e["event"] == "crash"), None),
+                     "the partitioned worker declared lost", timeout=120)
+    assert crash["workers"][0].startswith("host2-")
+    assert crash["reason"] == f"no heartbeat for {FAILURE_TIMEOUT:g} s"
+    finish(job)
+    assert job.world() == 2
     assert_exactly_once(job.out)
     assert max_param_diff(static_ledger, job.out) == 0.0
 
@@ -60,5 +81,25 @@ def test_a_worker_its_peers_cannot_reach_is_told_why_and_the_job_goes_on(hosts, 
     wait_for(lambda: job.world() == 2, "the other two training", timeout=180)
     out = finish(job)
     assert "removed: its peers cannot reach it at 127.0.1.1" in out
+    assert_exactly_once(job.out)
+    assert max_param_diff(static_ledger, job.out) == 0.0
+
+
+def test_a_host_behind_a_slow_link_keeps_training_and_balancing_stays_bitwise(hosts,
+                                                                            static_ledger):
+    # host 1: 100 Mbit/s both ways (tbf) and chunks 4x slower; 8 MB of optimizer state that
+    # only travels make its hand-over take the link's time
+    hosts.slow_link(1, rate="100mbit")
+    job = ledger_job(hosts, "slow", args=("--ballast-mb", "8", "--step-delay", "0.005",
+                                          "--slow-in", "host:host1", "--slow-factor", "4"))
+    job.add_worker(hosts.host(1))
+    wait_for(lambda: job.world() == 2, "the slow host training", timeout=180)
+    finish(job)
+    [join] = [e for e in job.events() if e["event"] == "join"]
+    assert join["state_sync_s"] >= 8 * 2**20 * 8 / 100e6 * 0.9  # it went over the slow link
+    assert [e["event"] for e in job.events()] == ["start", "join"]  # nobody was evicted
+    rows = [r for r in job.metrics() if r["world_size"] == 2]
+    assert any(r["chunks"][0] > r["chunks"][1] for r in rows), "host 1 never got fewer chunks"
+    assert all(sum(r["chunks"]) == 8 for r in rows)
     assert_exactly_once(job.out)
     assert max_param_diff(static_ledger, job.out) == 0.0

@@ -23,7 +23,7 @@ from conftest import wait_for
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import CoordinatorGone, WorkerChannel
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.coordinator import Phase
+from dyntrain.elastic.coordinator import REATTACH_WAIT, Phase
 from dyntrain.elastic.trainer import ENV_REATTACH, ElasticTrainer
 from test_coordinator import FakeWorker, Job
 
@@ -94,6 +94,16 @@ def test_a_member_lost_meanwhile_ends_the_generation_and_the_furthest_state_goes
     assert set(events) == {"crash", "reattach"}
     assert events["crash"]["workers"] == ["c"]
     assert events["reattach"]["steps_redone"] == 0 and events["reattach"]["generation"] == 4
+
+
+def test_workers_of_the_previous_coordinator_get_time_to_re_attach(store):
+    job = Job(store, failure_timeout=3.0)
+    job.coord.expect_reattach(["a"], 10)
+    job.tick(REATTACH_WAIT - 1)  # longer than the failure timeout: a still has time
+    assert job.coord.awaits("a") and "a" not in job.coord.gone
+    job.tick(1.5)
+    assert "a" in job.coord.gone
+    assert any(f"a lost: no heartbeat for {REATTACH_WAIT:g} s" in line for line in job.sink.logs)
 
 
 def test_a_job_that_finished_meanwhile_is_done(store):

@@ -77,3 +77,36 @@ def test_broadcast_state_from_two_holders_in_pieces_to_two_receivers(monkeypatch
     assert sorted(results) == [0, 1, 2, 3]
     for rank in range(world):  # holders keep their state (they received identical pieces)
         assert_same(results[rank], sample_state())
+
+
+def test_broadcast_state_never_writes_into_a_holders_live_tensors(monkeypatch):
+    """A holder takes part in the broadcasts of pieces it does not send with scratch buffers:
+    its own tensors are only read. (Made visible by holders whose bytes differ, which the
+    runtime never has: each keeps its own, and the receiver gets the senders' pieces.)"""
+    monkeypatch.setattr(transfer, "PIECE_BYTES", 8192)
+    store, world, results = dist.HashStore(), 3, {}
+    states = {0: sample_state(), 1: sample_state(), 2: None}
+    states[1]["model"]["w"].add_(1.0)
+
+    def member(rank: int) -> None:
+        pg = dist.ProcessGroupGloo(dist.PrefixStore("t", store), rank, world,
+                                   timedelta(seconds=60))
+        group = Group(pg, rank, world, torch.device("cpu"))
+        results[rank] = broadcast_state(group, states[rank], 0, [0, 1], lambda: False)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 1, 2]
+    expected = sample_state()
+    assert_same(results[0], expected)
+    expected["model"]["w"].add_(1.0)
+    assert_same(results[1], expected)
+    received = results[2]["model"]["w"].reshape(-1)
+    ones = sample_state()["model"]["w"].reshape(-1)
+    step = 8192 // 4
+    for piece, start in enumerate(range(0, received.numel(), step)):
+        sender_shift = 1.0 if piece % 2 else 0.0  # pieces alternate between holders 0 and 1
+        assert torch.equal(received[start:start + step], ones[start:start + step] + sender_shift)

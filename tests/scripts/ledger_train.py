@@ -8,6 +8,7 @@ float32). It travels through the real all-reduce, state transfer and checkpoints
 
 import argparse
 import os
+import socket
 import time
 
 import torch
@@ -32,7 +33,8 @@ def main():
     ap.add_argument("--chunk-size", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=40)
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per chunk")
-    ap.add_argument("--slow-in", default=None, help="worker id whose chunks take longer")
+    ap.add_argument("--slow-in", default=None,
+                    help="worker id (or host:NAME, a hostname) whose chunks take longer")
     ap.add_argument("--slow-factor", type=float, default=3.0, help="its chunks' delay factor")
     ap.add_argument("--slow-while", default=None, metavar="FILE",
                     help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
@@ -70,7 +72,7 @@ def main():
 
     if args.ballast_mb:
         opt.state[model.counts]["ballast"] = torch.zeros(int(args.ballast_mb * 2**18))
-    calls = [0]
+    calls, host = [0], socket.gethostname()
 
     def loss_fn(model, batch):
         idx, x = batch
@@ -79,7 +81,8 @@ def main():
                 and calls[0] > args.raise_after:
             raise RuntimeError("simulated device failure")
         if args.step_delay:
-            slow = args.slow_in is not None and args.slow_in == os.environ.get("DYNTRAIN_WORKER_ID")
+            slow = args.slow_in is not None and \
+                args.slow_in in (os.environ.get("DYNTRAIN_WORKER_ID"), f"host:{host}")
             time.sleep(args.step_delay * (args.slow_factor if slow else 1.0))
         if args.slow_while and os.path.exists(args.slow_while):
             time.sleep(0.05)

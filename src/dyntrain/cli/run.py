@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.errors import DyntrainError
 from dyntrain.launch.events import parse_events, parse_workers
 
@@ -51,7 +52,7 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")
-@click.option("--failure-timeout", default=10.0, show_default=True, type=float,
+@click.option("--failure-timeout", default=FAILURE_TIMEOUT, show_default=True, type=float,
               help="Seconds without a heartbeat before a remote worker counts as dead.")
 @click.option("--grace-seconds", default=30.0, show_default=True, type=float,
               help="After Ctrl-C, seconds the workers get to finish their step and checkpoint "
@@ -95,9 +96,14 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def worker(coordinator, connect_timeout, advertise_address, iface, script, args):
-    """Join a running job as one more worker (e.g. from another machine)."""
+    """Join a running job as one more worker (e.g. from another machine).
+
+    Should the job declare it dead while it is cut off (frozen, or behind a network partition
+    that heals later), it starts over as a new worker and is re-admitted with the state handed
+    over afresh."""
     from dyntrain.elastic import address
     from dyntrain.elastic.channel import connect_store, parse_address
+    from dyntrain.elastic.protocol import ENV_WORKER_ARGV
     from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
 
     command = _script_command(script, args)
@@ -108,7 +114,7 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
     store = connect_store(coordinator, connect_timeout)
     info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
     env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
-           str(connect_timeout)}
+           str(connect_timeout), ENV_WORKER_ARGV: json.dumps([sys.executable, *command])}
     if advertise_address:
         env[ENV_ADVERTISE] = advertise_address
     if iface:

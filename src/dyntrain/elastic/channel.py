@@ -71,6 +71,11 @@ class CoordinatorGone(DyntrainError):
     """The coordinator was lost and did not come back within the re-attach bound."""
 
 
+class Fenced(DyntrainError):
+    """The coordinator declared this worker dead (it was frozen or cut off meanwhile): its id
+    and the generation it was in are over; nothing it sends under that id counts."""
+
+
 class WorkerChannel:
     """One worker's connection to its job's coordinator.
 
@@ -332,6 +337,32 @@ class WorkerChannel:
             self._check_gone()
             return self._ctl_value(generation)
 
+    def confirm(self, generation: int | None) -> bool | None:
+        """Whether the coordinator still counts this worker as a member of ``generation`` (None:
+        only whether it was not declared dead), read from the store now rather than from the
+        watcher's copy: for writes that a worker of an abandoned generation must not make.
+        None while that cannot be known (the coordinator is away, or re-attached and has not
+        taken this worker's generation back yet)."""
+        self._check_gone()
+        if not self._online.is_set():
+            return None
+        epoch = self._epoch
+        try:
+            reply = p.reply_key(self.worker)
+            if self.store.check([reply]) and \
+                    self.store.get(reply).decode().startswith(p.REPLY_DEAD):
+                return False
+            if generation is None:
+                return True
+            key = p.ctl_key(generation, self.worker)
+            if not self.store.check([key]):
+                return None
+            return self.store.get(key).decode() != p.CTL_ABORT
+        except Exception as exc:
+            self._on_lost(exc, epoch)
+            self._check_gone()
+            return None
+
     def hello(self, fingerprint: str, config: dict) -> None:
         self._hello = {"fingerprint": fingerprint, "config": config,
                        "host": socket.gethostname(), "pid": os.getpid(),
@@ -348,8 +379,9 @@ class WorkerChannel:
         """Block until a generation numbered above ``after`` includes this worker.
 
         Returns None when ``should_stop()`` turns true or the coordinator tells this worker to
-        leave; raises JobOver when the job ends and DyntrainError when the coordinator rejects
-        this worker or is lost (CoordinatorGone: and did not come back in time).
+        leave; raises JobOver when the job ends, Fenced when the coordinator declared this
+        worker dead, and DyntrainError when it rejects this worker or is lost
+        (CoordinatorGone: and did not come back in time).
         """
         scanned = after
         while True:
@@ -378,6 +410,8 @@ class WorkerChannel:
             reply = self.store.get(p.reply_key(self.worker)).decode()
             if reply == "leave":
                 return reply
+            if reply.startswith(p.REPLY_DEAD):
+                raise Fenced(f"declared dead ({reply[len(p.REPLY_DEAD):]})")
             raise DyntrainError(f"the coordinator rejected this worker: {reply[7:]}")
         state = self.job_state()
         if state != "running":

@@ -1,9 +1,18 @@
 """Process groups per generation, and collectives that can be abandoned when a peer dies.
 
-A generation's group is created fresh (its own store prefix) and never reused, so a group that
-lost a member is simply aborted and dropped. Every blocking call waits on an event with a timeout
-and asks ``should_abort`` in between, so a worker never hangs on a dead peer for longer than the
-coordinator takes to notice the death.
+A generation's group is created fresh (its own store prefix) and never reused. Every blocking
+call waits on an event with a timeout and asks ``should_abort`` in between, so a worker never
+hangs on a dead peer for longer than the coordinator takes to notice the death.
+
+A generation owns what its collectives write: the group hands out its own buffers
+(``Group.buffers``) and drops them on ``close``, so a late completion of an abandoned
+generation's collective writes only into memory that nobody reads any more. An abandoned
+group is also cut off (``sever``): on gloo, ``abort()`` and ``shutdown()`` do nothing to pending
+operations in this torch, and a peer that was cut off (frozen, or behind a partition that
+heals) would later complete them. A receive that times out in gloo closes every connection of
+its context (gloo does this so that no data arrives after an application-side timeout): one
+receive with a 1 ms timeout per context closes the group's sockets, fails every pending
+collective at once, and a late peer's sends find no socket to land in.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ import torch.distributed as dist
 from dyntrain.elastic.ring import RingThread
 
 POLL_SECONDS = 0.05
+# The tag of the receive that severs a group: no member ever sends with it.
+SEVER_TAG = 1 << 30
+SEVER_WAIT = timedelta(milliseconds=1)
 
 
 class Aborted(Exception):
@@ -61,12 +73,15 @@ class Group:
     """A process group for one generation, with sum all-reduce and byte broadcast.
 
     ``ring`` says whether ``exact_sum_async`` (``dyntrain.elastic.ring``) is available: on gloo
-    with CPU tensors."""
+    with CPU tensors. ``buffers`` holds the tensors that this generation's collectives write
+    (the step's gradient sums): whoever uses them takes them from here, so each generation
+    has its own and ``close`` drops them."""
 
     def __init__(self, pg: dist.ProcessGroup | None, rank: int, size: int, device: torch.device,
                  ring: bool = False):
         self.pg, self.rank, self.size, self.device = pg, rank, size, device
         self.ring = ring and pg is not None and device.type == "cpu"
+        self.buffers: dict[str, torch.Tensor] = {}
         self._ring_thread: RingThread | None = None
 
     def allreduce_sum(self, tensor: torch.Tensor, should_abort: Callable[[], bool]) -> None:
@@ -81,7 +96,9 @@ class Group:
         return self.pg.allreduce([tensor])
 
     def exact_sum_async(self, contrib: torch.Tensor, out: torch.Tensor) -> torch.futures.Future:
-        """Start the exact ring sum of ``contrib`` into ``out`` (see ``ring``); ``wait`` for it."""
+        """Start the exact ring sum of ``contrib`` into ``out`` (see ``ring``); ``wait`` for it.
+        Both should be this group's ``buffers``: the ring may still write ``out`` while the
+        group is being closed."""
         if self._ring_thread is None:
             self._ring_thread = RingThread(self.pg, self.rank, self.size)
         return self._ring_thread.submit(contrib, out)
@@ -119,19 +136,52 @@ class Group:
         if tensor is not out:
             out.copy_(tensor.cpu())
 
-    def close(self) -> None:
-        """Abort the group: pending collectives on dead peers must not block anyone."""
-        if self.pg is not None:
-            try:
-                self.pg.abort()
-            except Exception:  # aborting an already broken group may raise; it is gone either way
-                pass
-            self.pg = None
+    def close(self, abandoned: bool = True) -> None:
+        """Drop the group and everything it owns.
+
+        ``abandoned``: the generation ended without every collective done (a member was lost,
+        or this one gave up): first sever the group, so that pending collectives fail at once
+        and nothing a cut-off peer sends later can arrive. A generation that ended cleanly
+        (every collective completed on every member) is dropped without severing: a peer may
+        still be reading the last bytes this member sent."""
         if self._ring_thread is not None:
-            # after the abort: a send to a dead peer fails rather than blocking the join (a
+            self._ring_thread.fence()  # from now on it starts no hop and writes nothing
+        if self.pg is not None and abandoned:
+            sever(self.pg, self.rank, self.size)
+        if self._ring_thread is not None:
+            # after severing: its pending receives fail rather than blocking the join (a
             # thread still running when the process exits makes gloo call std::terminate)
             self._ring_thread.stop()
             self._ring_thread = None
+        self.buffers = {}
+        self.pg = None  # the last reference: gloo joins its threads and closes the sockets
+
+
+def sever(pg: dist.ProcessGroup, rank: int, size: int) -> None:
+    """Close every connection of ``pg`` now, failing whatever is pending on it.
+
+    NCCL has ``abort``. gloo's ``abort`` and ``shutdown`` leave pending operations and sockets
+    as they are; but a receive whose wait times out makes gloo close every pair of its context
+    (so that no data can arrive after an application timeout). Such a receive, with a tag
+    nobody sends, per context (gloo picks a send/receive's context by its tag) and peer: the
+    connection to a peer that severed first is closed already, and a receive on it fails
+    without the timeout that closes the others; once one has timed out, the rest fail at
+    once."""
+    if pg.name() != "gloo":
+        try:
+            pg.abort()
+        except Exception:  # an already broken group may refuse; it is gone either way
+            pass
+        return
+    contexts = len(getattr(getattr(pg, "options", None), "_devices", None) or ()) or 1
+    for index in range(contexts):
+        for peer in range(size):
+            if peer == rank:
+                continue
+            try:
+                pg.recv([torch.empty(1)], peer, SEVER_TAG + index).wait(SEVER_WAIT)
+            except Exception:  # the timeout that closes the connections (or they already were)
+                pass
 
 
 def create_group(

@@ -23,6 +23,10 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.formation import Formation
 from dyntrain.elastic.membership import next_generation
 
+#: seconds a worker of a previous coordinator has to re-attach (``expect_reattach``) when the
+#: failure timeout is shorter
+REATTACH_WAIT = 10.0
+
 
 class Phase(enum.Enum):
     WAITING = "waiting"  # no generation runs: starting, or fewer than min workers
@@ -74,7 +78,7 @@ class CoordinatorConfig:
     max_workers: int
     expected_initial: int = 1
     settle_seconds: float = 2.0
-    failure_timeout: float = 10.0
+    failure_timeout: float = p.FAILURE_TIMEOUT
 
 
 class Coordinator:
@@ -162,8 +166,12 @@ class Coordinator:
         self.gone.add(worker)
         self.dead.add(worker)
         self.formation.gone(worker)
-        # Fence it: should a hung worker wake up, it must not act as a member again.
-        self.store.set(p.reply_key(worker), f"reject:it was declared dead ({reason})")
+        # Fence it: should a hung or cut-off worker come back, it must not act as a member
+        # again. It is told so (its generation is aborted, its id is dead) and whatever it
+        # sends is refused (``_handle``).
+        self.store.set(p.reply_key(worker), f"{p.REPLY_DEAD}{reason}")
+        if self.current and worker in self.current.members:
+            self.store.set(p.ctl_key(self.current.number, worker), p.CTL_ABORT)
         now = self.clock()
         self.sink.log(f"worker {worker} lost: {reason}")
         if worker in self.joiners:
@@ -261,6 +269,11 @@ class Coordinator:
         for worker, raw in zip(watched, values[len(watched) + 1 :], strict=True):
             info = self.workers[worker]
             if int(raw) != info.heartbeat:
+                silent = now - info.heartbeat_seen
+                if info.heartbeat >= 0 and silent > self.config.failure_timeout / 2:
+                    # a near miss: the timeout is close to what this machine needs
+                    self.sink.log(f"worker {worker} was silent for {silent:.1f} s (lost after "
+                                  f"{self.config.failure_timeout:g} s)")
                 info.heartbeat, info.heartbeat_seen = int(raw), now
         for worker in watched:
             self._read_inbox(worker, int(counts[worker]))
@@ -268,8 +281,11 @@ class Coordinator:
                 return
         for worker in self.live_workers():
             info = self.workers[worker]
-            if info.alive and now - info.heartbeat_seen > self.config.failure_timeout:
-                self.mark_dead(worker, f"no heartbeat for {self.config.failure_timeout:g} s")
+            # a worker of a previous coordinator must first notice the loss and reconnect
+            limit = self.config.failure_timeout if info.listed else \
+                max(self.config.failure_timeout, REATTACH_WAIT)
+            if info.alive and now - info.heartbeat_seen > limit:
+                self.mark_dead(worker, f"no heartbeat for {limit:g} s")
 
     def _read_inbox(self, worker: str, count: int) -> None:
         info = self.workers[worker]
@@ -289,7 +305,22 @@ class Coordinator:
         if handler is None:
             self.sink.log(f"ignored unknown message {msg.kind!r} from {msg.worker}")
             return
+        if msg.worker in self.dead:
+            # fenced: a worker declared dead that came back (a frozen process, a partition
+            # that healed) acts for a generation that was abandoned
+            self.sink.log(f"refused {msg.kind!r} from {msg.worker}: it was declared dead")
+            return
         handler(msg.worker, msg.fields)
+
+    def _of_current(self, worker: str, kind: str, f: dict) -> bool:
+        """Whether a message that acts for a generation (``gen``) acts for the current one;
+        a refusal is logged."""
+        if self.current is not None and f.get("gen") == self.current.number:
+            return True
+        now = self.current.number if self.current else None
+        self.sink.log(f"refused {kind!r} from {worker}: it is for generation {f.get('gen')}, "
+                      f"the current one is {now}")
+        return False
 
     def _greet(self, worker: str, f: dict) -> bool:
         """Register a worker that said hello or re-attached; False if its settings differ."""
@@ -327,7 +358,7 @@ class Coordinator:
         self._reattach.workers.append(worker)
         self.sink.log(f"worker {worker} re-attached: {f['state']} at step {f.get('step')}")
         if f["state"] == "done":
-            self._on_done(worker, f)
+            self._finish(f)
             return
         gen = p.Generation.from_json(f["generation"]) if f.get("generation") else None
         if gen is None:
@@ -432,7 +463,10 @@ class Coordinator:
 
     def _on_metrics(self, worker: str, f: dict) -> None:
         for row in f.get("rows", [f]):
-            if not f.get("replay") or row["step"] > self.highest_step:  # replay: see channel
+            if f.get("replay"):  # re-sent after a re-attach: see channel
+                if row["step"] > self.highest_step:
+                    self._on_metrics_row(row)
+            elif self._of_current(worker, "metrics", row):
                 self._on_metrics_row(row)
 
     def _on_metrics_row(self, f: dict) -> None:
@@ -453,12 +487,19 @@ class Coordinator:
             self._awaiting_first_step = [c for c in self._awaiting_first_step if c not in due]
 
     def _on_checkpoint(self, worker: str, f: dict) -> None:
-        self.last_checkpoint = (f["step"], f["path"])
+        # (no generation: written between generations, of the state the worker holds)
+        if f.get("gen") is None or self._of_current(worker, "checkpoint", f):
+            self.last_checkpoint = (f["step"], f["path"])
 
     def _on_result(self, worker: str, f: dict) -> None:
-        self.sink.result(f)
+        if self._of_current(worker, "result", f):
+            self.sink.result({k: v for k, v in f.items() if k != "gen"})
 
     def _on_done(self, worker: str, f: dict) -> None:
+        if self._of_current(worker, "done", f):
+            self._finish(f)
+
+    def _finish(self, f: dict) -> None:
         self.phase = Phase.DONE
         self.store.set(p.JOB_STATE, "done")
         self.sink.log(f"job finished at step {f.get('step')}")

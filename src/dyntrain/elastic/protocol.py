@@ -4,8 +4,13 @@ Workers -> coordinator: each worker appends messages to its own inbox (``inbox/<
 bumps ``inbox/<id>/n``), announces itself once on the ``roster`` list (then bumps ``roster/n``,
 so that the coordinator polls one number, not the list) and bumps ``hb/<id>`` as a heartbeat.
 Coordinator -> workers: ``gen/latest`` and ``gen/<n>`` (the membership of generation n),
-``ctl/<n>/<id>`` (run, reform, drain or abort), ``reply/<id>`` (a rejection) and ``job/state``.
-A worker whose coordinator was restarted (a new store) first sends ``reattach``: where it stands.
+``ctl/<n>/<id>`` (run, reform, drain or abort), ``reply/<id>`` (leave, a rejection, or the
+fence of a worker declared dead) and ``job/state``. A worker whose coordinator was restarted (a
+new store) first sends ``reattach``: where it stands.
+
+Messages that act for a generation (``ready``, ``left``, ``metrics`` rows, ``checkpoint``,
+``done``, ``result``) carry its number (``gen``); the coordinator refuses those of a generation
+that is over and every message of a worker it declared dead.
 """
 
 from __future__ import annotations
@@ -24,11 +29,20 @@ ENV_CONNECT_TIMEOUT = "DYNTRAIN_CONNECT_TIMEOUT"
 # Seconds a worker that lost its coordinator trains on and waits for it to come back (a
 # restarted service); 0, the default outside the service, ends the worker at once.
 ENV_REATTACH = "DYNTRAIN_REATTACH_SECONDS"
+# The command line (JSON list) that starts this worker again as a new process: set by
+# ``dyntrain worker``, so that a worker declared dead re-joins as a new member.
+ENV_WORKER_ARGV = "DYNTRAIN_WORKER_ARGV"
 # The address a worker binds and gives its peers, or the interface to take it from (set by
 # ``dyntrain worker --advertise-address/--iface``); by default the one it reaches the
 # coordinator from (``dyntrain.elastic.address``).
 ENV_ADVERTISE = "DYNTRAIN_ADVERTISE_ADDRESS"
 ENV_IFACE = "DYNTRAIN_IFACE"
+
+#: seconds without a heartbeat (sent every 0.5 s) before a worker is declared lost: a partitioned
+#: or frozen host is found this fast; a live worker would have to be silent that long to be
+#: evicted by mistake (bench/multihost.py --mode detection: 0.85 s at most at load average 20 on
+#: 2 cores, see the README)
+FAILURE_TIMEOUT = 3.0
 
 ROSTER = "roster"
 ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll, not the list
@@ -38,6 +52,9 @@ JOB_INFO = "job/info"  # {"out_dir": run folder, "job": who hosts it (same acros
 COORDINATOR_FILE = "coordinator.json"  # in the run folder: {"address", "job"}
 
 CTL_RUN, CTL_REFORM, CTL_DRAIN, CTL_ABORT = "run", "reform", "drain", "abort"
+# reply/<id>: "leave" (stop waiting), "reject:<why>" (settings differ: it never joins) or
+# "dead:<why>": declared dead (a lost heartbeat, an exit); the id is fenced for good
+REPLY_DEAD = "dead:"
 
 
 def gen_key(number: int) -> str:

@@ -14,7 +14,8 @@ The rounded result is the float64 sum rounded once, as with a float64 all-reduce
 
 The hops are point-to-point sends on the generation's gloo group, driven by one thread per group
 (``RingThread``) that takes buckets in the order they were submitted, so every member runs the
-same sends in the same order while backward goes on.
+same sends in the same order while backward goes on. Once its generation is abandoned the
+thread is fenced: it starts no further hop and writes no further sum (``RingThread.fence``).
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ import torch
 import torch.distributed as dist
 
 
+class Fenced(Exception):
+    """The ring's generation was abandoned: the sum was given up between two hops."""
+
+
 def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.Tensor,
-                   out: torch.Tensor) -> None:
+                   out: torch.Tensor, fenced: threading.Event | None = None) -> None:
     """Sum ``contrib`` (float32 or float64, 1-D, same dtype on every member) over the group and
-    write the float64 sum rounded to ``out``'s dtype into ``out`` (which may be ``contrib``)."""
+    write the float64 sum rounded to ``out``'s dtype into ``out`` (which may be ``contrib``).
+    Raises ``Fenced`` before any hop once ``fenced`` is set."""
     n = contrib.numel()
     bounds = [i * n // size for i in range(size + 1)]
 
@@ -46,17 +52,24 @@ def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.T
         part = seg(rank - h - 1)
         incoming = torch.empty(part.stop - part.start, device=contrib.device,
                                dtype=contrib.dtype if h == 0 else torch.float64)
-        _exchange(pg, outgoing, nxt, incoming, prv)
+        _exchange(pg, outgoing, nxt, incoming, prv, fenced)
         total = contrib[part].to(torch.float64) + incoming
         outgoing = total
+    _check(fenced)
     out[seg(rank + 1)] = total
     # all-gather of the rounded sums
     for h in range(size - 1):
-        _exchange(pg, out[seg(rank + 1 - h)], nxt, out[seg(rank - h)], prv)
+        _exchange(pg, out[seg(rank + 1 - h)], nxt, out[seg(rank - h)], prv, fenced)
+
+
+def _check(fenced: threading.Event | None) -> None:
+    if fenced is not None and fenced.is_set():
+        raise Fenced()
 
 
 def _exchange(pg: dist.ProcessGroup, send: torch.Tensor, to: int, recv: torch.Tensor,
-              source: int) -> None:
+              source: int, fenced: threading.Event | None) -> None:
+    _check(fenced)
     # an empty segment (fewer elements than members) is skipped by its sender and its receiver
     works = ([pg.send([send], to, 0)] if send.numel() else []) + (
         [pg.recv([recv], source, 0)] if recv.numel() else [])
@@ -67,11 +80,12 @@ def _exchange(pg: dist.ProcessGroup, send: torch.Tensor, to: int, recv: torch.Te
 class RingThread:
     """Runs ``exact_ring_sum`` for one group's buckets, one after another, off the caller's thread.
 
-    A failure (a peer died, the group was aborted) fails that bucket's future and every later
-    one; the generation is over anyway."""
+    A failure (a peer died, the group was severed, the thread was fenced) fails that bucket's
+    future and every later one; the generation is over anyway."""
 
     def __init__(self, pg: dist.ProcessGroup, rank: int, size: int) -> None:
         self.pg, self.rank, self.size = pg, rank, size
+        self._fenced = threading.Event()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="dyntrain-ring")
         self._thread.start()
@@ -81,9 +95,17 @@ class RingThread:
         self._jobs.put((contrib, out, fut))
         return fut
 
+    def fence(self) -> None:
+        """The generation is over: start no further hop, write no further sum."""
+        self._fenced.set()
+
     def stop(self) -> None:
+        """Fence the thread and let it end (waits up to a second: a hop in progress ends when
+        its group is severed)."""
+        self.fence()
         self._jobs.put(None)
         self._thread.join(1.0)
+        self.pg = None
 
     def _run(self) -> None:
         failure: Exception | None = None
@@ -91,7 +113,7 @@ class RingThread:
             contrib, out, fut = job
             if failure is None:
                 try:
-                    exact_ring_sum(self.pg, self.rank, self.size, contrib, out)
+                    exact_ring_sum(self.pg, self.rank, self.size, contrib, out, self._fenced)
                 except Exception as exc:  # gloo reports a dead peer as a RuntimeError
                     failure = exc
             if failure is None:

@@ -97,8 +97,14 @@ class ChunkStepper:
         self._look_for_unused = True
         for index, q in enumerate(self.params):
             q.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, index))
-        self._grads = torch.zeros(numel, dtype=param_dtype, device=device)
-        self._total: torch.Tensor | None = None  # the sum of a step's chunks (reduction dtype)
+        self._numel, self._param_dtype = numel, param_dtype
+        # The flat buffers that a step's sums are written into belong to the generation whose
+        # group sums them (``Group.buffers``; ``_bind``): a late write of an abandoned
+        # generation cannot reach the next one's. ``compute`` (no group) uses ``_spare``.
+        self._spare: dict[str, torch.Tensor] = {}
+        self._buffers: dict[str, torch.Tensor] | None = None
+        self._grads = self._total = self._grads_row = None
+        self._bind(self._spare)
         self.reduce_dtype = torch.float64 if config.exact_reduction else torch.float32
         self.order = BatchOrder(config.seed, self.dataset_size, config.global_batch)
         self.noise: NoiseScaleTracker | None = None
@@ -106,7 +112,6 @@ class ChunkStepper:
             self.noise = NoiseScaleTracker(config.chunk_size, config.global_batch,
                                            ema=config.noise_ema, population=self.dataset_size)
         parts.noise = self.noise  # so that its state travels with the training state
-        self._grads_row = self._grads.view(1, -1)  # its norm along dim 1 has shape (1,)
         self._pads: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def batch_indices(self, step: int) -> torch.Tensor:
@@ -135,6 +140,7 @@ class ChunkStepper:
         how many numbers the members add up besides (see ``finish``)."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
+        self._bind(group.buffers if group is not None else self._spare)
         self._attach_grads()
         self._grads.zero_()
         exact = self.reduce_dtype != self._grads.dtype
@@ -154,7 +160,8 @@ class ChunkStepper:
         total = self._grads
         if separate:
             if self._total is None:  # kept: a fresh buffer per step costs page faults
-                self._total = torch.zeros_like(self._grads, dtype=self.reduce_dtype)
+                self._total = self._buffers["total"] = torch.zeros_like(
+                    self._grads, dtype=self.reduce_dtype)
             total = self._total.zero_()
         # |contribution| of each chunk as a 1-element tensor, from its per-bucket norms (the
         # last chunk's buckets may be overwritten by their sums before backward ends)
@@ -271,6 +278,21 @@ class ChunkStepper:
         torch.default_generator.manual_seed(seed)
         if self.device.type == "cuda":
             torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
+
+    def _bind(self, buffers: dict[str, torch.Tensor]) -> None:
+        """Take the step's flat buffers from ``buffers`` (a generation's ``Group.buffers``),
+        making them there on first use. The previous generation's are let go first, gradients
+        views included: whatever still writes into them writes where nothing reads."""
+        if buffers is self._buffers:
+            return
+        for q in self.params:
+            q.grad = None
+        self._buffers = self._grads = self._total = self._grads_row = None
+        if "grads" not in buffers:
+            buffers["grads"] = torch.zeros(self._numel, dtype=self._param_dtype,
+                                           device=self.device)
+        self._buffers, self._grads, self._total = buffers, buffers["grads"], buffers.get("total")
+        self._grads_row = self._grads.view(1, -1)  # its norm along dim 1 has shape (1,)
 
     def _attach_grads(self) -> None:
         """Point every parameter's .grad at its slice of the flat buffer (again, if replaced)."""

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.balance import ChunkBalancer
-from dyntrain.elastic.channel import CoordinatorGone, JobOver, WorkerChannel
+from dyntrain.elastic.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
 from dyntrain.elastic.checkpoint import dumps
 from dyntrain.elastic.ckptstore import (
     latest_valid_checkpoint,
@@ -37,6 +37,7 @@ from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment
     ENV_WORKER_ID,
 )
 from dyntrain.elastic.reach import probe_peers
+from dyntrain.elastic.rejoin import start_over
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
@@ -143,13 +144,19 @@ class ElasticTrainer:
 
     def fit(self) -> None:
         """Train to the end. A worker that leaves the job (preemption notice, drain, or not needed
-        at the end) raises ``SystemExit(0)`` once its part is handed over. The loader processes
-        (if any) stop when it returns."""
+        at the end) raises ``SystemExit(0)`` once its part is handed over. A worker that the
+        coordinator declared dead while it was cut off starts over as a new worker, or exits
+        (``dyntrain.elastic.rejoin``). The loader processes (if any) stop when it returns."""
+        fenced = None
         try:
             self._fit()
+        except Fenced as exc:
+            fenced = str(exc)
         finally:
             if self.stepper.loader is not None:
                 self.stepper.loader.close()
+        if fenced is not None:
+            start_over(self.worker_id, fenced)
 
     def _fit(self) -> None:
         install_excepthook()
@@ -189,7 +196,7 @@ class ElasticTrainer:
             # fit() has returned and the process may exit right after this call: the message
             # must reach the store before (the sender thread dies with the process), and the
             # launcher reads it once this worker has exited.
-            self._channel.send("result", **values)
+            self._channel.send("result", gen=self.generation.number, **values)
             self._channel.flush()
         elif self._channel is None:
             self._alone.result(values)
@@ -254,7 +261,7 @@ class ElasticTrainer:
                 # Its peers may be leaving too (Ctrl-C, a suspended job): keep the state it
                 # holds unless a checkpoint already does.
                 if self.has_state and self.step > self._newest_checkpoint_step():
-                    self._maybe_checkpoint(force=True)
+                    self._maybe_checkpoint(force=True, generation=None)
                 ch.send("left", gen=after, step=self.step if self.has_state else None)
                 raise SystemExit(0)
             after = gen.number
@@ -273,6 +280,7 @@ class ElasticTrainer:
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
         group, stage = None, "group"
+        clean = False  # every collective of the generation completed
         try:
             # peers that cannot reach each other are named before a group that cannot form
             peers = gen.peer_probes(self.worker_id)
@@ -288,7 +296,9 @@ class ElasticTrainer:
             stage = "sync"
             self._sync_state(gen, group, aborted)
             stage = "train"
-            return self._train(gen, group, aborted)
+            outcome = self._train(gen, group, aborted)
+            clean = True
+            return outcome
         except (Aborted, CollectiveFailed) as exc:
             reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
             ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
@@ -296,7 +306,9 @@ class ElasticTrainer:
             return Outcome.REFORM
         finally:
             if group is not None:
-                group.close()
+                # an abandoned generation's group is severed: nothing a member that was cut
+                # off sends later can reach this worker (see comm.Group.close)
+                group.close(abandoned=not clean)
 
     def _sync_state(self, gen: p.Generation, group: Group, aborted) -> None:
         if gen.checkpoint is not None:
@@ -341,7 +353,7 @@ class ElasticTrainer:
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
                 self._maybe_checkpoint(force=result.leavers == gen.world_size
-                                       or self.step == self.total_steps)
+                                       or self.step == self.total_steps, generation=gen.number)
                 now = time.perf_counter()
                 sync = {}
                 if self._state_sync_s is not None:  # reported with the generation's first step
@@ -358,8 +370,10 @@ class ElasticTrainer:
                 ch.send("ready", gen=gen.number, step=self.step, reason="boundary")
                 return Outcome.REFORM
         if self.is_leader:
+            if not self._may_write(gen.number, wait=True):
+                raise Aborted()  # the generation was abandoned: another one finishes the job
             self._write_final()
-            ch.send("done", step=self.step)
+            ch.send("done", gen=gen.number, step=self.step)
             self._state = "done"
             ch.wait_job_state("done")  # a coordinator restarted meanwhile learns it from us
             return Outcome.DONE
@@ -413,18 +427,36 @@ class ElasticTrainer:
 
     # ---- files ---------------------------------------------------------------------------------
 
-    def _maybe_checkpoint(self, force: bool = False) -> None:
+    def _maybe_checkpoint(self, force: bool = False, generation: int | None = None) -> None:
+        """Write a checkpoint if one is due; in a job, only while the coordinator confirms that
+        ``generation`` (None: the worker, between generations) still counts."""
         cfg = self.config
         due = force or (cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0)
         due = due or (cfg.checkpoint_every_seconds is not None and
                       time.monotonic() - self._last_checkpoint >= cfg.checkpoint_every_seconds)
-        if not due or self.store is None:
+        if not due or self.store is None or not self._may_write(generation, wait=force):
             return
         state = capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
         where = save_checkpoint(self.store, self.step, state, keep=cfg.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
         if self._channel is not None:
-            self._channel.send("checkpoint", step=self.step, path=where)
+            self._channel.send("checkpoint", gen=generation, step=self.step, path=where)
+
+    def _may_write(self, generation: int | None, wait: bool) -> bool:
+        """Whether this worker may write the run folder for ``generation``: alone always; in a
+        job unless the coordinator, asked now, says that the generation was abandoned or this
+        worker declared dead (a worker cut off and back writes nothing). While the coordinator
+        cannot say (it is away: a restarted service), a periodic write goes ahead as the
+        training does - the worker presumes its generation goes on until it re-attaches - and
+        a forced one (``wait``: the last step's, ``final.pt``) waits for the answer."""
+        if self._channel is None:
+            return True
+        while (answer := self._channel.confirm(generation)) is None and wait:
+            time.sleep(END_POLL_SECONDS)
+        if answer is False:
+            log.warning("worker %s writes nothing more: generation %s was abandoned",
+                        self.worker_id, generation)
+        return answer is not False
 
     def _newest_checkpoint_step(self) -> int:
         return 0 if self.store is None else newest_step(self.store)

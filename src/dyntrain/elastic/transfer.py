@@ -7,7 +7,11 @@ straight from the holders' tensors, the pieces spread over every member that hol
 (their model and optimizer tensors are bitwise identical, which is the runtime's invariant), so
 no single sender carries it all. A receiver gets them into one flat buffer per (part of the
 state, dtype) and rebuilds the dict with views into the buffers; loading it into the model and
-optimizer is then the only copy.
+optimizer is then the only copy, made once every piece has arrived.
+
+Collectives write only into buffers of the hand-over itself, never into live state: a holder
+that does not send a piece takes part in its broadcast with a scratch buffer, so a broadcast
+of an abandoned generation that completes late cannot overwrite a model that trains on.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def broadcast_state(group: Group, state: dict | None, root: int, holders: Sequen
         dtype = _dtype_of(name.rsplit("/", 1)[1])
         if holding:
             # the tensors themselves, not a concatenated copy (which costs as much as the
-            # sending): a holder that does not send a piece receives the identical bytes
+            # sending)
             parts = [t.reshape(-1).to(group.device) for t in local[name]]
         else:
             flats[name] = torch.empty(sum(sizes), dtype=dtype, device=group.device)
@@ -104,8 +108,11 @@ def broadcast_state(group: Group, state: dict | None, root: int, holders: Sequen
         works = []
         for part in parts:
             for start in range(0, part.numel(), step):
-                works.append(group.broadcast_async(part[start : start + step],
-                                                   senders[piece % len(senders)]))
+                sender = senders[piece % len(senders)]
+                buf = part[start : start + step]
+                if holding and sender != group.rank:
+                    buf = torch.empty_like(buf)  # it holds these bytes: never receive into them
+                works.append(group.broadcast_async(buf, sender))
                 piece += 1
         for work in works:
             group.wait(work, should_abort)

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.outdir import make_out_dir
 
@@ -99,7 +100,7 @@ class ThroughputConfig:
     out_dir: str = "runs/throughput"
     threads_per_worker: int = 1  # OMP_NUM_THREADS & co. in every worker
     repeats: int = 1  # runs per (mode, workers); the median-throughput run counts
-    failure_timeout: float = 10.0
+    failure_timeout: float = FAILURE_TIMEOUT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(sorted(set(self.workers))))

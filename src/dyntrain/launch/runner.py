@@ -50,7 +50,7 @@ class RunOptions:
     events: list[Event] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 0
-    failure_timeout: float = 10.0
+    failure_timeout: float = p.FAILURE_TIMEOUT
     settle_seconds: float = 2.0
     quiet: bool = False
     progress_every: float = 1.0

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.elastic.protocol import ENV_OUT
+from dyntrain.elastic.protocol import ENV_OUT, FAILURE_TIMEOUT
 from dyntrain.elastic.storage import LocalStore, RunStore, open_store
 from dyntrain.service.attempts import Attempt, LogTail, terminating
 from dyntrain.service.capacity import parse_trace
@@ -52,7 +52,7 @@ class ControllerConfig:
     grace_seconds: float = 120.0  # SIGTERM -> SIGKILL for workers told to leave
     tick_seconds: float = 0.05
     schedule_every: float = 0.2  # passes when nothing changed (capacity traces move with time)
-    failure_timeout: float = 10.0  # heartbeat timeout of elastic workers
+    failure_timeout: float = FAILURE_TIMEOUT  # heartbeat timeout of elastic workers
     # How long elastic workers train on without their coordinator, waiting for a restarted
     # service to re-attach them; 0: they stop, and the job resumes from its newest checkpoint.
     reattach_seconds: float = 300.0

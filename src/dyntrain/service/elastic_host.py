@@ -103,7 +103,7 @@ class ElasticHost:
     """
 
     def __init__(self, store: Store, job_id: str, run_dir: Path, min_workers: int,
-                 max_workers: int, expected: int, failure_timeout: float = 10.0,
+                 max_workers: int, expected: int, failure_timeout: float = p.FAILURE_TIMEOUT,
                  attempt: int = 1, recovering: list[str] | None = None,
                  host: str = "127.0.0.1", files: RunStore | None = None) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)

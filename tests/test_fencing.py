@@ -1,0 +1,134 @@
+"""Fencing: an abandoned generation's collectives can no longer write anything anyone reads.
+
+Three real processes over real gloo sockets (``scripts/fence_member.py``): generation 0 is
+{0, 1, 2}; member 2 stands still (as a frozen process, or one behind a network partition, would)
+while 0 and 1 have started an exact ring sum and an all-reduce; they give generation 0 up, close
+its group and go on as generation 1. Then member 2 comes back and does its part of generation 0.
+Nothing of it may land: generation 1's sums stay exact, generation 0's buffers stay as they were
+when its group was closed, and member 2's late collectives fail (the survivors' sockets are
+gone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from conftest import ROOT, SCRIPTS
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.channel import Fenced, WorkerChannel
+from dyntrain.elastic.comm import Group
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.rejoin import next_worker_id
+from dyntrain.elastic.stepper import ChunkStepper
+from test_stepper import dataset, loss_fn, make_worker
+
+CPU = torch.device("cpu")
+
+
+def test_a_late_member_of_an_abandoned_generation_reaches_nothing():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    master = dist.TCPStore("127.0.0.1", port, 3, True, timeout=timedelta(seconds=60),
+                           wait_for_workers=False)
+    procs = [subprocess.Popen([sys.executable, str(SCRIPTS / "fence_member.py"), str(rank),
+                               str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=ROOT) for rank in range(3)]
+    try:
+        found = [proc.communicate(timeout=240) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+        del master
+    said = [f"member {rank}: exit {proc.returncode}, {out.strip()[-300:]}, {err[-1500:]}"
+            for rank, (proc, (out, err)) in enumerate(zip(procs, found, strict=True))]
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(said)
+    got = [json.loads(out.splitlines()[-1]) for out, _ in found]
+    for rank in (0, 1):
+        assert got[rank]["exact"] == [True] * 20, got
+        assert got[rank]["untouched"] == ["out", "meta"], f"a late write landed on {rank}"
+        assert got[rank]["abandoned"] == "failed", got  # severed: not pending until a timeout
+    assert got[2] == {"ring": "failed", "allreduce": "failed"}, got
+
+
+def test_each_generation_sums_into_buffers_of_its_own():
+    """The stepper's gradient buffers belong to the group of the step: what the previous,
+    closed, generation's collectives write during the next generation's step changes nothing."""
+    config = TrainConfig(global_batch=40, chunk_size=5)
+    reference, fenced = make_worker(), make_worker()
+    expected = ChunkStepper(config, reference, dataset(), loss_fn, CPU)
+    stepper = ChunkStepper(config, fenced, dataset(), loss_fn, CPU)
+    chunks = range(config.num_chunks)
+    previous: dict[str, torch.Tensor] = {}
+    for step in range(6):
+        expected.apply(expected.compute(step, chunks))
+        group = Group(None, 0, 1, CPU)  # one generation per step
+        red = stepper.start(step, chunks, group)
+        for tensor in previous.values():  # a late completion of the closed generation
+            tensor.fill_(float("nan"))
+        stepper.finish(red, False, False, lambda: False)
+        previous = dict(group.buffers)
+        assert previous, "the step took no buffers from its generation"
+        group.close(abandoned=True)
+    for a, b in zip(reference.model.state_dict().values(), fenced.model.state_dict().values(),
+                    strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_worker_asks_the_coordinator_before_it_writes_and_learns_it_was_declared_dead():
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=30))
+
+    def put(key: str, value: str) -> None:
+        # a set is not answered: a check on the same connection returns once it is applied,
+        # so that the channel's next read (another connection) sees it
+        store.set(key, value)
+        assert store.check([key])
+
+    put(p.JOB_STATE, "running")
+    put(p.GEN_LATEST, "-1")
+    ch = WorkerChannel(f"127.0.0.1:{store.port}", "w1")
+    try:
+        assert ch.confirm(3) is None  # not (yet) a member there: cannot say
+        put(p.ctl_key(3, "w1"), p.CTL_RUN)
+        assert ch.confirm(3) is True and ch.confirm(None) is True
+        put(p.ctl_key(3, "w1"), p.CTL_ABORT)
+        assert ch.confirm(3) is False
+        put(p.reply_key("w1"), f"{p.REPLY_DEAD}no heartbeat for 10 s")
+        assert ch.confirm(None) is False
+        with pytest.raises(Fenced, match=r"declared dead \(no heartbeat for 10 s\)"):
+            ch.wait_generation(-1, lambda: False)
+    finally:
+        ch.close()
+
+
+def test_a_worker_declared_dead_starts_over_under_a_new_id_or_says_why_not():
+    assert [next_worker_id(w) for w in ("w3", "w3.r1", "ip-10-0-0-7.r9", "a.r")] == [
+        "w3.r1", "w3.r2", "ip-10-0-0-7.r10", "a.r.r1"]
+    code = ("from dyntrain.elastic.rejoin import start_over; "
+            "start_over('w3', 'declared dead (no heartbeat for 2 s)')")
+    env = {k: v for k, v in os.environ.items() if k != p.ENV_WORKER_ARGV}
+    alone = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert alone.returncode == 1
+    assert alone.stderr.strip().splitlines() == [
+        "dyntrain: worker w3 was declared dead (no heartbeat for 2 s) while it was cut off; "
+        "the generation it was in was abandoned and nothing it did since counts; start it "
+        "again to re-join as a new worker"]
+    again = [sys.executable, "-c", "import os; print(os.getpid(), os.environ["
+             f"'{p.ENV_WORKER_ID}'])"]
+    proc = subprocess.run([sys.executable, "-c", f"import os; print(os.getpid()); {code}"],
+                          env={**env, p.ENV_WORKER_ARGV: json.dumps(again)},
+                          capture_output=True, text=True, timeout=60)
+    first, second = proc.stdout.splitlines()
+    assert proc.returncode == 0 and second == f"{first} w3.r1"  # the same process, new id
+    assert "starting over as the new worker w3.r1" in proc.stderr
