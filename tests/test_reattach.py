@@ -34,7 +34,7 @@ GEN3 = p.Generation(3, ("a", "b", "c"), 12, source="a")
 def store():
     """The restarted coordinator's store."""
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=5))
+                         timeout=timedelta(seconds=60))
 
 
 def reattach(w: FakeWorker, state: str, gen: p.Generation | None, step: int | None) -> None:

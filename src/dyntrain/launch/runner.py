@@ -187,10 +187,6 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
         sink, find_checkpoint)
     threads = thread_settings(opts.max_workers)
     workers = LocalWorkers(opts.command, address, out, extra_env=threads, logs_dir=logs)
-    if threads:
-        sink.log(f"each local worker runs {threads['OMP_NUM_THREADS']} intra-op thread(s) "
-                 f"(OMP_NUM_THREADS; up to {opts.max_workers} workers share this machine); "
-                 f"set OMP_NUM_THREADS to choose")
     if store.local is None:
         sink.log(f"run folder {store.location}; local workers' logs in {logs}")
     schedule = EventSchedule(opts.events)
@@ -200,6 +196,10 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
     join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
     sink.log(f"coordinator listening on {address}; join with: {join}")
+    if threads:
+        sink.log(f"each local worker runs {threads['OMP_NUM_THREADS']} intra-op thread(s) "
+                 f"(OMP_NUM_THREADS; up to {opts.max_workers} workers share this machine); "
+                 f"set OMP_NUM_THREADS to choose")
     if opts.nproc == 0:  # said even with --quiet: nothing happens until someone runs it
         local = (" (it listens on 127.0.0.1: workers on this machine only; --host 0.0.0.0 "
                  "accepts other machines)" if opts.host in ("127.0.0.1", "localhost") else "")
