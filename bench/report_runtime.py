@@ -292,7 +292,7 @@ def _chaos(data: dict, run: Run) -> str:
     changes = (f"{kinds['join']} joins, {kinds['leave']} leaves, {kinds['crash']} crashes, "
                f"{kinds['resume']} resumes from a checkpoint")
     row = [f"{data['strikes_made']} / {data['strikes_asked']}",
-           "yes" if data["finished"] else "no", f"{data['wall_s']:.0f} s", changes,
+           "yes" if data["finished"] else "no", f"{int(data['wall_s'] + 0.5)} s", changes,
            num(data["max_abs_diff_vs_static"], 1),
            f"{data['samples_double_applied']} / {data['samples_missed']}",
            data["workers_started"], len(data["stray_processes"])]

@@ -1,11 +1,13 @@
 """Check that every section of an earlier README is still reachable from today's README.
 
-Usage: ``python tools/docs_coverage.py [--old GIT_REF]`` (default: the README of the commit
-before the docs moved to ``docs/``). Reachable means: README.md, and every Markdown file that a
-reachable file links to, recursively. A section counts as covered when its heading is a heading
-of a reachable page (or the page that replaced it is named in ``RENAMED``) and every number in it
-(``0.075``, ``1,013``, ``606x``, ``96%``) occurs in a reachable page. Prints one line per
-section and the numbers it misses; exits 1 when anything is missing.
+Usage: ``python tools/docs_coverage.py [--old GIT_REF] [--page PATH]`` (default: the README of
+the commit before the docs moved to ``docs/``; ``--page docs/architecture.md`` checks the
+architecture page that was split into ``docs/architecture/``). Reachable means: README.md, and
+every Markdown file that a reachable file links to, recursively. A section counts as covered
+when its heading is a heading of a reachable page (or the page that replaced it is named in
+``RENAMED``) and every number in it (``0.075``, ``1,013``, ``606x``, ``96%``) occurs in a
+reachable page. Prints one line per section and the numbers it misses; exits 1 when anything is
+missing.
 """
 
 from __future__ import annotations
@@ -48,7 +50,21 @@ RENAMED = {
     "Scaling efficiency (dyntrain lab throughput --workers 1,2,4 --mode both --steps 200 "
     "--warmup 20 --repeat 3)": "Scaling efficiency",
     "Input pipeline (bench/loader_throughput.py, bench/train_through_loader.py, "
-    "bench/loader_rescale.py)": "Input pipeline benchmarks",
+    "bench/loader_rescale.py)": "Input pipeline",
+    "On a Ray cluster": "The service on a Ray cluster",
+    # docs/architecture.md, split into docs/architecture/*.md
+    "dyntrain architecture": "Architecture",
+    "Layers": "Who imports whom",
+    "Differences from the sketch": "Design decisions",
+    "Input pipeline (src/dyntrain/data)": "The input pipeline (src/dyntrain/data)",
+    "The Ray executor (executors/ray.py, ray_actor.py, raycluster.py)": "The Ray executor",
+    "Web dashboard and /metrics": "The dashboard and /metrics",
+}
+
+# numbers of the earlier README that the generated reports print differently, and why
+DIFFERENT = {
+    "11.37": "noise overhead, CNN float32 'on' ms: the result file holds 11.365 (printed 11.36)",
+    "2.51": "noise overhead, MLP 64/8 'on' ms: the result file holds 2.505 (printed 2.50)",
 }
 
 NUMBER = re.compile(r"(?<![\w.])\d[\d,.]*\d[x%]?(?![\w])|(?<![\w.])\d+[x%](?![\w])")
@@ -91,27 +107,31 @@ def reachable(start: Path) -> dict[Path, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", default=OLD_REF, help="git ref of the earlier README")
+    parser.add_argument("--old", default=OLD_REF, help="git ref of the earlier page")
+    parser.add_argument("--page", default="README.md",
+                        help="the earlier page (default README.md; or docs/architecture.md)")
     args = parser.parse_args()
-    old = subprocess.run(["git", "show", f"{args.old}:README.md"], cwd=ROOT, check=True,
+    old = subprocess.run(["git", "show", f"{args.old}:{args.page}"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
     pages = reachable(ROOT / "README.md")
     corpus = "\n".join(pages.values())
     headings = {clean(h) for text in pages.values() for h, _ in sections(text)}
     missing_any = False
-    print(f"{len(pages)} reachable pages from README.md; sections of {args.old}:README.md:")
+    print(f"{len(pages)} reachable pages from README.md; sections of {args.old}:{args.page}:")
     for heading, body in sections(old):
         numbers = sorted({n.rstrip(".,") for n in NUMBER.findall(body)})
-        missing = [n for n in numbers
-                   if not re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", corpus)]
+        missing = [n for n in numbers if n not in DIFFERENT
+                   and not re.search(rf"(?<![\w.]){re.escape(n)}(?![\w])", corpus)]
         target = RENAMED.get(heading, heading)
         found = heading == "(top)" or heading in headings or target in headings
         missing_any |= bool(missing) or not found
         status = "ok" if found and not missing else "MISSING"
         where = "" if target == heading or heading in headings else f" -> {target!r}"
         print(f"  {status:7} {heading!r}{where}: {len(numbers) - len(missing)}/{len(numbers)} "
-              f"numbers" + (f"; heading not found" if not found else "")
+              f"numbers" + ("; heading not found" if not found else "")
               + (f"; missing {missing}" if missing else ""))
+    for number, why in DIFFERENT.items():
+        print(f"  known difference: {number}: {why}")
     return 1 if missing_any else 0
 
 
