@@ -85,7 +85,7 @@ test: $(STAMP) browser
 # The documentation site (MkDocs with Material; the API reference from the docstrings) into
 # build/site; nothing is fetched while it builds. `make test` builds it too, strictly.
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --site-dir build/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # docs/benchmarks/*.md from bench/results/*.json (tests/test_docs.py checks they are up to date)
 bench-report:

@@ -241,7 +241,8 @@ def _loaded_text() -> str:
     from pathlib import Path
 
     path = Path(__file__).resolve().parent / "results" / "service_capacity_loaded.txt"
-    return text_block(path.read_text())
+    lines = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    return text_block("\n".join(lines))
 
 
 SERVICE_CAPACITY = Page(**{**SERVICE_CAPACITY.__dict__,
