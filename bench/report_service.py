@@ -172,7 +172,7 @@ array and a terminate of a running one, and the rate at which the children finis
     command=".venv/bin/python bench/array_10k.py",
     runs=[Run("array_10k.json", "Run of 2026-11-23 17:07 UTC"),
           Run("array_10k_before.json", "The code before the last changes, run right after",
-              note="The code of commit `b26d0cc` (see the [changelog](../changelog.md)), on the "
+              note="The code of commit `b26d0cc` (see the [changelog](../../CHANGELOG.md)), on the "
                    "same machine, the run right after the one above."),
           Run("array_10k_pair2_before.json", "A second pair: the code before (2026-11-23 17:11)",
               note="Before first, then now, while the load average rose from 3.3 to 6.6."),

@@ -78,6 +78,17 @@ def test_the_path_check_sees_a_missing_file():
         "src/dyntrain/elastic/nothing.py", "src/dyntrain/gone"]
 
 
+def test_relative_links_point_at_files_in_the_repository():
+    """As GitHub shows the pages: every relative link's file exists (the site build checks
+    the anchors, through tools/mkdocs_hooks.py's mapping of the same links)."""
+    link = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")
+    broken = [f"{page.relative_to(ROOT)}: {target}" for page in PAGES
+              for target in link.findall(page.read_text())
+              if "://" not in target and not target.startswith("mailto:")
+              and not (page.parent / target).exists()]
+    assert broken == []
+
+
 def test_benchmark_reports_match_the_results():
     """docs/benchmarks/*.md are what bench/report.py makes of bench/results/ (regenerated and
     compared: run `make bench-report` after adding a result)."""
