@@ -52,6 +52,7 @@ RENAMED = {
     "Input pipeline (bench/loader_throughput.py, bench/train_through_loader.py, "
     "bench/loader_rescale.py)": "Input pipeline",
     "On a Ray cluster": "The service on a Ray cluster",
+    "Job service": "Submit throughput",  # the service's benchmarks, one report each
     "On this machine: digits as JPEGs (make demo-images)":
         "On a CPU: digits as JPEGs (make demo-images)",
     # docs/architecture.md, split into docs/architecture/*.md
