@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 LAB_STAMP := $(VENV)/.lab-installed
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-elastic demo-images screenshots lab test browser lint clean
+.PHONY: demo demo-elastic demo-images screenshots lab test browser lint docs bench-report clean
 
 $(TORCH):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,15 @@ TEST_PROCS ?= 2
 
 test: $(STAMP) browser
 	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile tests
+
+# The documentation site (MkDocs with Material; the API reference from the docstrings) into
+# build/site; nothing is fetched while it builds. `make test` builds it too, strictly.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# docs/benchmarks/*.md from bench/results/*.json (tests/test_docs.py checks they are up to date)
+bench-report:
+	$(PYTHON) bench/report.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples tools

@@ -110,7 +110,7 @@ def cost_line(cost: dict) -> str:
 
 
 def screenshots(url: str, out: str, job_id: str) -> None:
-    """The dashboard's main pages as PNGs (the README's come from here), or why not."""
+    """The dashboard's main pages as PNGs (docs/screenshots/ comes from here), or why not."""
     from dyntrain.service.web.screenshots import take
 
     try:

@@ -44,11 +44,11 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
               help="Injected membership changes, e.g. 'step=5:join=2,step=9:kill=1'.")
 @click.option("--chaos", default=None, metavar="SEED:N[:AIM,...]",
               help="N random joins, leaves, kills and hangs at the worst moments, without "
-                   "waiting for the previous change (a robustness test; see the README). "
+                   "waiting for the previous change (a robustness test; see docs/running.md). "
                    "AIMs: any, reform, sender, receiver, checkpoint, burst.")
 @click.option("--out", "out_dir", default="runs/latest", show_default=True,
               help="Run folder (checkpoints, logs, metrics): a local folder or an object-store "
-                   "URL such as s3://bucket/prefix (see the README).")
+                   "URL such as s3://bucket/prefix (see docs/several-hosts.md).")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address the coordinator listens on.")
 @click.option("--port", default=0, type=int, help="Coordinator port [default: any free port].")

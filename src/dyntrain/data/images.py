@@ -49,7 +49,31 @@ Matrix = tuple[tuple[float, float, float], ...]
 
 @dataclass(frozen=True)
 class ImageTransform:
-    """The augmentation settings (defaults: the ResNet-50 article's MXNet pipeline)."""
+    """The augmentation settings (defaults: the ResNet-50 article's MXNet pipeline).
+
+    Called on a decoded uint8 image ``[3, H, W]``, it returns a float32 ``[3, size, size]``
+    tensor, normalised. Its randomness comes from torch's generator only, which the loader seeds
+    per sample, so the same sample of the same step gives the same pixels on any worker.
+
+    Args:
+        size: Side of the square output, in pixels.
+        train: Random augmentation (True) or the validation transform (shorter side to
+            ``val_resize``, centre crop).
+        scale: Range of the random crop's area, as fractions of the image's (0 < min <= max
+            <= 1).
+        ratio: Range of the random crop's aspect ratio (width / height).
+        flip: Flip horizontally with probability 1/2.
+        brightness: Brightness jitter: a factor drawn from [1 - b, 1 + b].
+        saturation: Saturation jitter, likewise.
+        hue: Hue jitter, as a fraction of half a turn, in [0, 1].
+        pca_noise: Standard deviation of the PCA lighting noise (ImageNet's eigenvectors).
+        mean: Per-channel mean subtracted after scaling to [0, 1].
+        std: Per-channel standard deviation divided by.
+        val_resize: Shorter side before the validation centre crop; default ``size * 256/224``.
+
+    Raises:
+        ConfigError: A value is out of range (one line, naming it).
+    """
 
     size: int = 224
     train: bool = True
@@ -251,7 +275,19 @@ def _decode_pil(data: bytes, name: str) -> torch.Tensor:
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    """A map-style data set of (normalised float image, label) from an image source."""
+    """A map-style data set of (normalised float image, label) from an image source.
+
+    Args:
+        source: An image folder (``root/<class>/<image>.jpg``), packed shards (a folder with
+            the ``index.json`` that ``dyntrain data pack`` writes), as a local path or an fsspec
+            URL; or an opened ``ImageFolder`` / ``PackedShards``.
+        transform: Applied to every decoded image (``ImageTransform(...)`` for training,
+            ``.evaluation()`` for validation).
+
+    Raises:
+        DataError: The source cannot be opened (one line, naming it). A sample that cannot
+            be read or decoded raises ``DataError`` when it is read.
+    """
 
     def __init__(self, source: str | ImageFolder | PackedShards,
                  transform: ImageTransform) -> None:

@@ -47,7 +47,22 @@ class LoaderConfig:
     ``workers`` 0 loads in the training process (same results, no parallelism). ``pin_memory``
     None pins when the device is CUDA. ``start_method`` is the multiprocessing context of the
     loader processes (None: the platform default, ``fork`` on Linux). ``timeout`` (seconds) turns
-    a loader process that stops answering into an error instead of a hang."""
+    a loader process that stops answering into an error instead of a hang.
+
+    Pass it as ``ElasticTrainer(..., loader=LoaderConfig(workers=2))``. The data set's
+    randomness must come from torch's generator or Python's ``random``, which every loader
+    process seeds per sample from (seed, step, chunk, position).
+
+    Args:
+        workers: Loader processes per training worker (0: load in the training process).
+        prefetch: Chunks requested ahead of the one being computed (at least 1).
+        pin_memory: Pin the chunks' memory for faster copies to the GPU (None: on CUDA).
+        start_method: ``fork``, ``spawn`` or ``forkserver`` (None: the platform's default).
+        timeout: Seconds a loader process may take to answer before it is an error.
+
+    Raises:
+        ConfigError: A value is out of range.
+    """
 
     workers: int = 2
     prefetch: int = 4
@@ -65,7 +80,18 @@ class LoaderConfig:
 
     def build(self, dataset: Dataset, order: BatchOrder, chunk_size: int, total_steps: int,
               seed: int, device: torch.device) -> ChunkLoader:
-        """The loader the trainer uses (the runtime does not import this package)."""
+        """The loader the trainer uses (the runtime does not import this package).
+
+        Called by ``ElasticTrainer``; not needed in a training script.
+
+        Args:
+            dataset: The training set.
+            order: The run's data order (``dyntrain.elastic.sampler.BatchOrder``).
+            chunk_size: Samples per chunk.
+            total_steps: Steps of the whole run.
+            seed: The run's seed.
+            device: Where the chunks go.
+        """
         return ChunkLoader(dataset, order, chunk_size, total_steps, seed, device, self)
 
 

@@ -35,7 +35,21 @@ def pack(src: str, dst: str, shard_bytes: int = 256 << 20) -> PackSummary:
     """Write every sample of ``src`` (an image folder, or packed shards) into tar shards of at
     most ``shard_bytes`` of image data each (a sample never spans two), then the index.
 
-    The index is written last: a folder without ``index.json`` is not a finished pack."""
+    The index is written last: a folder without ``index.json`` is not a finished pack.
+    ``dyntrain data pack SRC DST`` calls it.
+
+    Args:
+        src: The source: an image folder or packed shards, a local path or an fsspec URL.
+        dst: The pack's folder, created if needed (local path or fsspec URL).
+        shard_bytes: Most image bytes per shard.
+
+    Returns:
+        How many samples, classes, shards and bytes were written, and the seconds it took.
+
+    Raises:
+        DataError: ``src`` cannot be read, ``dst`` cannot be written, or ``shard_bytes`` is
+            not positive.
+    """
     if shard_bytes <= 0:
         raise DataError(f"shard size must be positive, got {shard_bytes}")
     t0 = time.perf_counter()

@@ -44,7 +44,14 @@ def _fs(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
 
 
 class ImageFolder:
-    """``root/<class>/<image>.jpg|.jpeg|.png``: classes and files in sorted order."""
+    """``root/<class>/<image>.jpg|.jpeg|.png``: classes and files in sorted order.
+
+    Args:
+        root: The folder, a local path or an fsspec URL (``s3://bucket/train``).
+
+    Raises:
+        DataError: The folder does not exist or holds no image in a class sub-folder.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = str(root)
@@ -68,6 +75,14 @@ class ImageFolder:
         return len(self.files)
 
     def read(self, index: int) -> Record:
+        """The encoded bytes and the label of sample ``index``.
+
+        Args:
+            index: In ``range(len(self))``: classes in sorted order, then files in sorted order.
+
+        Raises:
+            DataError: The file cannot be read (naming it).
+        """
         path = self.files[index]
         try:
             with self.fs.open(path, "rb") as f:
@@ -78,7 +93,17 @@ class ImageFolder:
 
 
 class PackedShards:
-    """WebDataset tar shards plus the index ``dyntrain data pack`` writes; reads by index."""
+    """WebDataset tar shards plus the index ``dyntrain data pack`` writes; reads by index.
+
+    Each sample is one seek and one read in its shard; a forked loader process opens its own
+    files.
+
+    Args:
+        root: The pack's folder (holding ``index.json``), a local path or an fsspec URL.
+
+    Raises:
+        DataError: The index cannot be read or is of an unknown format.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = str(root)
@@ -115,6 +140,14 @@ class PackedShards:
         return f
 
     def read(self, index: int) -> Record:
+        """The encoded bytes and the label of sample ``index``.
+
+        Args:
+            index: In ``range(len(self))``, the order of the source that was packed.
+
+        Raises:
+            DataError: The shard cannot be read or the sample is truncated (naming it).
+        """
         shard, offset, size, label, ext = (int(v) for v in self.table[index])
         name = f"{self.shards[shard]}:{index:08d}{self.extensions[ext]}"
         try:
@@ -135,7 +168,14 @@ class PackedShards:
 
 
 def open_source(root: str) -> ImageFolder | PackedShards:
-    """Packed shards where ``root`` holds an ``index.json``, an image folder otherwise."""
+    """Packed shards where ``root`` holds an ``index.json``, an image folder otherwise.
+
+    Args:
+        root: A local path or an fsspec URL.
+
+    Raises:
+        DataError: ``root`` is neither (one line, naming it).
+    """
     fs, path = _fs(str(root))
     if fs.exists(posixpath.join(path, INDEX_JSON)):
         return PackedShards(root)

@@ -45,6 +45,32 @@ class TrainConfig:
     ``grad_clip_norm`` clips the gradient by its global L2 norm after the all-reduce, on the
     reduced (and, with a loss scaler, unscaled) gradient: the same on every worker, so clipping
     does not depend on the world size.
+
+    Args:
+        global_batch: Samples per optimizer step, whatever the world size.
+        chunk_size: Samples per chunk, the unit of work; must divide ``global_batch`` (a
+            ``ConfigError`` suggests one that does).
+        epochs: Passes over the data set (the tail that does not fill a global batch is
+            dropped, a different tail each epoch).
+        max_steps: Stop after this many optimizer steps, if fewer than ``epochs`` give.
+        seed: Seeds the data order and each chunk's randomness (dropout, augmentation).
+        checkpoint_every_steps: Checkpoint every N applied steps (None: not by steps).
+        checkpoint_every_seconds: Checkpoint when this many seconds passed since the last one.
+        keep_checkpoints: How many checkpoints to keep (at least 1).
+        backend: ``auto`` (NCCL on CUDA, else gloo), ``gloo`` or ``nccl``.
+        exact_reduction: Sum chunk gradients in float64 and round once (see above).
+        noise_scale: Measure the gradient noise scale B_simple while training.
+        noise_ema: Smoothing factor of the noise scale's moving averages, in [0, 1).
+        noise_every: Measure the noise scale every N-th step.
+        grad_clip_norm: Clip the reduced gradient to this global L2 norm (None: no clipping).
+        overlap: Sum gradient buckets while backward still runs.
+        exact_ring: With ``exact_reduction`` on gloo, sum with the exact ring.
+        balance: Give faster members more chunks.
+        bucket_mb: Size of a gradient bucket in MiB.
+
+    Raises:
+        ConfigError: A value is out of range, or ``chunk_size`` does not divide
+            ``global_batch`` (one line, naming the value).
     """
 
     global_batch: int
@@ -107,10 +133,18 @@ class TrainConfig:
 
     @property
     def num_chunks(self) -> int:
+        """Chunks per global batch: ``global_batch // chunk_size``."""
         return self.global_batch // self.chunk_size
 
     def steps_per_epoch(self, dataset_size: int) -> int:
-        """Full global batches in one pass over the data; the remainder of a shuffle is dropped."""
+        """Full global batches in one pass over the data; the remainder of a shuffle is dropped.
+
+        Args:
+            dataset_size: Samples in the training set.
+
+        Raises:
+            ConfigError: The data set holds fewer samples than one global batch.
+        """
         steps = dataset_size // self.global_batch
         if steps == 0:
             raise ConfigError(
@@ -120,6 +154,11 @@ class TrainConfig:
         return steps
 
     def total_steps(self, dataset_size: int) -> int:
+        """Optimizer steps of the whole run: ``epochs`` passes, capped at ``max_steps``.
+
+        Args:
+            dataset_size: Samples in the training set.
+        """
         steps = self.epochs * self.steps_per_epoch(dataset_size)
         return min(steps, self.max_steps) if self.max_steps is not None else steps
 

@@ -75,6 +75,49 @@ class ElasticTrainer:
     positive), ``b_simple_raw`` (this step's own, very noisy, ratio), and the smoothed ``g2``
     (|G|^2) and ``trace_sigma`` (tr(Sigma)); ``last_result.noise`` and ``stepper.noise`` (the
     tracker) hold the values too.
+
+    Every worker of a job must construct it with the same settings (``config``, the model's
+    tensor names and shapes, the optimizer's and the LR scheduler's settings); a worker whose
+    settings differ from the job's is refused. The model, optimizer and data set must be built
+    the same way on every worker, seeded (``torch.manual_seed``) before the model is created, so
+    that a world of one and a world of many start from the same weights.
+
+    Args:
+        config: What every worker agrees on: global batch, chunk size, epochs, checkpoints, ...
+        model: Any ``nn.Module``. Its initial weights must be the same on every worker (seed
+            before building it); BatchNorm running statistics are kept exact, other buffers
+            that ``forward`` changes are not supported.
+        optimizer: A ``torch.optim.Optimizer`` over ``model``'s parameters. It is stepped once
+            per global batch; its state moves to joining workers and into checkpoints.
+        dataset: A map-style ``Dataset`` of at least one global batch (a ``TensorDataset`` is
+            sliced directly). Every worker must see the same samples in the same order.
+        loss_fn: ``loss_fn(model, batch) -> Tensor``: the mean loss of one chunk (a batch of
+            ``config.chunk_size`` samples as the data loader collates them).
+        lr_scheduler: An LR scheduler stepped once per optimizer step, or None. Its state is
+            saved and restored with the rest; with one, a run folder cannot be resumed with a
+            different number of epochs.
+        scaler: A ``torch.amp.GradScaler`` (or ``dyntrain.recipes.StaticLossScaler``) for mixed
+            precision, or None.
+        device: Where the model trains; default: ``cuda:LOCAL_RANK`` when the backend is
+            ``nccl``, or ``auto`` and CUDA is available; else the CPU. The model must already
+            be on it (each chunk is moved there).
+        out_dir: The run folder: a local path or an fsspec URL (``s3://bucket/prefix``). Default:
+            ``DYNTRAIN_OUT`` from the environment; inside a job, the job's run folder. A path
+            that cannot be a folder raises at once, naming it.
+        coordinator: ``HOST:PORT`` of the job's coordinator; default: ``DYNTRAIN_COORDINATOR``
+            from the environment (set by ``dyntrain run`` / ``dyntrain worker``). Without one,
+            ``fit`` trains alone as a world of one.
+        worker_id: This worker's id in the job; default: ``DYNTRAIN_WORKER_ID``, else one is
+            made from the host name and process id.
+        collective_timeout: Seconds a collective may take before it counts as failed.
+        loader: A ``dyntrain.data.LoaderConfig``: produce this worker's chunks in loader
+            processes ahead of time. None loads in the training process.
+        validation: A ``Validation``: evaluate the model (on the leader) every N steps or epochs
+            and at the end, without changing training. None: no validation.
+
+    Raises:
+        ConfigError: ``dataset`` is smaller than one global batch.
+        DyntrainError: ``out_dir`` cannot be a run folder (one line, naming it).
     """
 
     def __init__(
@@ -135,6 +178,7 @@ class ElasticTrainer:
 
     @property
     def world_size(self) -> int:
+        """The number of workers in the current generation (1 when training alone)."""
         return self.generation.world_size if self.generation else 1
 
     @property
@@ -191,7 +235,16 @@ class ElasticTrainer:
             self._channel.close()
 
     def report(self, **values) -> None:
-        """Send final results (e.g. validation accuracy) to the launcher; the leader's count."""
+        """Record the run's final results (``result.json``, the terminal, the job's ``result``).
+
+        Must be called after ``fit()`` has returned; only the leader's call counts (call it on
+        every worker or only where ``is_leader`` is true). Alone, the values are printed as
+        ``result: name=value ...`` and written to the output folder's ``result.json``.
+
+        Args:
+            **values: Numbers or strings, e.g. ``train_accuracy=0.99``; they must be JSON
+                serialisable.
+        """
         if self._channel is not None and self.is_leader:
             # fit() has returned and the process may exit right after this call: the message
             # must reach the store before (the sender thread dies with the process), and the

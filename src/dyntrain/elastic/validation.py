@@ -27,7 +27,21 @@ class Validation:
     """``evaluate(model)`` returns a number or a dict of numbers (e.g. ``{"accuracy": 0.93}``);
     it runs after every ``every_steps``-th step, at the end of every ``every_epochs``-th epoch
     and (``at_end``) after the last step. Results land in the leader's ``metrics.jsonl`` row of
-    that step as ``val_<name>`` (and ``val_seconds``), and in ``ElasticTrainer.validations``."""
+    that step as ``val_<name>`` (and ``val_seconds``), and in ``ElasticTrainer.validations``.
+
+    The leader runs it in eval mode under ``no_grad`` with the random generators saved and
+    restored, so training is bitwise the same with or without validation.
+
+    Args:
+        evaluate: ``evaluate(model) -> float | dict[str, float]``; must not change the model's
+            parameters or buffers.
+        every_steps: Validate after every N-th applied step (None: not by steps).
+        every_epochs: Validate at the end of every N-th epoch (None: not by epochs).
+        at_end: Validate after the last step.
+
+    Raises:
+        ConfigError: ``every_steps`` or ``every_epochs`` is below 1.
+    """
 
     evaluate: Evaluate
     every_steps: int | None = None
@@ -41,7 +55,13 @@ class Validation:
                 raise ConfigError(f"validation {name} must be >= 1, got {value}")
 
     def due(self, step: int, steps_per_epoch: int, total_steps: int) -> bool:
-        """Whether to validate after ``step`` optimizer steps have been applied."""
+        """Whether to validate after ``step`` optimizer steps have been applied.
+
+        Args:
+            step: Optimizer steps applied so far.
+            steps_per_epoch: Steps in one epoch.
+            total_steps: Steps of the whole run.
+        """
         if self.at_end and step == total_steps:
             return True
         if self.every_steps and step % self.every_steps == 0:
@@ -50,7 +70,16 @@ class Validation:
         return bool(self.every_epochs and rest == 0 and epochs % self.every_epochs == 0)
 
     def run(self, model: nn.Module) -> dict[str, float | None]:
-        """Evaluate without disturbing training; returns ``val_*`` fields."""
+        """Evaluate without disturbing training; returns ``val_*`` fields.
+
+        Args:
+            model: The model to evaluate; its training mode and the random generators are
+                restored afterwards.
+
+        Returns:
+            ``{"val_<name>": value, ..., "val_seconds": seconds}`` (a plain number is
+            ``val_value``; a NaN or infinite value becomes None).
+        """
         was_training = model.training
         py_state = random.getstate()
         start = time.perf_counter()

@@ -77,6 +77,16 @@ def fit_steps_curve(batch_sizes: Sequence[float], steps: Sequence[float | None])
     measured batch sizes on both sides, refined by golden-section search around the best grid
     point. Points with ``steps=None`` (target never reached) are skipped; at least 3 points
     with steps, at 2 or more distinct batch sizes, are needed.
+
+    Args:
+        batch_sizes: The measured batch sizes.
+        steps: Steps to result at each (None where the target was never reached).
+
+    Returns:
+        ``S_min``, ``B_crit``, ``E_min = S_min * B_crit`` and R² in log space.
+
+    Raises:
+        LabError: Fewer than 3 points reached the target, or fewer than 2 distinct batch sizes.
     """
     pairs = _points(batch_sizes, steps)
     if len(pairs) < 3:
@@ -140,6 +150,14 @@ def classify_regimes(batch_sizes: Sequence[float], steps: Sequence[float | None]
     On the model curve these are exactly ``B <= B_crit / 3`` (local log-log slope <= -3/4)
     and ``B >= 3 * B_crit`` (slope >= -1/4). If noise puts a point in both, it goes to the
     side of ``B_crit`` it lies on.
+
+    Args:
+        batch_sizes: The measured batch sizes.
+        steps: Steps to result at each (None where the target was never reached).
+        fit: The fit of these points (``fit_steps_curve``).
+
+    Raises:
+        LabError: ``batch_sizes`` and ``steps`` differ in length.
     """
     if len(batch_sizes) != len(steps):
         raise LabError(f"{len(batch_sizes)} batch sizes but {len(steps)} step counts")

@@ -126,6 +126,11 @@ def steps_to_result(trial: Trial, target: float, higher_is_better: bool) -> int 
     """The first evaluated step at which the metric strictly passes ``target``.
 
     None when it never does; always None for a diverged trial.
+
+    Args:
+        trial: One trial's measurements.
+        target: The metric value to pass.
+        higher_is_better: Pass from below (True) or from above (False).
     """
     if trial.diverged:
         return None
@@ -414,7 +419,17 @@ def read_study(study_dir: str | Path, *, target: float | None = None,
 def read_studies(root: str | Path, *, target: float | None = None,
                  metric: str | None = None) -> list[Study]:
     """Every study under ``root``, sorted by (dataset, model, optimizer, batch size);
-    ``target`` and ``metric``, when given, override every ``study.json``."""
+    ``target`` and ``metric``, when given, override every ``study.json``.
+
+    Args:
+        root: A folder in the batch-science layout (written by ``dyntrain lab sweep``, or
+            Google's released archive).
+        target: The metric value that counts as reached (for studies that name none).
+        metric: The metric's name (likewise).
+
+    Raises:
+        LabError: No ``study.json`` under ``root``, or a malformed file (naming it).
+    """
     root = Path(root)
     paths = sorted(root.rglob("study.json")) if root.is_dir() else []
     if not paths:

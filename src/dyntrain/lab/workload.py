@@ -43,7 +43,26 @@ from dyntrain.lab.results import LabError
 class LabWorkload:
     """One trainable problem. ``loss_fn(model, batch)`` returns the batch's mean loss;
     ``evaluate(model)`` returns the validation metric (the model is put in eval mode and back
-    by the trial runner, and called under ``torch.no_grad``)."""
+    by the trial runner, and called under ``torch.no_grad``).
+
+    A function that returns one, named as ``file.py:function`` or ``module:function``, is what
+    ``dyntrain lab sweep --workload`` takes.
+
+    Args:
+        dataset: The data set's name (a folder name in the results: no ``/``).
+        model: The model's name (likewise).
+        build_model: Returns a fresh, untrained model; called once per trial.
+        train_set: A sized map-style ``Dataset`` (not empty).
+        loss_fn: ``loss_fn(model, batch) -> Tensor``: the batch's mean loss.
+        evaluate: ``evaluate(model) -> float``: the validation metric.
+        metric: The metric's name (likewise no ``/``).
+        higher_is_better: Whether the target is passed from below (accuracy) or from above
+            (error, the default).
+        default_target: The target a sweep uses when ``--target`` is not given.
+
+    Raises:
+        LabError: A name is empty or holds ``/``, or ``train_set`` is empty or not sized.
+    """
 
     dataset: str
     model: str

@@ -9,7 +9,16 @@ from torch import nn
 
 def param_groups(model: nn.Module, weight_decay: float, decay_bn_and_bias: bool) -> list[dict]:
     """Two groups: weights of convolutions/linears, and BatchNorm parameters plus biases (no
-    weight decay and no LARS scaling there unless ``decay_bn_and_bias``)."""
+    weight decay and no LARS scaling there unless ``decay_bn_and_bias``).
+
+    Args:
+        model: Its parameters that require a gradient are grouped.
+        weight_decay: The first group's weight decay.
+        decay_bn_and_bias: Put BatchNorm parameters and biases in the first group too.
+
+    Returns:
+        Parameter groups for a ``torch.optim.Optimizer``, each with a ``lars`` flag.
+    """
     decay, no_decay = [], []
     for module in model.modules():
         for name, p in module.named_parameters(recurse=False):
@@ -26,7 +35,16 @@ def param_groups(model: nn.Module, weight_decay: float, decay_bn_and_bias: bool)
 class LARS(torch.optim.Optimizer):
     """SGD with momentum whose step per layer is scaled by the trust ratio
     ``eta * |w| / (|g| + weight_decay * |w|)`` (You, Gitman, Ginsburg 2017). Groups with
-    ``lars=False`` (BatchNorm, biases) take plain momentum SGD steps."""
+    ``lars=False`` (BatchNorm, biases) take plain momentum SGD steps.
+
+    Args:
+        params: Parameters or parameter groups (``param_groups`` makes them).
+        lr: The learning rate.
+        momentum: Momentum factor.
+        weight_decay: L2 weight decay, added to the gradient.
+        eta: The trust coefficient.
+        nesterov: Nesterov momentum.
+    """
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  eta: float = 0.001, nesterov: bool = False) -> None:
@@ -35,6 +53,11 @@ class LARS(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One optimizer step.
+
+        Args:
+            closure: Re-evaluates the model and returns the loss (optional).
+        """
         loss = closure() if closure is not None else None
         for group in self.param_groups:
             wd, mom, lr = group["weight_decay"], group["momentum"], group["lr"]

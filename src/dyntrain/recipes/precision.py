@@ -21,18 +21,37 @@ PRECISIONS = ("fp32", "bf16", "fp16", "fp16-static")
 
 class StaticLossScaler(torch.amp.GradScaler):
     """A fixed loss scale (the article's TensorFlow run used x1024); a step whose gradient is
-    not finite is skipped, the scale never changes."""
+    not finite is skipped, the scale never changes.
+
+    Args:
+        device: ``cuda`` or ``cpu``.
+        scale: The loss scale.
+    """
 
     def __init__(self, device: str = "cuda", scale: float = 1024.0) -> None:
         super().__init__(device, init_scale=scale)
         self.static_scale = scale
 
     def update(self, new_scale=None) -> None:
+        """Keep the static scale (``new_scale`` is ignored).
+
+        Args:
+            new_scale: Ignored: the scale never changes.
+        """
         super().update(self.static_scale)
 
 
 def make_scaler(precision: str, device_type: str, static_scale: float = 1024.0):
-    """The loss scaler a precision needs (None for fp32 and bf16)."""
+    """The loss scaler a precision needs (None for fp32 and bf16).
+
+    Args:
+        precision: ``fp32``, ``bf16``, ``fp16`` or ``fp16-static``.
+        device_type: ``cuda`` or ``cpu``.
+        static_scale: The scale of ``fp16-static``.
+
+    Raises:
+        ConfigError: An unknown precision.
+    """
     check(precision)
     if precision == "fp16":
         return torch.amp.GradScaler(device_type, init_scale=2.0**16)

@@ -21,7 +21,36 @@ from dyntrain.recipes.schedule import LRSchedule, ScheduledLR
 @dataclass(frozen=True)
 class Recipe:
     """Everything the article fixes besides the data: model, batch, schedule, optimizer,
-    precision, augmentation. ``derived()`` gives the numbers that follow from it."""
+    precision, augmentation. ``derived()`` gives the numbers that follow from it.
+
+    ``RECIPES`` holds the named ones (``resnet50-goyal``, ``digits-resnet``); ``build()`` returns
+    what ``ElasticTrainer`` takes besides the model and the data.
+
+    Args:
+        name: The recipe's name, printed by ``describe()``.
+        model: ``resnet50`` or ``small-resnet``.
+        model_args: Extra keyword arguments of the model function, as (name, value) pairs.
+        global_batch: Samples per optimizer step, whatever the world size.
+        chunk_size: Samples per chunk; must divide ``global_batch``.
+        epochs: Passes over the data; the LR schedule spans them.
+        schedule: Linear scaling, warmup and polynomial decay of the learning rate.
+        momentum: SGD (or LARS) momentum.
+        nesterov: Nesterov momentum.
+        weight_decay: L2 weight decay.
+        decay_bn_and_bias: Also decay BatchNorm parameters and biases (and scale them by LARS).
+        label_smoothing: Cross-entropy label smoothing, in [0, 1).
+        lars: Use LARS (layer-wise trust ratio) instead of SGD.
+        lars_eta: LARS's trust coefficient.
+        precision: ``fp32``, ``bf16``, ``fp16`` (dynamic loss scale) or ``fp16-static``.
+        static_loss_scale: The loss scale of ``fp16-static``.
+        channels_last: Train in the channels-last memory format.
+        compile: Wrap the model in ``torch.compile``.
+        grad_clip_norm: Clip the reduced gradient to this global norm (None: no clipping).
+        transform: The training images' augmentation.
+
+    Raises:
+        ConfigError: An unknown model or precision, or a value out of range.
+    """
 
     name: str
     model: str = "resnet50"
@@ -55,23 +84,44 @@ class Recipe:
         TrainConfig(global_batch=self.global_batch, chunk_size=self.chunk_size)  # validates
 
     def with_overrides(self, **changes) -> Recipe:
-        """A copy with the non-None ``changes`` applied (``schedule_*`` keys go to the schedule)."""
+        """A copy with the non-None ``changes`` applied (``schedule_*`` keys go to the schedule).
+
+        Args:
+            **changes: Field values (``global_batch=4096``, ``schedule_base_lr=0.2``); None
+                leaves a field as it is.
+        """
         sched = {k[len("schedule_"):]: v for k, v in changes.items()
                  if k.startswith("schedule_") and v is not None}
         rest = {k: v for k, v in changes.items() if not k.startswith("schedule_") and v is not None}
         return replace(self, schedule=replace(self.schedule, **sched), **rest)
 
     def train_config(self, **kw) -> TrainConfig:
+        """The ``TrainConfig`` of this recipe's batch, chunks, epochs and clipping.
+
+        Args:
+            **kw: Further ``TrainConfig`` fields (``seed``, ``checkpoint_every_steps``, ...).
+        """
         return TrainConfig(global_batch=self.global_batch, chunk_size=self.chunk_size,
                            epochs=self.epochs, grad_clip_norm=self.grad_clip_norm, **kw)
 
     def build_model(self, num_classes: int) -> nn.Module:
+        """The recipe's model, in its memory format, compiled if the recipe says so.
+
+        Args:
+            num_classes: Outputs of the last layer.
+        """
         model = MODELS[self.model](num_classes=num_classes, **dict(self.model_args))
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         return torch.compile(model) if self.compile else model
 
     def build_optimizer(self, model: nn.Module, peak_lr: float) -> torch.optim.Optimizer:
+        """SGD (or LARS) over ``model``'s parameters, BatchNorm and biases in their own group.
+
+        Args:
+            model: The model to optimise.
+            peak_lr: The initial learning rate (the scheduler sets it every step).
+        """
         groups = param_groups(model, self.weight_decay, self.decay_bn_and_bias)
         if self.lars:
             return LARS(groups, lr=peak_lr, momentum=self.momentum,
@@ -84,7 +134,15 @@ class Recipe:
 
     def build(self, model: nn.Module, dataset_size: int, config: TrainConfig,
               device_type: str = "cpu"):
-        """(optimizer, LR scheduler, loss scaler or None, loss function) for ``model``."""
+        """(optimizer, LR scheduler, loss scaler or None, loss function) for ``model``.
+
+        Args:
+            model: The model, built by ``build_model`` (and on its device).
+            dataset_size: Samples in the training set (the schedule's length follows).
+            config: The run's ``TrainConfig``; ``max_steps`` cuts a run short without
+                squeezing the schedule.
+            device_type: ``cpu`` or ``cuda``: where autocast and the loss scaler work.
+        """
         steps_per_epoch = config.steps_per_epoch(dataset_size)
         opt = self.build_optimizer(model, self.schedule.peak_lr(self.global_batch))
         # the full recipe's length: max_steps cuts a run short, it does not squeeze the schedule
@@ -94,7 +152,11 @@ class Recipe:
                                            self.static_loss_scale), self.loss_fn(device_type)
 
     def forward_fn(self, device_type: str) -> Callable:
-        """``forward(model, x) -> float32 logits`` under the recipe's precision and layout."""
+        """``forward(model, x) -> float32 logits`` under the recipe's precision and layout.
+
+        Args:
+            device_type: ``cpu`` or ``cuda``, for autocast.
+        """
         dtype = amp.autocast_dtype(self.precision)
         channels_last = self.channels_last
 
@@ -108,7 +170,11 @@ class Recipe:
         return forward
 
     def loss_fn(self, device_type: str) -> Callable:
-        """The chunk loss: cross-entropy (with the recipe's label smoothing) of ``forward``."""
+        """The chunk loss: cross-entropy (with the recipe's label smoothing) of ``forward``.
+
+        Args:
+            device_type: ``cpu`` or ``cuda``, for autocast.
+        """
         forward, smoothing = self.forward_fn(device_type), self.label_smoothing
 
         def loss(model: nn.Module, batch) -> torch.Tensor:
@@ -118,7 +184,16 @@ class Recipe:
         return loss
 
     def derived(self, dataset_size: int, world_sizes: tuple[int, ...] = (8, 96)) -> dict:
-        """The numbers that follow from the recipe and the data set size."""
+        """The numbers that follow from the recipe and the data set size.
+
+        Args:
+            dataset_size: Samples in the training set.
+            world_sizes: World sizes to give the chunks per worker of.
+
+        Returns:
+            ``peak_lr``, ``steps_per_epoch``, ``total_steps``, ``warmup_steps``, ``num_chunks``
+            and ``chunks_per_worker`` ({world size: (most, fewest)}).
+        """
         cfg = self.train_config()
         spe = cfg.steps_per_epoch(dataset_size)
         total = self.epochs * spe
@@ -129,6 +204,12 @@ class Recipe:
                 "chunks_per_worker": per_worker}
 
     def describe(self, dataset_size: int, world_sizes: tuple[int, ...] = (8, 96)) -> str:
+        """The recipe and its derived numbers as the lines each worker prints at start.
+
+        Args:
+            dataset_size: Samples in the training set.
+            world_sizes: World sizes to give the chunks per worker of.
+        """
         d = self.derived(dataset_size, world_sizes)
         s = self.schedule
         scale = (f" (loss scale {self.static_loss_scale:g})"
@@ -174,6 +255,14 @@ RECIPES = {
 
 
 def get_recipe(name: str) -> Recipe:
+    """The named recipe of ``RECIPES``.
+
+    Args:
+        name: ``resnet50-goyal`` or ``digits-resnet``.
+
+    Raises:
+        ConfigError: An unknown name (the message lists the known ones).
+    """
     try:
         return RECIPES[name]
     except KeyError:

@@ -112,12 +112,26 @@ class ResNet(nn.Module):
 
 
 def resnet50(num_classes: int = 1000, zero_init_residual: bool = True) -> ResNet:
+    """ResNet-50 v1 as in the article: torchvision's layout and parameter names (the
+    bottleneck down-samples in its 3x3 convolution), 25,557,032 parameters for 1000 classes.
+
+    Args:
+        num_classes: Outputs of the last layer.
+        zero_init_residual: Initialise the last BatchNorm gamma of every residual block to 0.
+    """
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, zero_init_residual=zero_init_residual)
 
 
 def small_resnet(num_classes: int = 10, width: int = 16, layers: tuple[int, ...] = (1, 1, 1),
                  zero_init_residual: bool = True) -> ResNet:
-    """Basic blocks with a 3x3 stem, for small images on a CPU."""
+    """Basic blocks with a 3x3 stem, for small images on a CPU.
+
+    Args:
+        num_classes: Outputs of the last layer.
+        width: Channels of the first stage (doubling per stage).
+        layers: Basic blocks per stage.
+        zero_init_residual: Initialise the last BatchNorm gamma of every residual block to 0.
+    """
     return ResNet(BasicBlock, list(layers), num_classes, width=width, small_stem=True,
                   zero_init_residual=zero_init_residual)
 

@@ -16,6 +16,20 @@ from dyntrain.errors import ConfigError
 
 @dataclass(frozen=True)
 class LRSchedule:
+    """The learning rate as a pure function of the step (see the module's description).
+
+    Args:
+        base_lr: The learning rate per ``reference_batch`` samples.
+        reference_batch: The batch ``base_lr`` is given for (linear scaling).
+        warmup_epochs: Epochs of linear warmup (may be fractional; 0: none).
+        warmup_start_lr: The learning rate at step 0.
+        power: Exponent of the polynomial decay after the warmup.
+        end_lr: The learning rate at the last step.
+
+    Raises:
+        ConfigError: A value out of range.
+    """
+
     base_lr: float = 0.1
     reference_batch: int = 256
     warmup_epochs: float = 10.0
@@ -30,12 +44,31 @@ class LRSchedule:
             raise ConfigError("warmup_epochs and warmup_start_lr must be >= 0, power > 0")
 
     def peak_lr(self, global_batch: int) -> float:
+        """``base_lr * global_batch / reference_batch``.
+
+        Args:
+            global_batch: Samples per optimizer step.
+        """
         return self.base_lr * global_batch / self.reference_batch
 
     def warmup_steps(self, steps_per_epoch: int, total_steps: int) -> int:
+        """Steps of the warmup, at most the whole run.
+
+        Args:
+            steps_per_epoch: Optimizer steps per epoch.
+            total_steps: Steps of the whole run.
+        """
         return min(total_steps, round(self.warmup_epochs * steps_per_epoch))
 
     def lr_at(self, step: int, global_batch: int, steps_per_epoch: int, total_steps: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based).
+
+        Args:
+            step: Steps applied before this one.
+            global_batch: Samples per optimizer step.
+            steps_per_epoch: Optimizer steps per epoch.
+            total_steps: Steps of the whole run.
+        """
         peak = self.peak_lr(global_batch)
         warmup = self.warmup_steps(steps_per_epoch, total_steps)
         if step < warmup:
@@ -46,7 +79,17 @@ class LRSchedule:
 
 class ScheduledLR(torch.optim.lr_scheduler.LRScheduler):
     """Sets every parameter group's LR to ``schedule.lr_at(step)`` (its state is plain numbers,
-    so it travels in checkpoints and state transfers like any torch scheduler)."""
+    so it travels in checkpoints and state transfers like any torch scheduler).
+
+    Step it once per optimizer step (``ElasticTrainer`` does).
+
+    Args:
+        optimizer: The optimizer whose groups it sets.
+        schedule: The schedule.
+        global_batch: Samples per optimizer step.
+        steps_per_epoch: Optimizer steps per epoch.
+        total_steps: Steps of the whole run (the decay reaches ``end_lr`` there).
+    """
 
     def __init__(self, optimizer: torch.optim.Optimizer, schedule: LRSchedule, global_batch: int,
                  steps_per_epoch: int, total_steps: int) -> None:
@@ -58,6 +101,7 @@ class ScheduledLR(torch.optim.lr_scheduler.LRScheduler):
         super().__init__(optimizer)
 
     def schedule(self) -> LRSchedule:
+        """The schedule, rebuilt from this scheduler's (checkpointed) numbers."""
         return LRSchedule(self.base_lr, self.reference_batch, self.warmup_epochs,
                           self.warmup_start_lr, self.power, self.end_lr)
 

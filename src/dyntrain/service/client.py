@@ -26,7 +26,12 @@ TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
 
 
 class ApiError(DyntrainError):
-    """The service refused a request (``status`` is its HTTP code) or could not be reached."""
+    """The service refused a request (``status`` is its HTTP code) or could not be reached.
+
+    Args:
+        message: The service's one-line reason.
+        status: The HTTP status code (None when there was no answer).
+    """
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
@@ -34,6 +39,7 @@ class ApiError(DyntrainError):
 
     @property
     def status_code(self) -> int | None:
+        """The HTTP status code (as ``status``)."""
         return self.status
 
 
@@ -77,6 +83,19 @@ def _detail(response: httpx.Response) -> str:
 
 
 class Client:
+    """The REST API of ``dyntrain server`` from Python: one method per route.
+
+    Each method returns the JSON the service answers (dicts and lists); a refusal raises
+    ``ApiError`` with the service's one-line reason and HTTP status, no answer at all raises
+    ``ServiceUnreachable``. Use it as a context manager, or call ``close()``.
+
+    Args:
+        base_url: The service's URL; default ``DYNTRAIN_URL``, else ``http://127.0.0.1:8642``.
+        token: The bearer token of a service started with ``--token``; default
+            ``DYNTRAIN_TOKEN``.
+        timeout: Seconds to wait for each answer.
+    """
+
     def __init__(self, base_url: str | None = None, token: str | None = None,
                  timeout: float = 10) -> None:
         self.base_url = (base_url or os.environ.get("DYNTRAIN_URL") or DEFAULT_URL).rstrip("/")
@@ -85,6 +104,7 @@ class Client:
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
 
     def close(self) -> None:
+        """Close the HTTP connection pool (also done on leaving a ``with`` block)."""
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -95,6 +115,18 @@ class Client:
 
     def request(self, method: str, path: str, *, json: Any = None,
                 params: Mapping[str, Any] | None = None) -> Any:
+        """One request to the service; returns its JSON body (None when empty).
+
+        Args:
+            method: ``GET``, ``POST``, ``PATCH``, ``PUT`` or ``DELETE``.
+            path: The route, e.g. ``/jobs``.
+            json: The request body (dataclasses and enums become plain JSON values).
+            params: Query parameters; None values are left out.
+
+        Raises:
+            ApiError: The service answered with a 4xx/5xx (its one-line ``detail``, ``status``).
+            ServiceUnreachable: No answer at all (refused, unknown host, timed out).
+        """
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             response = self._http.request(method, path, json=_jsonable(json) if json is not None
@@ -113,74 +145,167 @@ class Client:
     # ---- service -----------------------------------------------------------------------------
 
     def health(self) -> dict:
+        """The service's ``/health`` answer."""
         return self.request("GET", "/health")
 
     # ---- compute environments ----------------------------------------------------------------
 
     def create_compute_environment(self, **fields: Any) -> dict:
+        """Create a compute environment.
+
+        Args:
+            **fields: The body of ``POST /compute-environments``: ``name``, ``type`` (``on_demand``,
+                ``reserved``, ``spot``), ``price``, ``min_slots``/``desired_slots``/``max_slots``,
+                ``slot`` (cpus, gpus, memory_mib), ...
+        """
         return self.request("POST", "/compute-environments", json=fields)
 
     def list_compute_environments(self) -> list[dict]:
+        """Every compute environment."""
         return self.request("GET", "/compute-environments")
 
     def get_compute_environment(self, name: str) -> dict:
+        """One compute environment.
+
+        Args:
+            name: Its name.
+        """
         return self.request("GET", f"/compute-environments/{_seg(name)}")
 
     def update_compute_environment(self, name: str, **fields: Any) -> dict:
-        """Change state, min/desired/max slots or price at run time."""
+        """Change state, min/desired/max slots or price at run time.
+
+        Args:
+            name: The environment's name.
+            **fields: The fields to change, as in ``PATCH /compute-environments/NAME``.
+        """
         return self.request("PATCH", f"/compute-environments/{_seg(name)}", json=fields)
 
     def delete_compute_environment(self, name: str) -> dict:
+        """Delete a compute environment (no queue may use it).
+
+        Args:
+            name: Its name.
+        """
         return self.request("DELETE", f"/compute-environments/{_seg(name)}")
 
     def set_capacity_trace(self, name: str, csv: str, loop: bool = False) -> dict:
-        """Replay ``csv`` (offset_s,slots[,price]) as the environment's slots from now."""
+        """Replay ``csv`` (offset_s,slots[,price]) as the environment's slots from now.
+
+        Args:
+            name: The environment's name.
+            csv: The trace: one ``offset_s,slots[,price]`` row per change.
+            loop: Start the trace again when it ends.
+        """
         return self.request("PUT", f"/compute-environments/{_seg(name)}/trace",
                             json={"csv": csv, "loop": loop})
 
     def clear_capacity_trace(self, name: str) -> dict:
+        """Stop replaying the environment's trace.
+
+        Args:
+            name: The environment's name.
+        """
         return self.request("DELETE", f"/compute-environments/{_seg(name)}/trace")
 
     # ---- job queues --------------------------------------------------------------------------
 
     def create_job_queue(self, **fields: Any) -> dict:
+        """Create a job queue.
+
+        Args:
+            **fields: The body of ``POST /job-queues``: ``name``, ``priority``,
+                ``compute_environments`` (in spill-over order), ...
+        """
         return self.request("POST", "/job-queues", json=fields)
 
     def list_job_queues(self) -> list[dict]:
+        """Every job queue."""
         return self.request("GET", "/job-queues")
 
     def get_job_queue(self, name: str) -> dict:
+        """One job queue.
+
+        Args:
+            name: Its name.
+        """
         return self.request("GET", f"/job-queues/{_seg(name)}")
 
     def update_job_queue(self, name: str, **fields: Any) -> dict:
+        """Change a queue's priority, state or environments.
+
+        Args:
+            name: The queue's name.
+            **fields: The fields to change, as in ``PATCH /job-queues/NAME``.
+        """
         return self.request("PATCH", f"/job-queues/{_seg(name)}", json=fields)
 
     def delete_job_queue(self, name: str) -> dict:
+        """Delete a job queue.
+
+        Args:
+            name: Its name.
+        """
         return self.request("DELETE", f"/job-queues/{_seg(name)}")
 
     # ---- job definitions ---------------------------------------------------------------------
 
     def register_job_definition(self, **fields: Any) -> dict:
-        """Returns ``{"name", "revision", "ref"}``."""
+        """Register a job definition (a new revision when the name exists).
+
+        Args:
+            **fields: The body of ``POST /job-definitions``: ``name``, ``command``, ``parameters``,
+                ``retry_strategy``, ``timeout_s``, ``workers``, ...
+
+        Returns:
+            ``{"name", "revision", "ref"}``.
+        """
         return self.request("POST", "/job-definitions", json=fields)
 
     def list_job_definitions(self, name: str | None = None,
                              include_inactive: bool = False) -> list[dict]:
+        """Job definitions, by name and revision.
+
+        Args:
+            name: Only this definition's revisions.
+            include_inactive: Also deregistered revisions.
+        """
         return self.request("GET", "/job-definitions",
                             params={"name": name, "include_inactive": include_inactive})
 
     def get_job_definition(self, name: str, revision: int | None = None) -> dict:
+        """One job definition.
+
+        Args:
+            name: Its name.
+            revision: A revision (None: the newest active one).
+        """
         return self.request("GET", f"/job-definitions/{_seg(name)}",
                             params={"revision": revision})
 
     def deregister_job_definition(self, name: str, revision: int) -> dict:
+        """Deregister one revision of a job definition.
+
+        Args:
+            name: Its name.
+            revision: The revision.
+        """
         return self.request("DELETE", f"/job-definitions/{_seg(name)}/{_seg(revision)}")
 
     # ---- jobs --------------------------------------------------------------------------------
 
     def submit(self, **fields: Any) -> dict:
-        """Fields as in ``POST /jobs``. Shorthands: ``depends_on`` may list plain job ids, and
-        ``workers`` may be a ``(min, max)`` pair."""
+        """Submit a job; returns it as the service stored it.
+
+        Args:
+            **fields: Fields as in ``POST /jobs`` (``queue``, ``command``, ``workers``,
+                ``array_size``, ``retry_attempts``, ``environment``, ``resources``, ``depends_on``,
+                ...). Shorthands: ``depends_on`` may list plain job ids, and ``workers`` may be a
+                ``(min, max)`` pair.
+
+        Raises:
+            ApiError: The job was refused (400: bad input, or a job that can never run).
+        """
         deps = fields.get("depends_on")
         if deps is not None:
             fields["depends_on"] = [{"job_id": d} if isinstance(d, str) else d for d in deps]
@@ -190,8 +315,12 @@ class Client:
         return self.request("POST", "/jobs", json=fields)
 
     def list_jobs(self, **filters: Any) -> list[dict]:
-        """Filters: queue, status (one, a comma-separated string or a list), parent, limit,
-        offset. Top-level jobs only unless ``parent`` names an array job."""
+        """Jobs, newest first: top-level jobs only unless ``parent`` names an array job.
+
+        Args:
+            **filters: ``queue``, ``status`` (one, a comma-separated string or a list), ``parent``,
+                ``limit``, ``offset``.
+        """
         status = filters.get("status")
         if isinstance(status, (list, tuple, set, frozenset)):
             filters["status"] = ",".join(str(_jsonable(s)) for s in status)
@@ -200,22 +329,57 @@ class Client:
         return self.request("GET", "/jobs", params=filters)
 
     def get_job(self, job_id: str) -> dict:
+        """One job: status, reason, attempts, workers, progress, result.
+
+        Args:
+            job_id: Its id, or ``ARRAY:N`` for an array's child.
+        """
         return self.request("GET", f"/jobs/{_seg(job_id)}")
 
     def cancel(self, job_id: str) -> dict:
+        """Cancel a job that has not started: it ends FAILED with the reason.
+
+        Args:
+            job_id: Its id.
+
+        Raises:
+            ApiError: 409 when the job has started (use ``terminate``) or already finished.
+        """
         return self.request("POST", f"/jobs/{_seg(job_id)}/cancel")
 
     def terminate(self, job_id: str) -> dict:
+        """Terminate a job: every worker is told to stop; it ends FAILED and is not retried.
+
+        Args:
+            job_id: Its id.
+        """
         return self.request("POST", f"/jobs/{_seg(job_id)}/terminate")
 
     def logs(self, job_id: str, after_seq: int = 0, limit: int | None = None) -> dict:
-        """``{"lines": [{seq, attempt, worker, line, at}], "last_seq", "status", "done"}``."""
+        """A page of the job's log lines after ``after_seq``.
+
+        Args:
+            job_id: Its id.
+            after_seq: The last sequence number already read (0: from the start).
+            limit: Most lines to return.
+
+        Returns:
+            ``{"lines": [{seq, attempt, worker, line, at}], "last_seq", "status", "done"}``.
+        """
         return self.request("GET", f"/jobs/{_seg(job_id)}/logs",
                             params={"after_seq": after_seq, "limit": limit})
 
     def follow_logs(self, job_id: str, poll: float = 0.5, after_seq: int = 0) -> Iterator[dict]:
-        """Yield log lines (dicts as in ``logs``; the text is ``["line"]``) as they come, until
-        the job is terminal and no line is left."""
+        """Yield log lines as they come, until the job is terminal and no line is left.
+
+        Args:
+            job_id: Its id.
+            poll: Seconds between requests while nothing is new.
+            after_seq: Start after this sequence number.
+
+        Yields:
+            Dicts as in ``logs``; the text is ``["line"]``.
+        """
         while True:
             page = self.logs(job_id, after_seq)
             yield from page["lines"]
@@ -226,14 +390,35 @@ class Client:
                 time.sleep(poll)
 
     def events(self, job_id: str, after_id: int = 0, limit: int | None = None) -> list[dict]:
+        """The job's events (membership changes, status changes) after ``after_id``.
+
+        Args:
+            job_id: Its id.
+            after_id: The last event id already read.
+            limit: Most events to return.
+        """
         return self.request("GET", f"/jobs/{_seg(job_id)}/events",
                             params={"after_id": after_id, "limit": limit})["events"]
 
     def cost(self, job_id: str) -> dict:
+        """The job's cost by environment and capacity type, against a static on-demand baseline.
+
+        Args:
+            job_id: Its id.
+        """
         return self.request("GET", f"/jobs/{_seg(job_id)}/cost")
 
     def wait(self, job_id: str, timeout: float | None = None, poll: float = 0.5) -> dict:
-        """Poll until the job is SUCCEEDED or FAILED; returns it (ApiError on timeout)."""
+        """Poll until the job is SUCCEEDED or FAILED; returns it.
+
+        Args:
+            job_id: Its id.
+            timeout: Seconds to wait at most (None: no limit).
+            poll: Seconds between requests.
+
+        Raises:
+            ApiError: The job is still not finished after ``timeout`` seconds.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.get_job(job_id)

@@ -90,7 +90,19 @@ def _probe() -> str | None:
 
 @dataclass
 class Host:
-    """One host of a bed. ``disk`` is its private ``/tmp`` seen from outside."""
+    """One host of a bed. ``disk`` is its private ``/tmp`` seen from outside.
+
+    Made by ``HostBed``, not by hand.
+
+    Args:
+        index: Its index in the bed.
+        name: Its hostname.
+        address: Its address on the bed's bridge.
+        disk: Its private ``/tmp``, seen from outside.
+        link: The bridge-side end of its veth pair (down: partitioned).
+        holder: The process that holds its namespaces.
+        netns: Its network namespace's inode: how its processes are found.
+    """
 
     index: int
     name: str
@@ -102,9 +114,15 @@ class Host:
 
     def popen(self, argv: list[str], *, env: dict | None = None, cwd: str | Path | None = None,
               **kwargs) -> subprocess.Popen:
-        """Start ``argv`` inside this host (its network, hostname and disk); ``kwargs`` go to
-        ``subprocess.Popen`` (stdout, stderr, text...). ``cwd`` is a path as the host sees it
-        (default: the current folder unless it lies on the private disk, else /)."""
+        """Start ``argv`` inside this host (its network, hostname and disk).
+
+        Args:
+            argv: The command line.
+            env: Its environment (default: this process's).
+            cwd: Its working folder, a path as the host sees it (default: the current folder
+                unless it lies on the private disk, else /).
+            **kwargs: Passed to ``subprocess.Popen`` (stdout, stderr, text...).
+        """
         if cwd is None:
             here = Path.cwd()
             cwd = "/" if here.is_relative_to(PRIVATE_ROOT) else here
@@ -114,7 +132,14 @@ class Host:
 
     def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = False,
             **kwargs) -> subprocess.CompletedProcess:
-        """Run ``argv`` inside this host to the end; output captured as text unless told."""
+        """Run ``argv`` inside this host to the end; output captured as text unless told.
+
+        Args:
+            argv: The command line.
+            timeout: Seconds before it is killed (``subprocess.TimeoutExpired`` is raised).
+            check: Raise ``BedError`` (with its output) when it exits non-zero.
+            **kwargs: Passed to ``popen``.
+        """
         if kwargs.pop("capture_output", "stdout" not in kwargs and "stderr" not in kwargs):
             kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         kwargs.setdefault("text", True)
@@ -136,7 +161,11 @@ class Host:
         return netns.pids_in([self.netns], exclude=[self.holder.pid])
 
     def path(self, inside: str | Path) -> Path:
-        """Where a file of this host's private ``/tmp`` lies from outside."""
+        """Where a file of this host's private ``/tmp`` lies from outside.
+
+        Args:
+            inside: A path under ``/tmp`` as the host sees it.
+        """
         return self.disk / Path(inside).relative_to(PRIVATE_ROOT)
 
 
@@ -145,7 +174,11 @@ class HostBed:
     ``close()``: every namespace, link, qdisc, process and file of the bed goes.
 
     Args:
-        n: how many hosts (1 to 200).
+        n: How many hosts (1 to 200).
+
+    Raises:
+        BedError: This machine cannot make network namespaces (not root, no ``ip`` or
+            ``unshare``): the reason, in one line.
     """
 
     def __init__(self, n: int) -> None:
@@ -236,48 +269,85 @@ class HostBed:
     # ---- faults ---------------------------------------------------------------------------------
 
     def host(self, i: int) -> Host:
+        """Host ``i`` (as ``hosts[i]``).
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         return self.hosts[i]
 
     def partition(self, i: int) -> None:
-        """Cut host i off: its link goes down; open connections stay open and silent."""
+        """Cut host i off: its link goes down; open connections stay open and silent.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         netns.ip(f"link set {self.hosts[i].link} down")
 
     def heal(self, i: int) -> None:
-        """Bring host i's link back up."""
+        """Bring host i's link back up.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         netns.ip(f"link set {self.hosts[i].link} up")
 
     def slow_link(self, i: int, rate: str = "100mbit", latency: str = "50ms",
                   burst: str = "64kb") -> None:
-        """Put host i behind a token bucket both ways: ``rate`` (tc units), ``burst`` bytes
-        sent at once, ``latency`` the longest a packet may queue (tbf's limit; more is
-        dropped). ``netem`` (delay, loss) is not in every kernel; tbf is."""
+        """Put host i behind a token bucket both ways.
+
+        ``netem`` (delay, loss) is not in every kernel; tbf is.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+            rate: The link's rate, in tc units (``100mbit``).
+            latency: The longest a packet may queue (tbf's limit; more is dropped).
+            burst: Bytes sent at once.
+        """
         h = self.hosts[i]
         for dev, pid in ((h.link, None), ("eth0", h.holder.pid)):
             netns.tc("qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst",
                      burst, "latency", latency, netns_pid=pid)
 
     def fast_link(self, i: int) -> None:
-        """Take host i's token buckets away again (if it has any)."""
+        """Take host i's token buckets away again (if it has any).
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         h = self.hosts[i]
         for dev, pid in ((h.link, None), ("eth0", h.holder.pid)):
             netns.tc("qdisc", "del", "dev", dev, "root", netns_pid=pid, check=False)
 
     def freeze(self, i: int) -> int:
-        """SIGSTOP every process of host i (again for any forked meanwhile); how many."""
+        """SIGSTOP every process of host i (again for any forked meanwhile); how many.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         h = self.hosts[i]
         return netns.signal_all([h.netns], signal.SIGSTOP, exclude=[h.holder.pid],
                                 settled=netns.stopped)
 
     def thaw(self, i: int) -> int:
-        """SIGCONT every process of host i."""
+        """SIGCONT every process of host i; how many.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         h = self.hosts[i]
         return netns.signal_all([h.netns], signal.SIGCONT, exclude=[h.holder.pid],
                                 settled=lambda pid: not netns.stopped(pid))
 
     def lose(self, i: int) -> int:
-        """Host i vanishes at once: its link goes down (peers hear nothing more, no resets),
-        then every process of it is SIGKILLed; how many. ``heal(i)`` brings the machine back
-        empty, its disk kept."""
+        """Host i vanishes at once; returns how many processes were killed.
+
+        Its link goes down (peers hear nothing more, no resets), then every process of it is
+        SIGKILLed. ``heal(i)`` brings the machine back empty, its disk kept.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+        """
         self.partition(i)
         h = self.hosts[i]
         return netns.signal_all([h.netns], signal.SIGKILL, exclude=[h.holder.pid])
