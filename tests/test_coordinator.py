@@ -451,7 +451,7 @@ def test_a_silence_longer_than_half_the_timeout_is_logged_as_a_near_miss(store):
     job.w["b"].beating = True
     assert job.tick(0.1) is Phase.RUNNING
     assert [line for line in job.sink.logs if "silent" in line] == [
-        "worker b was silent for 2.6 s (lost after 4 s)"]
+        "worker b was silent for 2.5 s (lost after 4 s)"]
 
 
 def test_below_min_waits_and_a_new_hello_forms_again(store):

@@ -264,7 +264,7 @@ class ElasticTrainer:
         ch = self._channel
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
-        group, stage = None, "group"
+        group = None
         try:
             # peers that cannot reach each other are named before a group that cannot form
             peers = gen.peer_probes(self.worker_id)
@@ -277,14 +277,12 @@ class ElasticTrainer:
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
-            stage = "sync"
             self._sync_state(gen, group, aborted)
-            stage = "train"
             return self._train(gen, group, aborted)
         except (Aborted, CollectiveFailed) as exc:
             reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
             ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
-                    reason=reason, stage=stage)
+                    reason=reason)
             return Outcome.REFORM
         finally:
             if group is not None:
