@@ -56,6 +56,7 @@ class WorkerInfo:
     inbox_read: int = 0
     heartbeat: int = -1
     heartbeat_seen: float = 0.0
+    silence: float = 0.0  # the longest it was seen unchanged since its last change
     alive: bool = True
     listed: bool = True  # on this store's roster (has an inbox); False: known from before a restart
 
@@ -269,12 +270,13 @@ class Coordinator:
         for worker, raw in zip(watched, values[len(watched) + 1 :], strict=True):
             info = self.workers[worker]
             if int(raw) != info.heartbeat:
-                silent = now - info.heartbeat_seen
-                if info.heartbeat >= 0 and silent > self.config.failure_timeout / 2:
+                if info.heartbeat >= 0 and info.silence > self.config.failure_timeout / 2:
                     # a near miss: the timeout is close to what this machine needs
-                    self.sink.log(f"worker {worker} was silent for {silent:.1f} s (lost after "
-                                  f"{self.config.failure_timeout:g} s)")
-                info.heartbeat, info.heartbeat_seen = int(raw), now
+                    self.sink.log(f"worker {worker} was silent for {info.silence:.1f} s (lost "
+                                  f"after {self.config.failure_timeout:g} s)")
+                info.heartbeat, info.heartbeat_seen, info.silence = int(raw), now, 0.0
+            else:  # (measured where it is compared: a late poll finds the counter moved)
+                info.silence = max(info.silence, now - info.heartbeat_seen)
         for worker in watched:
             self._read_inbox(worker, int(counts[worker]))
             if self.phase.is_terminal():

@@ -332,7 +332,7 @@ class ElasticTrainer:
         ch = self._channel
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
-        group, stage = None, "group"
+        group = None
         clean = False  # every collective of the generation completed
         try:
             # peers that cannot reach each other are named before a group that cannot form
@@ -346,16 +346,14 @@ class ElasticTrainer:
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
-            stage = "sync"
             self._sync_state(gen, group, aborted)
-            stage = "train"
             outcome = self._train(gen, group, aborted)
             clean = True
             return outcome
         except (Aborted, CollectiveFailed) as exc:
             reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
             ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
-                    reason=reason, stage=stage)
+                    reason=reason)
             return Outcome.REFORM
         finally:
             if group is not None:
