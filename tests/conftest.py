@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,3 +97,39 @@ def static_ledger(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, str(SCRIPTS / "ledger_train.py")], env=env, check=True,
                    timeout=240, cwd=ROOT, capture_output=True)
     return out
+
+
+class OutputLines:
+    """Collects a process's stdout lines in a thread, to wait on them (``has``)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.lines = proc, []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def has(self, prefix: str) -> str | None:
+        """The first line starting with ``prefix`` (None yet)."""
+        return next((line for line in self.lines if line.startswith(prefix)), None)
+
+
+@pytest.fixture(scope="module")
+def hostbed(request):
+    """A bed of hosts (``dyntrain.testing.hosts``) shared by a test module: as many as the
+    module's ``HOSTS`` (default 3). Skipped with the reason where namespaces cannot be made."""
+    from dyntrain.testing.hosts import HostBed, unavailable
+
+    reason = unavailable()
+    if reason:
+        pytest.skip(reason)
+    with HostBed(getattr(request.module, "HOSTS", 3)) as bed:
+        yield bed
+
+
+@pytest.fixture
+def hosts(hostbed):
+    """The module's bed, with every fault undone and every process ended after the test."""
+    yield hostbed
+    hostbed.reset()

@@ -54,3 +54,11 @@ def test_the_check_sees_imports_inside_functions_and_relative_ones(tmp_path):
     (pkg / "b.py").write_text("from ..service import model\nimport dyntrain.elastic.plan\n")
     assert violations(tmp_path, "elastic", FORBIDDEN["elastic"]) == [
         "elastic/a.py:2 imports dyntrain.lab.fit", "elastic/b.py:1 imports dyntrain.service"]
+
+
+def test_the_product_never_imports_its_test_tooling():
+    """``dyntrain.testing`` (host beds...) serves tests and benchmarks, never the product."""
+    layers = sorted(p.name for p in SRC.iterdir() if p.is_dir() and p.name != "testing"
+                    and not p.name.startswith("_"))
+    bad = [v for layer in layers for v in violations(SRC, layer, ("dyntrain.testing",))]
+    assert bad == []

@@ -81,18 +81,32 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--coordinator", required=True, help="HOST:PORT printed by `dyntrain run`.")
 @click.option("--connect-timeout", default=30.0, show_default=True, type=float)
+@click.option("--advertise-address", default=None, metavar="ADDRESS",
+              help="Address the other workers connect to [default: the one this host reaches "
+                   "the coordinator from].")
+@click.option("--iface", default=None, metavar="NAME",
+              help="Advertise the address of this network interface instead.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def worker(coordinator, connect_timeout, script, args):
+def worker(coordinator, connect_timeout, advertise_address, iface, script, args):
     """Join a running job as one more worker (e.g. from another machine)."""
-    from dyntrain.elastic.channel import connect_store
-    from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT
+    from dyntrain.elastic import address
+    from dyntrain.elastic.channel import connect_store, parse_address
+    from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
 
     command = _script_command(script, args)
+    if advertise_address and iface:
+        raise DyntrainError("give --advertise-address or --iface, not both")
+    # checked here, so that a wrong one is said before the script starts
+    address.advertise_address(parse_address(coordinator), advertise_address, iface)
     store = connect_store(coordinator, connect_timeout)
     info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
     env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
            str(connect_timeout)}
+    if advertise_address:
+        env[ENV_ADVERTISE] = advertise_address
+    if iface:
+        env[ENV_IFACE] = iface
     if info.get("out_dir") and ENV_OUT not in env:
         env[ENV_OUT] = info["out_dir"]
     os.execve(sys.executable, [sys.executable, *command], env)

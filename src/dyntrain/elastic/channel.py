@@ -15,6 +15,8 @@ from pathlib import Path
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.address import advertise_address
+from dyntrain.elastic.reach import ProbeListener
 from dyntrain.errors import DyntrainError
 
 POLL_SECONDS = 0.005
@@ -85,17 +87,25 @@ class WorkerChannel:
     generation and applied step), then every message that was not delivered. Whatever needs the
     coordinator meanwhile (a new generation, the final flush) waits for it. After
     ``reattach_seconds`` without it, ``CoordinatorGone`` is raised where the worker next asks.
+
+    ``advertise`` is the address the worker's process groups bind and its peers connect to
+    (``dyntrain.elastic.address.advertise_address``: by default the local address of its route
+    to the coordinator; ``advertise_address``/``iface`` override it); peers check that they
+    reach it through its ``probe`` listener before a group forms (``dyntrain.elastic.reach``).
     """
 
     def __init__(self, address: str, worker_id: str | None = None, connect_timeout: float = 30.0,
                  heartbeat_interval: float = 0.5, watch_interval: float = 0.02,
-                 reattach_seconds: float = 0.0, position=None) -> None:
+                 reattach_seconds: float = 0.0, position=None,
+                 advertise: str | None = None, iface: str | None = None) -> None:
         self.address = address
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.connect_timeout = connect_timeout
         self.reattach_seconds = reattach_seconds
         self.position = position or (lambda: {"state": "joining"})
         self._connect(address, connect_timeout)
+        self.advertise = advertise_address(parse_address(address), advertise, iface)
+        self.probe = ProbeListener(self.advertise)
         info = self.job_info()
         self.job, self.run_dir = info.get("job"), info.get("out_dir")
         self.lost: str | None = None
@@ -285,6 +295,7 @@ class WorkerChannel:
         self.flush(timeout=max(10.0, self.reattach_seconds))
         self._stop.set()
         self._watcher.join(self.connect_timeout)  # a store call gives up within its timeout
+        self.probe.close()
 
     def send(self, kind: str, **fields) -> None:
         """Queue a message for this worker's inbox (in order; see ``flush``)."""
@@ -324,7 +335,8 @@ class WorkerChannel:
 
     def hello(self, fingerprint: str, config: dict) -> None:
         self._hello = {"fingerprint": fingerprint, "config": config,
-                       "host": socket.gethostname(), "pid": os.getpid()}
+                       "host": socket.gethostname(), "pid": os.getpid(),
+                       "address": self.advertise, "probe": self.probe.endpoint}
         self.send("hello", **self._hello)
         self.flush()  # the roster entry must not overtake the hello message
         self.store.append(p.ROSTER, self.worker + " ")

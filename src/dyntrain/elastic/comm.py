@@ -143,8 +143,11 @@ def create_group(
     device: torch.device,
     timeout: timedelta,
     should_abort: Callable[[], bool],
+    address: str | None = None,
 ) -> Group:
-    """Create the process group of one generation under its own store prefix."""
+    """Create the process group of one generation under its own store prefix; gloo binds
+    ``address`` (the one this worker advertises) and gives it to the peers, instead of what the
+    hostname resolves to (127.0.1.1 on stock cloud images)."""
     if size == 1:
         return Group(None, 0, 1, device)
     prefix = dist.PrefixStore(f"pg/{generation}/", store)
@@ -155,6 +158,11 @@ def create_group(
             return dist.ProcessGroupNCCL(prefix, rank, size, opts)
     else:
         def make():
-            return dist.ProcessGroupGloo(prefix, rank, size, timeout)
+            if address is None:
+                return dist.ProcessGroupGloo(prefix, rank, size, timeout)
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = timeout
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
+            return dist.ProcessGroupGloo(prefix, rank, size, opts)
     pg = run_abortable(make, should_abort)
     return Group(pg, rank, size, device, ring=backend == "gloo")

@@ -14,12 +14,13 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.formation import Formation
 from dyntrain.elastic.membership import next_generation
 
 
@@ -47,6 +48,7 @@ class Sink(Protocol):
 class WorkerInfo:
     host: str = ""
     pid: int = 0
+    probe: str = ""  # "address:port" it advertised (dyntrain.elastic.reach)
     inbox_read: int = 0
     heartbeat: int = -1
     heartbeat_seen: float = 0.0
@@ -116,6 +118,7 @@ class Coordinator:
         self._awaited: set[str] = set()  # workers of a previous coordinator not heard from yet
         self._running: set[str] = set()  # re-attached while training in the current generation
         self._reattach: Change | None = None  # set while rebuilding after a restart
+        self.formation = Formation()  # generations until their first step: retries, culprits
         self.started_at = clock()
         store.set(p.GEN_LATEST, "-1")
         store.add(p.ROSTER_COUNT, 0)  # exists from the start: polled with the other keys
@@ -158,6 +161,7 @@ class Coordinator:
         info.alive = False
         self.gone.add(worker)
         self.dead.add(worker)
+        self.formation.gone(worker)
         # Fence it: should a hung worker wake up, it must not act as a member again.
         self.store.set(p.reply_key(worker), f"reject:it was declared dead ({reason})")
         now = self.clock()
@@ -291,6 +295,7 @@ class Coordinator:
         """Register a worker that said hello or re-attached; False if its settings differ."""
         info = self.workers.setdefault(worker, WorkerInfo())
         info.host, info.pid, info.heartbeat_seen = f.get("host", ""), f.get("pid", 0), self.clock()
+        info.probe = f.get("probe", "")
         self._awaited.discard(worker)
         if self.fingerprint is None:
             self.fingerprint, self.job_config = f["fingerprint"], f.get("config", {})
@@ -386,6 +391,7 @@ class Coordinator:
         self._end_generation(p.CTL_REFORM)
 
     def _on_ready(self, worker: str, f: dict) -> None:
+        self.formation.reported(worker, f["gen"], f)
         if self.current is None or f["gen"] != self.current.number:
             # a stale report from a generation that is already over: the worker is waiting anyway
             if worker not in self.joiners and worker not in self.gone and worker not in self.ready:
@@ -397,14 +403,17 @@ class Coordinator:
             # the members agreed (through the step's all-reduce) to re-form after this step
             self.phase = Phase.REFORMING
         elif self.phase is Phase.RUNNING:
-            # a member left the generation on its own: a collective failed under it
+            # a member left the generation on its own: a collective failed under it, or it
+            # could not reach a peer (that one is removed once all have reported: _remove)
             now = self.clock()
-            self._pending.append(Change("crash", [], now, now, self.current.world_size,
-                                        {"reason": f.get("reason", "")}))
+            if f.get("reason") != "unreachable":
+                self._pending.append(Change("crash", [], now, now, self.current.world_size,
+                                            {"reason": f.get("reason", "")}))
             self._end_generation(p.CTL_ABORT)
 
     def _on_left(self, worker: str, f: dict) -> None:
         self.gone.add(worker)
+        self.formation.gone(worker)
         self.ready.pop(worker, None)
         if worker in self.joiners:
             self.joiners.remove(worker)
@@ -432,6 +441,7 @@ class Coordinator:
         f["time"] = f.get("time", self.clock())
         self.sink.metrics(f)
         if self.current is not None and f.get("gen") == self.current.number:
+            self.formation.stepped(self.current.number)
             # (a re-attached generation's rows from while its coordinator was away come first)
             due = [c for c in self._awaiting_first_step
                    if c.kind != "reattach" or f["time"] >= c.fields["reformed_at"]]
@@ -478,6 +488,8 @@ class Coordinator:
         if not self._accounted():
             return
         cfg, now = self.config, self.clock()
+        if not self._formation_allows(now):
+            return
         if self.current is None:
             enough = len(self.joiners) >= min(cfg.expected_initial, cfg.max_workers)
             settled = (len(self.joiners) >= cfg.min_workers
@@ -506,7 +518,46 @@ class Coordinator:
         if gen is not None:  # enough workers were checked above
             self._publish(gen, now)
 
+    def _formation_allows(self, now: float) -> bool:
+        """Settle an ended generation that never stepped (remove whom its peers cannot reach,
+        back off, give up); False while the next one must wait."""
+        verdict = self.formation.conclude(now)
+        for line in verdict.log:
+            self.sink.log(line)
+        for worker, why in verdict.remove.items():
+            self._remove(worker, why)
+        if verdict.fail:
+            self.fail(verdict.fail)
+            return False
+        return now >= self.formation.not_before
+
+    def _remove(self, worker: str, why: str) -> None:
+        """Take a worker out of a generation that never stepped with it, and tell it why."""
+        info = self.workers.get(worker)
+        if info is None or worker in self.gone:
+            return
+        info.alive = False
+        self.gone.add(worker)
+        self.store.set(p.reply_key(worker), f"reject:{why}")
+        self.sink.log(f"worker {worker} removed: {why}")
+        self.ready.pop(worker, None)
+        if worker in self.joiners:
+            self.joiners.remove(worker)
+        changes = self._pending + self._awaiting_first_step
+        for change in changes:  # a join it was part of never happened for it
+            if change.kind in ("join", "start") and worker in change.workers:
+                change.workers.remove(worker)
+        self._pending = [c for c in self._pending if c.workers or c.kind != "join"]
+        self._awaiting_first_step = [c for c in self._awaiting_first_step
+                                     if c.workers or c.kind != "join"]
+        now = self.clock()
+        self._pending.append(Change("removed", [worker], now, now,
+                                    len(self.formation.trained), {"reason": why}))
+
     def _publish(self, gen: p.Generation, now: float) -> None:
+        gen = replace(gen, probes=tuple(self.workers[w].probe if w in self.workers else ""
+                                        for w in gen.members))
+        self.formation.published(gen.number, gen.members, gen.probes)
         for worker in gen.members:
             self.store.set(p.ctl_key(gen.number, worker), p.CTL_RUN)
         self.store.set(p.gen_key(gen.number), gen.to_json())

@@ -24,6 +24,11 @@ ENV_CONNECT_TIMEOUT = "DYNTRAIN_CONNECT_TIMEOUT"
 # Seconds a worker that lost its coordinator trains on and waits for it to come back (a
 # restarted service); 0, the default outside the service, ends the worker at once.
 ENV_REATTACH = "DYNTRAIN_REATTACH_SECONDS"
+# The address a worker binds and gives its peers, or the interface to take it from (set by
+# ``dyntrain worker --advertise-address/--iface``); by default the one it reaches the
+# coordinator from (``dyntrain.elastic.address``).
+ENV_ADVERTISE = "DYNTRAIN_ADVERTISE_ADDRESS"
+ENV_IFACE = "DYNTRAIN_IFACE"
 
 ROSTER = "roster"
 ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll, not the list
@@ -66,6 +71,8 @@ class Generation:
     ``source`` is the member whose state everyone adopts (``receivers`` get it by broadcast);
     ``checkpoint`` is set instead when no member holds state and the job resumes from disk;
     ``fresh`` marks a brand-new run whose rank-0 initial state is broadcast to all.
+    ``probes``: each member's probe endpoint ("address:port", ``dyntrain.elastic.reach``), in
+    the order of ``members`` ("" for one that did not give one).
     """
 
     number: int
@@ -75,6 +82,7 @@ class Generation:
     receivers: tuple[str, ...] = ()
     checkpoint: str | None = None
     fresh: bool = False
+    probes: tuple[str, ...] = ()
 
     def rank_of(self, worker: str) -> int:
         return self.members.index(worker)
@@ -91,7 +99,13 @@ class Generation:
         data = json.loads(text)
         data["members"] = tuple(data["members"])
         data["receivers"] = tuple(data["receivers"])
+        data["probes"] = tuple(data.get("probes", ()))
         return cls(**data)
+
+    def peer_probes(self, worker: str) -> dict[str, str]:
+        """The other members' probe endpoints (those that gave one)."""
+        return {w: e for w, e in zip(self.members, self.probes, strict=False)
+                if w != worker and e}
 
 
 @dataclass

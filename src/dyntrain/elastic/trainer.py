@@ -30,12 +30,15 @@ from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.progress import AloneOutput
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
+    ENV_ADVERTISE,
     ENV_CONNECT_TIMEOUT,
     ENV_COORDINATOR,
+    ENV_IFACE,
     ENV_OUT,
     ENV_REATTACH,
     ENV_WORKER_ID,
 )
+from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
@@ -155,7 +158,8 @@ class ElasticTrainer:
         timeout = float(os.environ.get(ENV_CONNECT_TIMEOUT, "30"))
         self._channel = WorkerChannel(
             self.coordinator, self.worker_id, connect_timeout=timeout,
-            reattach_seconds=float(os.environ.get(ENV_REATTACH, "0")), position=self._position)
+            reattach_seconds=float(os.environ.get(ENV_REATTACH, "0")), position=self._position,
+            advertise=os.environ.get(ENV_ADVERTISE), iface=os.environ.get(ENV_IFACE))
         self.worker_id = self._channel.worker
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
@@ -260,18 +264,27 @@ class ElasticTrainer:
         ch = self._channel
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
-        group = None
+        group, stage = None, "group"
         try:
+            # peers that cannot reach each other are named before a group that cannot form
+            peers = gen.peer_probes(self.worker_id)
+            failed = run_abortable(lambda: probe_peers(peers), aborted) if peers else []
+            if failed:
+                ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
+                        reason="unreachable", unreachable=[f.to_dict() for f in failed])
+                return Outcome.REFORM
             # a connection per generation: see WorkerChannel.group_store
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
-                                 self.device, self.collective_timeout, aborted)
+                                 self.device, self.collective_timeout, aborted, ch.advertise)
+            stage = "sync"
             self._sync_state(gen, group, aborted)
+            stage = "train"
             return self._train(gen, group, aborted)
         except (Aborted, CollectiveFailed) as exc:
             reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
             ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
-                    reason=reason)
+                    reason=reason, stage=stage)
             return Outcome.REFORM
         finally:
             if group is not None:

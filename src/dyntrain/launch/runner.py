@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import TextIO
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.address import is_wildcard, machine_addresses
 from dyntrain.elastic.checkpoint import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.elastic.progress import progress_line, result_line, write_result
@@ -151,7 +151,10 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     except Exception as exc:
         raise DyntrainError(f"cannot listen on {opts.host}:{opts.port}: "
                             f"{str(exc).splitlines()[0]}") from None
-    address = f"{opts.host}:{store.port}"
+    # workers (local ones too) advertise the address they reach the coordinator from: with a
+    # wildcard, one that other hosts can reach as well
+    host = (machine_addresses() or ["127.0.0.1"])[0] if is_wildcard(opts.host) else opts.host
+    address = f"{host}:{store.port}"
     store.set(p.JOB_INFO, json.dumps({"out_dir": str(out.resolve())}))
     sink = RunSink(out, "?", stream, opts.quiet, opts.progress_every)
 
@@ -171,9 +174,8 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     if skipped:
         sink.log(f"resuming: not firing again {len(skipped)} event(s) that an earlier launch "
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
-    sink.log(f"coordinator listening on {address}; join with: dyntrain worker --coordinator "
-             f"{socket.gethostname() if opts.host == '0.0.0.0' else opts.host}:{store.port} "
-             f"{' '.join(opts.command)}")
+    sink.log(f"coordinator listening on {opts.host}:{store.port}; join with: dyntrain worker "
+             f"--coordinator {address} {' '.join(opts.command)}")
     if opts.nproc > opts.max_workers:
         sink.log(f"{opts.nproc - opts.max_workers} of the {opts.nproc} workers wait on standby "
                  f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "

@@ -1,0 +1,1 @@
+"""Test tooling that the test suite and the benchmarks share (``hosts``: a multi-host test bed)."""
