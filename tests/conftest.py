@@ -42,15 +42,18 @@ def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess
     return proc
 
 
-def start_server(state_dir: Path, log: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`dyntrain server --port 0 ... ARGS`; returns the process and the URL it printed."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start_server(state_dir: Path, log: Path, *args: str, popen=subprocess.Popen,
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`dyntrain server --port 0 ... ARGS`; returns the process and the URL it printed.
+    ``popen``: how to start it (a bed host's ``Host.popen`` runs it on that host); ``env``: its
+    environment (default: this one)."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     env.pop("DYNTRAIN_URL", None)
     env.pop("DYNTRAIN_TOKEN", None)
     with open(log, "w") as out:
-        proc = subprocess.Popen([*DYNTRAIN, "server", "--port", "0", "--state-dir",
-                                 str(state_dir), "--grace-seconds", "2", *args], stdout=out,
-                                stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = popen([*DYNTRAIN, "server", "--port", "0", "--state-dir", str(state_dir),
+                      "--grace-seconds", "2", *args], stdout=out, stderr=subprocess.STDOUT,
+                     env=env, cwd=ROOT)
     deadline = time.monotonic() + 120  # a loaded machine; --executor ray connects to a cluster
     while time.monotonic() < deadline:
         m = re.search(r"listening on (http://\S+)", log.read_text())

@@ -25,9 +25,11 @@ import torch
 
 from conftest import start_server, stop_server, wait_for
 from dyntrain.cli.main import main
+from dyntrain.elastic.address import machine_addresses
 from dyntrain.service.client import Client
 from dyntrain.service.executors.base import ExecutorError, StartError, WorkerSpec
 from dyntrain.service.executors.ray import RayExecutor, import_ray
+from dyntrain.service.executors.ray_address import coordinator_address
 from dyntrain.service.model import Resources
 
 from .test_cli_service import PY, ROOT, _env
@@ -217,6 +219,18 @@ def test_without_ray_or_a_cluster_the_server_says_so_in_one_line(monkeypatch, tm
                              "--state-dir", str(tmp_path / "b"))
     assert len(lines) == 1 and lines[0].startswith(
         f"dyntrain: error: no Ray cluster at {address} ("), lines
+
+
+def test_job_coordinators_listen_at_an_address_other_hosts_reach():
+    # the address Ray gave this host's node, as long as it is not loopback
+    assert coordinator_address("10.1.2.3", "10.1.2.3:6380") == "10.1.2.3"
+    assert coordinator_address("127.0.0.1", "127.0.0.1:6380") == "127.0.0.1"  # one machine
+    # a head started without --node-ip-address where the hostname resolves to 127.0.1.1: the
+    # address this host reaches the (non-loopback) GCS from
+    mine = machine_addresses()
+    if not mine:
+        pytest.skip("this machine has no address but loopback")
+    assert coordinator_address("127.0.1.1", f"{mine[0]}:6380") == mine[0]
 
 
 class socket_nobody_listens:

@@ -35,6 +35,7 @@ class Attempt:
     running_seen: bool = False  # an elastic job's first generation was reported running
     shrunk: int = 0  # workers told to leave by a shrink: preemptions, as a user counts them
     first_error: str | None = None  # the first failing worker's error line, from its log
+    failed_untrained: int = 0  # an elastic job's workers failed before its first generation
 
     def running(self) -> list[WorkerRecord]:
         """Workers not told to leave, oldest first."""

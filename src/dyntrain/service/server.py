@@ -34,6 +34,7 @@ class ServiceConfig:
     ray_address: str | None = None  # the Ray cluster (``--executor ray``)
     ray_namespace: str | None = None  # default: one derived from the state dir
     ray_placement: str = "pack"
+    ray_fence_seconds: float = 10.0  # a worker cut off from the Ray cluster this long is killed
     coordinator_host: str | None = None  # where workers reach job coordinators (Ray: this host)
 
     def __post_init__(self) -> None:
@@ -100,7 +101,8 @@ class Service:
         config = self.config
         if config.executor == "ray":
             return {"address": config.ray_address or "auto",
-                    "namespace": config.ray_namespace, "placement": config.ray_placement}
+                    "namespace": config.ray_namespace, "placement": config.ray_placement,
+                    "fence_seconds": config.ray_fence_seconds}
         return {"warm_workers": config.warm_workers} if config.warm_workers else {}
 
     def _ensure_local_defaults(self) -> None:

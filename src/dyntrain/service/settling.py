@@ -67,6 +67,8 @@ class Settling:
             line = read_error_line(self._log_path(w.job_id, w.id))
             who = f"{w.id.rsplit('-', 1)[-1]} " if attempt.host is not None else ""
             attempt.first_error = f"{who}{line}" if line else None
+        if attempt.host is not None and code not in (0, None) and w.state == WORKER_RUNNING:
+            self._failed_untrained(attempt)
         if exit_.lost and (attempt.host is None or not attempt.workers):
             attempt.preempted = True  # its node went away: capacity taken back, retried
         coordinator = attempt.host.coordinator if attempt.host is not None else None
@@ -81,6 +83,17 @@ class Settling:
         if attempt.workers:
             self._count_workers(attempt)
         self._changed = True
+
+    def _failed_untrained(self, attempt: Attempt) -> None:
+        """An elastic job replaces a worker that failed, but once as many as it may have failed
+        before it ever trained (each cannot reach the coordinator, say) it ends instead of
+        starting more of them forever; its reason is the first one's error line."""
+        if attempt.running_seen or attempt.stop_reason is not None:
+            return
+        attempt.failed_untrained += 1
+        if attempt.failed_untrained >= attempt.job.workers_range[1]:
+            self._stop_all(attempt, f"{attempt.failed_untrained} worker(s) failed before the "
+                                    "job trained")
 
     def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
         if attempt.host is not None:
@@ -133,6 +146,9 @@ class Settling:
 
             phase = attempt.host.coordinator.phase
             attempt.host.close()
+            if phase is Phase.DONE:
+                # it finished: a worker lost on the way, even one reported last, asks no retry
+                attempt.preempted = False
             if not attempt.terminated:  # a terminated job's code is its workers' own
                 code = 0 if phase is Phase.DONE else (code if code not in (0, None) else 1)
             if phase is Phase.FAILED:

@@ -72,12 +72,17 @@ def _url_for(host: str, port: int) -> str:
               type=click.Choice(["pack", "spread"]),
               help="pack: a job's new workers prefer the nodes it already runs on; spread: "
                    "Ray's SPREAD.")
+@click.option("--ray-fence-seconds", default=10.0, show_default=True, type=float,
+              help="A worker on a Ray node cut off from the cluster (no connection to its GCS) "
+                   "this long is killed there; a worker whose node Ray declared dead is "
+                   "reported lost (and a plain job retried) this long + 5 s later, so that a "
+                   "job never runs twice at once.")
 @click.option("--coordinator-host", default=None,
               help="Address of this host that workers reach its job coordinators at [default: "
                    "127.0.0.1; with Ray, the address the cluster sees for this host].")
 def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds,
            warm_workers, aws_credentials, executor, ray_address, ray_namespace, ray_placement,
-           coordinator_host):
+           ray_fence_seconds, coordinator_host):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
@@ -95,6 +100,8 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
         raise DyntrainError(f"--reattach-seconds must be >= 0, got {reattach_seconds}")
     if warm_workers < 0:
         raise DyntrainError(f"--warm-workers must be >= 0, got {warm_workers}")
+    if not ray_fence_seconds > 0:
+        raise DyntrainError(f"--ray-fence-seconds must be > 0, got {ray_fence_seconds}")
     token = token or os.environ.get("DYNTRAIN_TOKEN") or None
     aws_keys = load_credentials(aws_credentials) if aws_credentials else None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
@@ -102,6 +109,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
                            warm_workers=warm_workers, executor=executor,
                            ray_address=ray_address or os.environ.get("RAY_ADDRESS") or None,
                            ray_namespace=ray_namespace, ray_placement=ray_placement,
+                           ray_fence_seconds=ray_fence_seconds,
                            coordinator_host=coordinator_host)
     state_lock = StateDirLock(config.state_dir)
     try:  # before the port: a second server on this state dir is told who runs, not "in use"

@@ -13,6 +13,12 @@ exit wakes it at once), copies new output from each actor into the worker's log 
 host (where the controller reads it as for a local worker), and notices dead nodes. A worker's
 exit is reported only after the rest of its output was copied.
 
+A node cut off by the network is declared dead by Ray's health checks while its processes still
+run; the actor there kills its command once it has been cut off from the cluster for
+``fence_seconds`` (see ``ray_actor``), and the worker of a dead node (or of an actor that
+died) is reported lost only ``fence_seconds + FENCE_MARGIN_S`` after that was seen: a plain job is
+retried only once its first run is surely over, never beside it.
+
 After a restart ``adopt`` finds an actor by the name in the stored handle, ``find`` by the
 worker id, and ``sweep`` ends the actors in the namespace that nobody adopted.
 """
@@ -22,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -43,6 +48,7 @@ from dyntrain.service.executors.base import (
     make_resources,
 )
 from dyntrain.service.executors.ray_actor import WorkerProcess
+from dyntrain.service.executors.ray_address import coordinator_address, probe_cluster
 from dyntrain.service.model import Resources
 
 RESOURCE_PREFIX = "dyntrain_ce_"
@@ -53,6 +59,8 @@ MIRROR_S = 0.25
 NODES_S = 1.0  # how often the node list is read again
 CALL_S = 30.0  # bound on one call that the service waits for
 START_WAIT_S = 2.0  # how long start_many waits for the actors' replies before returning
+FENCE_S = 10.0  # an actor cut off from the GCS this long kills its command
+FENCE_MARGIN_S = 5.0  # + the actor's probe period and timeout, and scheduling delays
 
 
 def import_ray():
@@ -92,19 +100,6 @@ def node_slots(resources: dict[str, float], environment: str, slot: Resources) -
     return max(0, min(bounds))
 
 
-def _probe(address: str, timeout: float) -> None:
-    """A one-line error, quickly, when nothing listens at ``HOST:PORT``."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit() or "://" in address:
-        return  # "auto", ray://...: Ray itself tells
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return
-    except OSError as exc:
-        raise ExecutorError(f"no Ray cluster at {address} ({exc.strerror or exc}); start one "
-                            "with `ray start --head` or pass --ray-address") from None
-
-
 @dataclass
 class _Worker:
     spec: WorkerSpec
@@ -117,6 +112,7 @@ class _Worker:
     starting: object | None = None  # the outstanding start call
     start_by: float = 0.0  # when a worker no node took is given up
     exit: WorkerExit | None = None  # known, output copied, not reported yet
+    report_at: float = 0.0  # not reported before (monotonic): a lost worker's fence
 
 
 class RayExecutor(Executor):
@@ -127,20 +123,26 @@ class RayExecutor(Executor):
     def __init__(self, state_dir: str | os.PathLike, address: str = "auto",
                  namespace: str | None = None, placement: str = "pack",
                  start_timeout: float = 120.0,
-                 connect_timeout: float = 10.0, node_log_dir: str | None = None) -> None:
+                 connect_timeout: float = 10.0, node_log_dir: str | None = None,
+                 fence_seconds: float = FENCE_S) -> None:
         """``placement``: ``pack`` (a job's new workers prefer the nodes it already runs on) or
         ``spread`` (Ray's SPREAD). ``node_log_dir``: where the actors write output on their
-        nodes. Job coordinators listen at the address the cluster sees for this host."""
+        nodes. ``fence_seconds``: how long a worker's command outlives its node's cut from the
+        cluster (see the module docstring; > 0). Job coordinators listen at the address the
+        cluster sees for this host (``coordinator_address``)."""
         ray = self._ray = import_ray()
         if placement not in ("pack", "spread"):
             raise ExecutorError(f"placement must be pack or spread, got {placement!r}")
+        if not fence_seconds > 0:
+            raise ExecutorError(f"fence seconds must be > 0, got {fence_seconds}")
+        self.fence_seconds = fence_seconds
         self.namespace = namespace or default_namespace(state_dir)
         self.placement, self.start_timeout = placement, start_timeout
         self._node_log_dir = node_log_dir or os.path.join(
             "/tmp", "dyntrain-ray", self.namespace)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
-            _probe(address, connect_timeout)
+            probe_cluster(address, connect_timeout)
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             try:
                 ray.init(address=address, namespace=self.namespace, log_to_driver=False,
@@ -148,7 +150,8 @@ class RayExecutor(Executor):
             except Exception as exc:  # ConnectionError, ValueError, RuntimeError ...
                 raise ExecutorError(f"cannot connect to the Ray cluster at {address}: "
                                     f"{str(exc).splitlines()[0][:200]}") from None
-        self.coordinator_host = ray.util.get_node_ip_address()
+        self.coordinator_host = coordinator_address(ray.util.get_node_ip_address(),
+                                                    ray.get_runtime_context().gcs_address)
         self._cls = ray.remote(WorkerProcess)
         self._workers: dict[str, _Worker] = {}
         self._unreleased: dict[str, object] = {}  # reported, exit not yet stored: its actor
@@ -189,9 +192,16 @@ class RayExecutor(Executor):
                               max(0, total.memory_mib - sum(r.memory_mib for r in held)))
 
     def slots(self, environments: dict[str, Resources]) -> dict[str, int]:
+        """What the live nodes offer, plus the slot each lost worker holds until it is reported
+        (its node may still run it, cut off): the controller counts that worker as running, and
+        must not stop another one to make room for it."""
         nodes = self._alive_nodes()
+        alive, now = {n["NodeID"] for n in nodes}, time.monotonic()
+        with self._lock:
+            fenced = Counter(w.spec.environment for w in self._workers.values()
+                             if w.exit is not None and now < w.report_at and w.node not in alive)
         return {name: sum(node_slots(n["Resources"], name, slot) for n in nodes)
-                for name, slot in environments.items()}
+                + fenced[name] for name, slot in environments.items()}
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -242,7 +252,7 @@ class RayExecutor(Executor):
         if spec.environment is not None:
             options["resources"] = {resource_name(spec.environment): 1}
         try:
-            return self._cls.options(**options).remote(self._node_log_dir)
+            return self._cls.options(**options).remote(self._node_log_dir, self.fence_seconds)
         except ValueError as exc:  # the name is taken
             raise ExecutorError(f"worker {wid}: {str(exc).splitlines()[0]}") from None
 
@@ -351,6 +361,7 @@ class RayExecutor(Executor):
                     self._stop.wait(MIRROR_S)
                 self._mirror([w for w in live if w.exit is None and w.starting is None])
                 self._alive_nodes()
+                self._wake_when_due()
             except Exception:  # a passing GCS hiccup must not end the watch
                 logging.getLogger("dyntrain.service").exception("ray executor watch")
                 self._stop.wait(MIRROR_S)
@@ -369,17 +380,37 @@ class RayExecutor(Executor):
         if record is None:
             return  # still running; asked again on the next round
         self._mirror([w], drain=True)
-        self._set_exit(w, exit_from_record(w.spec.worker_id, record))
+        self._set_recorded(w, record)
+
+    def _set_recorded(self, w: _Worker, record: dict) -> None:
+        """The exit an actor recorded: lost when it killed the command for being cut off."""
+        if record.get("lost"):
+            self._lost(w, record["lost"], fenced=True)
+        else:
+            self._set_exit(w, exit_from_record(w.spec.worker_id, record))
 
     def _set_exit(self, w: _Worker, exit_: WorkerExit) -> None:
         with self._lock:
             if w.exit is None:
                 w.exit = exit_
-        self._exited.set()
+        if time.monotonic() >= w.report_at:
+            self._exited.set()
 
-    def _lost(self, w: _Worker, why: str) -> None:
+    def _lost(self, w: _Worker, why: str, fenced: bool = False) -> None:
+        """Capacity taken away. Unless its command is known to be dead (``fenced``), it is
+        reported once its actor, if cut off rather than dead, has surely killed it."""
+        if not fenced and w.exit is None:
+            w.report_at = time.monotonic() + self.fence_seconds + FENCE_MARGIN_S
         self._set_exit(w, WorkerExit(w.spec.worker_id, None, None, f"lost: {why}", time.time(),
                                      lost=True))
+
+    def _wake_when_due(self) -> None:
+        """Wake ``wait`` for the lost workers whose fence has passed."""
+        now = time.monotonic()
+        with self._lock:
+            if any(w.exit is not None and w.report_at and now >= w.report_at
+                   for w in self._workers.values()):
+                self._exited.set()
 
     def _lose_dead_nodes(self) -> None:
         alive = {n["NodeID"] for n in self._nodes}
@@ -410,11 +441,12 @@ class RayExecutor(Executor):
             workers = more
 
     def poll(self) -> list[WorkerExit]:
+        now = time.monotonic()
         with self._lock:
             self._exited.clear()
             out = []
             for wid, w in list(self._workers.items()):
-                if w.exit is not None:
+                if w.exit is not None and now >= w.report_at:
                     out.append(w.exit)
                     del self._workers[wid]
                     self._unreleased[wid] = w.actor
@@ -492,7 +524,7 @@ class RayExecutor(Executor):
             w.waiting = actor.wait_exit.remote(WAIT_S)
             return True
         self._mirror([w], drain=True)  # ended meanwhile: its output first, then its exit
-        self._set_exit(w, exit_from_record(wid, status))
+        self._set_recorded(w, status)
         return False
 
     def _named(self) -> list[str]:

@@ -8,6 +8,15 @@ which the service reads back in pieces (``read_log``). When the command exits, t
 what it left in its process group and keeps the exit (code or signal, end time) until the
 service, having stored it, discards the actor. So an exit that no service watched is still there
 for the next one to read.
+
+A node cut off from the cluster by the network keeps running: Ray declares it dead (its health
+checks) and the service starts the work elsewhere, but the raylet, the actor and the command
+live on (measured: a node declared dead 12 s after its link went down ran its command for 50 s,
+30 s of them after the link came back). So the actor fences its command itself: while the
+command runs, the actor connects to the cluster's GCS every second, and once no connection has
+succeeded for ``fence_seconds`` it SIGKILLs the command's process group and records the exit as
+lost (``{"lost": why}``). The service reports a worker whose node died only ``fence_seconds``
+(and a margin) later, so the work never runs twice at the same time.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import time
 from dyntrain.service.executors.runnable import start_problem
 
 _PR_SET_PDEATHSIG = 1
+FENCE_PROBE_S = 1.0  # how often (and how long at most) the actor connects to the GCS
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 except (OSError, AttributeError):  # not Linux: the command may outlive a dead actor
@@ -35,11 +45,20 @@ def _die_with_parent() -> None:
         _prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
 
 
+def _has_ended(pid: int) -> bool:
+    """True once the (not yet reaped) child ``pid`` has exited."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
 class WorkerProcess:
     """Runs, signals and outlives one worker command on the node it was placed on."""
 
-    def __init__(self, log_dir: str) -> None:
+    def __init__(self, log_dir: str, fence_seconds: float = 0.0) -> None:
+        """``fence_seconds``: kill the command once the GCS has been unreachable this long
+        (0: never)."""
         self._log_dir = log_dir
+        self._fence_seconds = fence_seconds
+        self._fenced: str | None = None  # why the command was killed for being cut off
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self._pid: int | None = None
@@ -74,8 +93,35 @@ class WorkerProcess:
             if isinstance(started[0], BaseException):
                 return {"error": f"cannot start {argv[0]!r} {where}: {started[0]}"}
             self._pid = started[0]
-        return {"pid": self._pid, "host": socket.gethostname(),
-                "node": ray.get_runtime_context().get_node_id()}
+        context = ray.get_runtime_context()
+        if self._fence_seconds > 0:
+            threading.Thread(target=self._fence, args=(context.gcs_address,), daemon=True,
+                             name=f"fence-{worker_id}").start()
+        return {"pid": self._pid, "host": socket.gethostname(), "node": context.get_node_id()}
+
+    def _fence(self, gcs_address: str) -> None:
+        """Kill the command once no connection to the GCS succeeded for ``fence_seconds``
+        (see the module docstring). Time is counted from the first failed connection, so a
+        thread that was not scheduled for a while does not kill a command that is not cut off."""
+        host, _, port = gcs_address.rpartition(":")
+        cut_since: float | None = None
+        while not self._ended.wait(FENCE_PROBE_S):
+            try:
+                with socket.create_connection((host, int(port)), timeout=FENCE_PROBE_S):
+                    cut_since = None
+                    continue
+            except OSError as exc:
+                now = time.monotonic()
+                cut_since = now if cut_since is None else cut_since
+                if now - cut_since < self._fence_seconds:
+                    continue
+                why = (f"cut off from the Ray cluster: no connection to its GCS at "
+                       f"{gcs_address} for {now - cut_since:.0f} s ({exc.strerror or exc})")
+            with self._lock:  # a command that ended on its own keeps its exit
+                if self._exit is None and not _has_ended(self._pid):
+                    self._fenced = why
+                    os.killpg(self._pid, _signal.SIGKILL)
+            return
 
     def _run(self, argv, env, cwd, started: list, ready: threading.Event) -> None:
         """Start the command, then wait for it in this same thread (see the module docstring)."""
@@ -105,6 +151,8 @@ class WorkerProcess:
                 record["signal"] = -code
             else:
                 record["exit_code"] = code
+            if self._fenced is not None:
+                record["lost"] = self._fenced
             self._exit = record
         self._ended.set()
 

@@ -8,6 +8,10 @@ processes it started (nothing is found by name). Made for a small, shared machin
 object store, no dashboard, no usage stats, no log monitor, every port chosen free, the head's
 port outside the worker port range, ``RAY_AUTH_MODE`` set explicitly, node deaths noticed within
 about 2 s.
+
+Every node is on 127.0.0.1 unless it is given a host of a ``dyntrain.testing.hosts`` bed
+(anything with ``address`` and ``popen``): it then runs inside that host with the host's address
+as its node address (``--node-ip-address``), as a user starts Ray on separate machines.
 """
 
 from __future__ import annotations
@@ -23,16 +27,37 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1000",
           "RAY_health_check_failure_threshold": "3"}
 
 
+class NodeHost(Protocol):
+    """Where a node runs: a host of a bed (``dyntrain.testing.hosts.Host``)."""
+
+    address: str
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen: ...
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` different free ports (held together while chosen: never the same one twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 @dataclass
@@ -52,14 +77,19 @@ class LocalRayCluster:
     """Start with ``start()``, add nodes with ``add_node()``, end with ``close()``."""
 
     def __init__(self, head_cpus: int = 0, worker_ports: tuple[int, int] = (20000, 20999),
-                 start_timeout: float = 120.0) -> None:
+                 start_timeout: float = 120.0, head_host: NodeHost | None = None,
+                 health: dict[str, str] | None = None) -> None:
+        """``head_host``: where the head runs (default: this machine, on 127.0.0.1);
+        ``health``: Ray's ``RAY_health_check_*`` settings for every node (default
+        ``HEALTH``)."""
         self.dir = Path(tempfile.mkdtemp(prefix="dtray-", dir="/tmp"))  # short: socket paths
         self.head_cpus, self.worker_ports, self.start_timeout = head_cpus, worker_ports, \
             start_timeout
+        self.head_host, self.health = head_host, HEALTH if health is None else health
         self.port = free_port()
         while self.worker_ports[0] <= self.port <= self.worker_ports[1]:
             self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{head_host.address if head_host else '127.0.0.1'}:{self.port}"
         self.nodes: dict[str, RayNode] = {}
 
     def env(self) -> dict[str, str]:
@@ -67,41 +97,43 @@ class LocalRayCluster:
         bin_dir = os.path.dirname(sys.executable)
         return {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
                 "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
-                "PYTHONUNBUFFERED": "1", **HEALTH}
+                "PYTHONUNBUFFERED": "1", **self.health}
 
-    def _common(self) -> list[str]:
+    def _common(self, host: NodeHost | None) -> list[str]:
         lo, hi = self.worker_ports
-        return ["--node-ip-address", "127.0.0.1", "--object-store-memory",
+        ports = [str(port) for port in free_ports(6)]
+        return ["--node-ip-address", host.address if host else "127.0.0.1",
+                "--object-store-memory",
                 str(OBJECT_STORE_BYTES), "--disable-usage-stats", "--include-log-monitor=false",
                 "--min-worker-port", str(lo), "--max-worker-port", str(hi),
-                "--node-manager-port", str(free_port()),
-                "--object-manager-port", str(free_port()),
-                "--dashboard-agent-listen-port", str(free_port()),
-                "--dashboard-agent-grpc-port", str(free_port()),
-                "--runtime-env-agent-port", str(free_port()),
-                "--metrics-export-port", str(free_port())]
+                "--node-manager-port", ports[0], "--object-manager-port", ports[1],
+                "--dashboard-agent-listen-port", ports[2], "--dashboard-agent-grpc-port", ports[3],
+                "--runtime-env-agent-port", ports[4], "--metrics-export-port", ports[5]]
 
     def start(self) -> str:
         """Start the head; returns its address."""
         self._launch("head", ["--head", "--port", str(self.port), "--num-cpus",
                               str(self.head_cpus), "--include-dashboard=false",
-                              "--temp-dir", str(self.dir)])
+                              "--temp-dir", str(self.dir)], self.head_host)
         return self.address
 
-    def add_node(self, name: str, cpus: int, resources: dict[str, float]) -> RayNode:
-        """Start a worker node with ``cpus`` and custom ``resources``; returns once it runs."""
+    def add_node(self, name: str, cpus: int, resources: dict[str, float],
+                 host: NodeHost | None = None) -> RayNode:
+        """Start a worker node with ``cpus`` and custom ``resources`` (inside ``host`` if
+        given); returns once it runs."""
         return self._launch(name, ["--address", self.address, "--num-cpus", str(cpus),
-                                   "--resources", json.dumps(resources)])
+                                   "--resources", json.dumps(resources)], host)
 
-    def _launch(self, name: str, args: list[str]) -> RayNode:
+    def _launch(self, name: str, args: list[str], host: NodeHost | None = None) -> RayNode:
         ray = shutil.which("ray", path=self.env()["PATH"])
         if ray is None:
             raise RuntimeError("no `ray` command: pip install 'dyntrain[ray]'")
         log = self.dir / f"{name}.out"
+        argv = [ray, "start", "--block", *args, *self._common(host)]
+        popen = subprocess.Popen if host is None else host.popen
         with open(log, "w") as out:
-            proc = subprocess.Popen([ray, "start", "--block", *args, *self._common()],
-                                    stdout=out, stderr=subprocess.STDOUT, env=self.env(),
-                                    start_new_session=True)
+            proc = popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                         start_new_session=True)
         node = self.nodes[name] = RayNode(name, proc, log)
         deadline = time.monotonic() + self.start_timeout
         while "block forever" not in log.read_text(errors="replace"):

@@ -1,0 +1,45 @@
+"""Where the service and a Ray cluster reach each other: the cluster's address, checked quickly,
+and the address of this host at which the nodes reach job coordinators."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+
+from dyntrain.elastic.address import route_address
+from dyntrain.errors import DyntrainError
+from dyntrain.service.executors.base import ExecutorError
+
+
+def probe_cluster(address: str, timeout: float) -> None:
+    """A one-line error, quickly, when nothing listens at ``HOST:PORT``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return  # "auto", ray://...: Ray itself tells
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return
+    except OSError as exc:
+        raise ExecutorError(f"no Ray cluster at {address} ({exc.strerror or exc}); start one "
+                            "with `ray start --head` or pass --ray-address") from None
+
+
+def coordinator_address(node_ip: str, gcs_address: str) -> str:
+    """Where this host's job coordinators are reached: the address Ray gave this host's node,
+    unless that is a loopback address (a head started without ``--node-ip-address`` on a machine
+    whose hostname resolves to 127.0.1.1) while the GCS is not: then the address this host
+    reaches the GCS from."""
+    gcs_host, _, port = gcs_address.rpartition(":")
+    if not _loopback(node_ip) or _loopback(gcs_host) or not port.isdigit():
+        return node_ip
+    try:
+        return route_address(gcs_host, int(port))
+    except DyntrainError:
+        return node_ip
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

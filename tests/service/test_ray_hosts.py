@@ -1,0 +1,305 @@
+"""The job service and a Ray cluster across hosts (network namespaces of a host bed), started as
+a user starts them on separate machines: `ray start --head` on host 0 with the service, `ray
+start --address HEAD:PORT` on hosts 1-3, each with its host's address as its node address and
+`dyntrain_ce_*` slots. Every host's hostname resolves to 127.0.1.1 and no variable tells the
+product how to connect. The state directory (and so every run folder) is in the bed's shared
+folder, at the same path on every host, as a shared file system would be.
+
+- An elastic job's coordinator, hosted by the service on host 0, is reached from the other
+  hosts at host 0's address under its attempt's secret; the workers on three hosts form one
+  group; the job grows onto a node that joins, shrinks when a node is cut off by the network
+  (its link down: its raylet and processes live on), and ends bitwise equal to the static run.
+- A plain job on a node that is cut off is retried as preempted, once per cut, never beside its
+  earlier run: a short cut (the node stays in the cluster) and a long one (Ray declares the node
+  dead) each end the run on the cut-off node before the retry starts, and nothing of it runs on
+  when the link heals.
+- Workers that cannot reach the coordinator (a service told a loopback address) say where they
+  tried, and the job fails after a few of them instead of starting more forever.
+
+One Ray cluster and one service serve the module's tests; the cluster's health checks declare a
+silent node dead after 15 s (1 s period, 2 s timeout, 5 misses: the README's advice) and the
+service fences after 3 s (`--ray-fence-seconds 3`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import sys
+
+import pytest
+
+from conftest import read_jsonl, start_server, stop_server, wait_for
+from dyntrain.service.client import Client
+from dyntrain.service.executors.raycluster import LocalRayCluster
+from dyntrain.testing.hosts import HostBed
+from test_elastic_e2e import assert_exactly_once, max_param_diff
+
+from .test_controller import LEDGER
+
+pytestmark = pytest.mark.slow
+HOSTS = 4
+HEALTH = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "2000",
+          "RAY_health_check_failure_threshold": "5"}
+FENCE_S = 3
+#: each node's custom resources: a spot slot everywhere, a `solo` slot on hosts 1 and 3
+RESOURCES = {1: {"dyntrain_ce_spot": 1, "dyntrain_ce_solo": 1}, 2: {"dyntrain_ce_spot": 1},
+             3: {"dyntrain_ce_spot": 1, "dyntrain_ce_solo": 1}}
+
+
+class Cluster:
+    """The module's bed, Ray cluster and service, and what the tests ask of them."""
+
+    def __init__(self, bed: HostBed, ray: LocalRayCluster, url: str, token: str, state) -> None:
+        self.bed, self.ray, self.url, self.token, self.state = bed, ray, url, token, state
+
+    def client(self) -> Client:
+        return Client(self.url, token=self.token)
+
+    def node(self, i: int) -> None:
+        """A live Ray node on host i (started again if a fault ended the last one)."""
+        name = f"host{i}"
+        known = self.ray.nodes.get(name)
+        if known is not None and known.proc.poll() is None:
+            return
+        if known is not None:  # a node that was cut off: the host starts afresh, like a reboot
+            self.ray.stop_node(name)
+            self.bed.lose(i)
+            self.bed.heal(i)
+        self.ray.add_node(name, 1, RESOURCES[i], host=self.bed.host(i))
+
+    def running(self, i: int, marker: str) -> list[int]:
+        """The processes of host i whose command line holds ``marker``."""
+        found = []
+        for pid in self.bed.host(i).pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(pid)
+            except OSError:
+                continue
+        return found
+
+
+@pytest.fixture(scope="module")
+def cluster(hostbed, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("ray-hosts")
+    ray = LocalRayCluster(head_host=hostbed.host(0), health=HEALTH)
+    server = None
+    try:
+        ray.start()
+        for i in (1, 2):
+            ray.add_node(f"host{i}", 1, RESOURCES[i], host=hostbed.host(i))
+        token = secrets.token_hex(16)
+        state = hostbed.shared / "state"
+        server, url = start_server(
+            state, logs / "server.log", "--host", hostbed.host(0).address, "--token", token,
+            "--executor", "ray", "--ray-address", ray.address,
+            "--ray-fence-seconds", str(FENCE_S), popen=hostbed.host(0).popen, env=ray.env())
+        found = Cluster(hostbed, ray, url, token, state)
+        with found.client() as client:
+            for name in ("spot", "solo"):
+                client.create_compute_environment(
+                    name=name, capacity_type="SPOT", price_per_slot_hour=0.1,
+                    slot={"cpus": 1, "gpus": 0, "memory_mib": 128}, min_slots=0,
+                    desired_slots=0, max_slots=16)
+                client.create_job_queue(name=name, compute_environments=[name])
+        yield found
+    finally:
+        if server is not None:
+            stop_server(server)
+        ray.close()
+
+
+def world(run) -> int:
+    """The job's world size after its latest membership change (0 before the first)."""
+    try:
+        events = read_jsonl(run / "events.jsonl")
+    except (FileNotFoundError, ValueError):
+        return 0
+    return events[-1]["world_after"] if events else 0
+
+
+def explain(client: Client, job_id: str) -> str:
+    """How a job is doing: its status, the coordinator's last words and its last log lines."""
+    job = client.get_job(job_id)
+    said = [e["payload"].get("message") for e in client.events(job_id)
+            if e["kind"] == "coordinator"][-8:]
+    lines = [x["line"] for x in client.logs(job_id)["lines"]][-12:]
+    return (f"job {job_id} {job['status']} ({job['status_reason']}); coordinator: {said}; "
+            f"log: {lines}")
+
+
+def wait_job(client: Client, job_id: str, condition, what: str, timeout: float):
+    """``wait_for`` that says how the job is doing when it times out."""
+    try:
+        return wait_for(condition, what, timeout)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {explain(client, job_id)}") from None
+
+
+def ended(client: Client, job_id: str, timeout: float) -> dict:
+    return wait_job(client, job_id, lambda: (j := client.get_job(job_id))["status"] in (
+        "SUCCEEDED", "FAILED") and j, "the job to end", timeout)
+
+
+#: run on a host: does the coordinator at ARGV[1] hold the job's keys, seen without and with
+#: the attempt's secret ARGV[2]?
+STORE_PROBE = """import datetime, sys
+import torch.distributed as dist
+from dyntrain.elastic.protocol import JOB_INFO
+host, port = sys.argv[1].rsplit(":", 1)
+store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=60))
+print(store.check([JOB_INFO]), dist.PrefixStore(sys.argv[2], store).check([JOB_INFO]))
+"""
+
+
+def test_elastic_job_spans_hosts_grows_on_a_join_shrinks_on_a_partition_and_matches_static(
+        cluster, static_ledger):
+    c = cluster
+    gate = c.bed.shared / "elastic.slow"  # while it exists each chunk takes 0.05 s longer
+    gate.touch()
+    with c.client() as client:
+        job = client.submit(queue="spot", workers={"min": 1, "max": 3},
+                            resources={"cpus": 1, "memory_mib": 128},
+                            command=[sys.executable, LEDGER, "--slow-while", str(gate)])
+        run = c.state / "runs" / "jobs" / job["id"]
+
+        def grows_to(size: int, what: str, timeout: float = 240) -> None:
+            wait_job(client, job["id"], lambda: world(run) == size, what, timeout)
+
+        grows_to(2, "the job to train on hosts 1 and 2")
+        # its coordinator listens on host 0's address; another host finds the job's keys
+        # there under the attempt's secret only
+        coordinator = json.loads((run / "coordinator.json").read_text())["address"]
+        assert coordinator.startswith(f"{c.bed.host(0).address}:"), coordinator
+        secret = json.loads((run / "coordinator.secret").read_text())["secret"]
+        probe = c.bed.host(1).run([sys.executable, "-c", STORE_PROBE, coordinator, secret])
+        assert probe.stdout.split() == ["False", "True"], probe.stderr[-2000:]
+        c.node(3)  # capacity joins
+        grows_to(3, "the job to grow onto host 3")
+        # one worker on each host, in one group: each reached the coordinator on host 0 and
+        # its peers at the address it advertised (its own host's)
+        for i in (1, 2, 3):
+            assert len(c.running(i, LEDGER)) == 1, f"host{i}: {c.running(i, LEDGER)}"
+        c.bed.partition(2)  # host 2 is cut off; its raylet and worker live on
+        try:
+            grows_to(2, "the job to re-form without host 2", 120)
+            # the worker on the cut-off host is killed there by its actor (the fence)
+            wait_for(lambda: not c.running(2, LEDGER), "the cut-off worker to be killed", 60)
+        finally:
+            c.bed.heal(2)
+        gate.unlink()
+        final = ended(client, job["id"], 300)
+        history = client.get_job(job["id"])["attempt_history"]
+    assert final["status"] == "SUCCEEDED", final["status_reason"]
+    assert (final["attempts"], final["preemptions"], len(history)) == (1, 0, 1), history
+    changes = [(e["event"], e["world_before"], e["world_after"])
+               for e in read_jsonl(run / "events.jsonl")]
+    grown = changes.index(("join", 2, 3))
+    assert changes[grown + 1][1:] == (3, 2), changes  # the next change: host 2's worker cut off
+    assert_exactly_once(run)
+    assert max_param_diff(static_ledger, run) == 0.0
+
+
+PLAIN = """import json, os, socket, sys, time
+log, gate = sys.argv[1], sys.argv[2]
+attempt = os.environ["DYNTRAIN_JOB_ATTEMPT"]
+def note(what):
+    with open(log, "a") as f:
+        f.write(json.dumps({"attempt": attempt, "host": socket.gethostname(), "what": what,
+                            "t": time.time()}) + "\\n")
+note("start")
+while not os.path.exists(gate):
+    note("beat")
+    time.sleep(0.05)
+note("end")
+"""
+
+
+def test_a_plain_job_on_a_cut_off_node_is_retried_once_per_cut_and_never_runs_twice(cluster):
+    c = cluster
+    for i in (1, 3):  # the two nodes with a solo slot
+        c.node(i)
+    log, gate = c.bed.shared / "plain.jsonl", c.bed.shared / "plain.gate"
+    with c.client() as client:
+        job = client.submit(queue="solo", resources={"cpus": 1, "memory_mib": 128},
+                            command=[sys.executable, "-c", PLAIN, str(log), str(gate)])
+
+        def notes(attempt: int, what: str) -> list[dict]:
+            rows = read_jsonl(log) if log.exists() else []
+            return [n for n in rows if n["attempt"] == str(attempt) and n["what"] == what]
+
+        def host_of(attempt: int) -> int:
+            first = wait_job(client, job["id"], lambda: notes(attempt, "beat"),
+                             f"attempt {attempt} to run", 240)[0]
+            return int(re.fullmatch(r"host(\d)", first["host"]).group(1))
+
+        # a short cut: the node stays in the cluster (Ray declares it dead after 15 s); its
+        # actor kills the run once cut off for 3 s, and that exit, read when the link is
+        # back, is a loss: the job is retried at once
+        short = host_of(1)
+        c.bed.partition(short)
+        try:
+            wait_for(lambda: not c.running(short, str(log)), "the fence to end attempt 1", 60)
+        finally:
+            c.bed.heal(short)
+        # a long cut: Ray declares the node dead; the service waits out the fence first
+        long = host_of(2)
+        c.bed.partition(long)
+        try:
+            host_of(3)
+            assert not c.running(long, str(log))
+        finally:
+            c.bed.heal(long)
+        gate.touch()
+        final = ended(client, job["id"], 120)
+        assert final["status"] == "SUCCEEDED", final["status_reason"]
+        # three runs, two of them preemptions (not counted against its one allowed attempt)
+        assert (final["attempts"], final["preemptions"]) == (1, 2), final
+        reasons = [a["reason"] or "" for a in client.get_job(job["id"])["attempt_history"]]
+    assert len(reasons) == 3, reasons
+    assert reasons[0].startswith("preempted: lost: cut off from the Ray cluster: no connection "
+                                 f"to its GCS at {c.ray.address} for "), reasons
+    assert reasons[1].startswith("preempted: lost: its Ray "), reasons  # node or actor dead
+    # never two runs at once: each run's last sign of life came before the next one started
+    for attempt in (1, 2):
+        last_beat = max(n["t"] for n in notes(attempt, "beat"))
+        assert last_beat < notes(attempt + 1, "start")[0]["t"], attempt
+    assert [n["attempt"] for n in read_jsonl(log) if n["what"] == "end"] == ["3"]
+    # the healed hosts run nothing of the earlier runs: none finishes late
+    assert not c.running(short, str(log)) and not c.running(long, str(log))
+
+
+def test_workers_that_cannot_reach_the_coordinator_fail_the_job_saying_where_they_tried(
+        cluster, tmp_path):
+    c = cluster
+    for i in (1, 3):
+        c.node(i)
+    token = secrets.token_hex(16)
+    server, url = start_server(  # a second service, told an address no other host reaches
+        c.bed.shared / "state-loopback", tmp_path / "server.log", "--host",
+        c.bed.host(0).address, "--token", token, "--executor", "ray", "--ray-address",
+        c.ray.address, "--coordinator-host", "127.0.0.1", popen=c.bed.host(0).popen,
+        env=c.ray.env())
+    try:
+        with Client(url, token=token) as client:
+            client.create_compute_environment(
+                name="spot", capacity_type="SPOT", price_per_slot_hour=0.1,
+                slot={"cpus": 1, "gpus": 0, "memory_mib": 128}, min_slots=0, desired_slots=0,
+                max_slots=16)
+            client.create_job_queue(name="spot", compute_environments=["spot"])
+            job = client.submit(queue="spot", workers={"min": 1, "max": 2},
+                                resources={"cpus": 1, "memory_mib": 128},
+                                environment={"DYNTRAIN_CONNECT_TIMEOUT": "5"},
+                                command=[sys.executable, LEDGER])
+            final = ended(client, job["id"], 180)
+            workers = len({x["worker"] for x in client.logs(job["id"])["lines"]})
+    finally:
+        stop_server(server)
+    # a try per worker it may have, not a loop ("2 worker(s) failed before the job trained",
+    # or "every worker is gone" when they fail one at a time); the reason says where they tried
+    assert final["status"] == "FAILED"
+    assert "cannot reach the coordinator at 127.0.0.1:" in final["status_reason"], final
+    assert workers <= 3, workers
