@@ -160,7 +160,7 @@ def run_schedules(bed: HostBed, args: argparse.Namespace, work: Path) -> dict:
         verdict = ("bitwise equal" if got.get("bitwise") else
                    f"NOT bitwise equal (max |diff| {got.get('max_abs_diff')}), kept in "
                    f"{got.get('kept')}" if got.get("finished") else
-                   f"did not finish: {got.get('error')}; kept in {got.get('kept')}")
+                   f"did not finish ({got.get('error')}); kept in {got.get('kept')}")
         say(f"  {verdict}; {got['wall_s']:.0f} s, changes {got['changes']}, "
             f"left behind {len(got.get('left_behind', []))}")
     return {"played": played, **schedule_summary(played)}
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGHUP, _exit_on_signal)
     torch.set_num_threads(1)
-    load = LoadWatch()
+    load, machine = LoadWatch(), machine_info()  # the date: when it started
     say(f"load average {load.before[0]:.1f}; part {args.part}")
     result = {"benchmark": "several hosts: veth against loopback, random fault schedules",
               "command": " ".join([".venv/bin/python bench/multihost.py", *sys.argv[1:]]),
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             result["schedules"] = run_schedules(bed, args, Path(tmp))
     left = bed.leftovers()  # namespaces' processes, links and files once the bed is closed
     result["bed_left_behind"] = left
-    result["machine"] = {**machine_info(), **load.stop()}
+    result["machine"] = {**machine, "ended": machine_info()["date"], **load.stop()}
     tables = []
     if "paths" in result:
         tables.append(paths_table(result["paths"]))

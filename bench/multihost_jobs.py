@@ -1,5 +1,7 @@
-"""What ``bench/multihost.py`` needs around a bed's ``HostJob``: jobs started the way the tests
-start them, processes cut off one at a time, times read back from a run folder.
+"""Elastic jobs on a host bed for ``bench/multihost.py``, started the way a user starts them
+(``dyntrain run --host`` on one host, ``dyntrain worker --coordinator`` on others, no environment
+variable, as ``dyntrain.testing.jobs.HostJob`` does for the tests), with the times read back from
+their run folders.
 
 The launcher and its workers start together (the coordinator's port is picked beforehand on the
 launcher's host), so that they import torch at the same time; ``--connect-timeout 180`` lets a
@@ -39,7 +41,7 @@ class Job:
         command: what each worker runs (SCRIPT ARGS).
         address: the address the coordinator listens on.
         run_args: further ``dyntrain run`` options (``--workers``, ``--nproc``...).
-        log_dir: where each process's output is written when the job is ``saved``.
+        log_dir: where ``save_logs`` writes each process's output.
     """
 
     def __init__(self, home: Host, out: Path, command: list, address: str,
@@ -133,6 +135,7 @@ def worker_id(host: Host, worker: Output) -> str:
 
 
 def signal_process(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` unless it is gone already."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
 

@@ -15,7 +15,7 @@ new member). Faults may overlap on different hosts; a host has one fault at a ti
 the launcher (the coordinator and one local worker): it is partitioned or frozen, never lost (a
 lost coordinator ends the job by design; resuming it is another test).
 
-``play`` runs one schedule on a bed: ``dyntrain run --workers 1:4 --nproc 1`` on host 0 with the
+``play`` runs one schedule on a bed: ``dyntrain run --workers 1:H --nproc 1`` on host 0 with the
 ledger workload (held slow, 50 ms more per chunk, until the schedule is over and every host's
 worker trains again), ``dyntrain worker`` on hosts 1..H-1, the faults at their times; then it
 lets the job finish and checks the final model against the static run (bitwise), the ledger's
@@ -29,6 +29,7 @@ import collections
 import enum
 import random
 import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -37,10 +38,10 @@ from pathlib import Path
 import torch
 
 from dyntrain.testing.hosts import HostBed
-from dyntrain.testing.jobs import Output, wait_until
-from multihost_jobs import LEDGER, Job
+from dyntrain.testing.jobs import wait_until
+from multihost_jobs import CONNECT_TIMEOUT, LEDGER, Job
 
-#: seconds a schedule may take from its job's start to the end of its processes
+#: seconds from a schedule's start by which its job must have ended
 SCHEDULE_BOUND = 420.0
 
 
@@ -144,7 +145,7 @@ class Player:
         reference: the static run.
         failure_timeout: ``dyntrain run --failure-timeout``.
         keep: where a schedule's run folder and logs are copied when it did not end bitwise
-            equal (or did not end).
+            equal, did not end, did not get every host back or left a process behind.
         say: where progress lines go.
     """
 
@@ -152,7 +153,6 @@ class Player:
                  say: Callable[[str], None]) -> None:
         self.bed, self.ref, self.timeout = bed, reference, failure_timeout
         self.keep, self.say = keep, say
-        self.workers: dict[int, Output] = {}  # the newest dyntrain worker of each host
 
     def play(self, number: int, schedule: Schedule) -> dict:
         """Run ``schedule`` (the ``number``-th) and return what came of it."""
@@ -165,11 +165,10 @@ class Player:
                   bed.host(0).address,
                   ["--workers", f"1:{schedule.hosts}", "--nproc", "1", "--failure-timeout",
                    f"{self.timeout:g}"], bed.shared / f"{name}-logs")
-        self.workers = {}
         result = {**schedule.to_json(), "number": number, "applied": 0}
         try:
             for h in range(1, schedule.hosts):
-                self.workers[h] = job.add_worker(bed.host(h))
+                job.add_worker(bed.host(h))
             job.wait_for(lambda: job.world() == schedule.hosts, "every host's worker training",
                          240)
             result["applied"] = self._faults(job, schedule)
@@ -178,6 +177,8 @@ class Player:
             gate.unlink()
             result["launcher_exit"] = job.launcher.wait(max(30.0, SCHEDULE_BOUND - (
                 time.monotonic() - began)))
+            if result["launcher_exit"] != 0:
+                result["error"] = job.launcher.text().strip().splitlines()[-1][:300]
             result.update(self._ending(job))
         except Exception as exc:  # a schedule that did not end is reported, not fatal
             result["error"] = str(exc).splitlines()[0][:300] if str(exc) else repr(exc)
@@ -187,7 +188,8 @@ class Player:
         result["wall_s"] = round(time.monotonic() - began, 1)
         result.update(self._outcome(job))
         job.save_logs()
-        if not result.get("bitwise"):
+        if not result.get("bitwise") or result.get("left_behind") or \
+                result.get("recovered_s") is None:
             result["kept"] = str(self.keep / name)
             for source, target in ((job.out, "run"), (job.log_dir, "logs")):
                 if source.exists():
@@ -198,7 +200,7 @@ class Player:
     def _faults(self, job: Job, schedule: Schedule) -> int:
         """Apply the schedule's actions at their times; how many faults were applied (the job
         may end before the last ones)."""
-        start, applied, lost = time.monotonic(), 0, set()
+        start, applied = time.monotonic(), 0
         for at, action, host in _steps(schedule):
             delay = start + at - time.monotonic()
             if delay > 0:
@@ -208,10 +210,8 @@ class Player:
             elif action == "replace":
                 self.bed.heal(host)
                 if job.alive():
-                    self.workers[host] = job.add_worker(self.bed.host(host))
+                    job.add_worker(self.bed.host(host))
             elif job.alive():
-                if action == "lose":
-                    lost.add(host)
                 getattr(self.bed, action)(host)
                 applied += 1
             else:
@@ -232,19 +232,25 @@ class Player:
         return round(time.monotonic() - start, 1) if job.alive() else None
 
     def _ending(self, job: Job) -> dict:
-        """Worker exit codes, and what is left on the hosts once everything should have ended."""
+        """Worker exit codes, and what is left on the hosts once everything should have ended.
+
+        A worker still starting when the job ended (a new process importing torch on a loaded
+        machine) tries to reach the coordinator for its ``--connect-timeout`` and then exits
+        saying so: the bound is that timeout plus two minutes for the import."""
+        ended = time.monotonic()
+        deadline = ended + float(CONNECT_TIMEOUT) + 120.0
         codes = {}
         for n, (host, worker) in enumerate(job.workers):
             try:
-                codes[f"{host.name}#{n}"] = worker.wait(60)
-            except Exception:
+                codes[f"{host.name}#{n}"] = worker.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 codes[f"{host.name}#{n}"] = None
-        deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(h.pids() for h in self.bed.hosts):
             time.sleep(0.2)
         left = [f"{h.name}: {pid} {_cmdline(pid)[:120]}" for h in self.bed.hosts
                 for pid in h.pids()]
-        return {"worker_exits": codes, "left_behind": left}
+        return {"worker_exits": codes, "left_behind": left,
+                "last_process_s": round(time.monotonic() - ended, 1)}
 
     def _outcome(self, job: Job) -> dict:
         events = job.events()
