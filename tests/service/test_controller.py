@@ -14,10 +14,8 @@ import pytest
 import torch
 
 from dyntrain.elastic.sampler import epoch_permutation
-from dyntrain.service.controller import Controller, ControllerConfig
-from dyntrain.service.executors.base import WorkerSpec
-from dyntrain.service.executors.local import LocalExecutor
-from dyntrain.service.model import (
+from dyntrain.service.core.executor import WorkerSpec
+from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
     Dependency,
@@ -26,6 +24,8 @@ from dyntrain.service.model import (
     JobStatus,
     Resources,
 )
+from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import WORKER_EXITED, Store, WorkerRecord
 
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyntrain.service.lifecycle import (
+from dyntrain.service.core.lifecycle import (
     AttemptOutcome,
     DependentJob,
     Transition,
@@ -19,7 +19,7 @@ from dyntrain.service.lifecycle import (
     detect_cycle,
     resolve_dependencies,
 )
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
     JobStatus,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors import (
     ExecutorError,
     StartError,
@@ -26,7 +27,6 @@ from dyntrain.service.executors import (
     get_executor,
 )
 from dyntrain.service.executors.local import LocalExecutor, proc_stat
-from dyntrain.service.model import Resources
 
 PY = sys.executable
 LONG = "import time\nprint('ready', flush=True)\ntime.sleep(60)"

@@ -22,7 +22,7 @@ from dyntrain.cli.service.common import (
     resolve_job,
 )
 from dyntrain.cli.service.output import list_items, reason_text, short_id
-from dyntrain.service.jobtext import attempt_text, progress_text
+from dyntrain.service.core.jobtext import attempt_text, progress_text
 
 PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
 FAILED_SHOWN = 5  # failed children listed under an array job's summary

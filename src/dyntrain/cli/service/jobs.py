@@ -24,7 +24,7 @@ from dyntrain.cli.service.output import (
     short_id,
     workers_text,
 )
-from dyntrain.service.jobtext import (
+from dyntrain.service.core.jobtext import (
     attempt_text,
     attempts_text,
     progress_text,
@@ -44,8 +44,8 @@ def _jobs_table(jobs: list[dict[str, Any]]):
 
 def _job_cost_lines(answer: Any) -> list[str] | None:
     """``format_cost`` of a ``cost`` answer; None when it is not a full cost record."""
-    from dyntrain.service.cost import JobCost, StaticBaseline, format_cost
-    from dyntrain.service.model import CapacityType
+    from dyntrain.service.core.cost import JobCost, StaticBaseline, format_cost
+    from dyntrain.service.core.model import CapacityType
 
     if not isinstance(answer, dict):
         return None

@@ -89,8 +89,8 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     from dyntrain.service.api.app import create_app
     from dyntrain.service.aws.app import with_aws
     from dyntrain.service.aws.sigv4 import load_credentials
-    from dyntrain.service.server import Service, ServiceConfig
-    from dyntrain.service.statelock import StateDirLock
+    from dyntrain.service.engine.service import Service, ServiceConfig
+    from dyntrain.service.engine.statelock import StateDirLock
 
     if not 0 <= port <= 65535:
         raise DyntrainError(f"--port must be 0-65535, got {port}")

@@ -1,8 +1,8 @@
 """``dyntrain submit``: a job from flags and/or a YAML file of the REST body's fields.
 
 The job runs in this shell's working directory with this shell's environment unless told
-otherwise (``--workdir``, ``--export``; see ``dyntrain.service.submitter``). ``--wait`` follows it
-to its end; interrupting the wait leaves the job running and says how to stop it.
+otherwise (``--workdir``, ``--export``; see ``dyntrain.service.core.submitter``). ``--wait``
+follows it to its end; interrupting the wait leaves the job running and says how to stop it.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def _array_size(size: int | None) -> int | None:
 
 def _add_submitter(body: dict[str, Any], export: str, workdir: str | None) -> None:
     """This shell's working directory and exported variables (unless the file gives them)."""
-    from dyntrain.service.submitter import exported, parse_export
+    from dyntrain.service.core.submitter import exported, parse_export
 
     if workdir is not None:
         body["workdir"] = os.path.abspath(os.path.expanduser(workdir))

@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api import compute, definitions, jobs, queues
 from dyntrain.service.api.errors import describe_request_errors, errors, one_line, status_for
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 from dyntrain.service.web import auth as web_auth
 from dyntrain.service.web.mount import mount_dashboard
 

@@ -7,13 +7,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import ComputeEnvironmentIn, ComputeEnvironmentPatch, TraceIn
-from dyntrain.service.capacity import parse_trace
-from dyntrain.service.model import ComputeEnvironmentSpec
-from dyntrain.service.server import Service
+from dyntrain.service.core.capacity import parse_trace
+from dyntrain.service.core.model import ComputeEnvironmentSpec
+from dyntrain.service.engine import views
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import ComputeEnvironment
 
 router = APIRouter(prefix="/compute-environments", tags=["compute environments"])

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.model import ValidationError
+from dyntrain.service.core.model import ValidationError
 
 T = TypeVar("T")
 

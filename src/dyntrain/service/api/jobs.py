@@ -6,19 +6,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import JobIn
-from dyntrain.service.cost import JobCost, UsageRow, job_cost
-from dyntrain.service.jobindex import wait_info
-from dyntrain.service.model import (
+from dyntrain.service.core.cost import JobCost, UsageRow, job_cost
+from dyntrain.service.core.model import (
     MAX_ARRAY_SIZE,
     CapacityType,
     Dependency,
     JobStatus,
 )
-from dyntrain.service.server import Service
+from dyntrain.service.engine import views
+from dyntrain.service.engine.jobindex import wait_info
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])

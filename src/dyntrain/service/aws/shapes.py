@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dyntrain.service.aws.errors import AwsError, client_error
-from dyntrain.service.model import CapacityType, JobStatus, RetryStrategy
+from dyntrain.service.core.model import CapacityType, JobStatus, RetryStrategy
 from dyntrain.service.store import (
     Attempt,
     ComputeEnvironment,

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.service.executors.base import (
+from dyntrain.service.core.executor import (
     SIGNALS,
     Executor,
     ExecutorError,
@@ -48,10 +48,10 @@ from dyntrain.service.executors.base import (
     exit_from_record,
     make_resources,
 )
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.runnable import start_problem
 from dyntrain.service.executors.supervisor import GONE, SupervisorLink
 from dyntrain.service.executors.warm import eligible
-from dyntrain.service.model import Resources
 
 _EPS = 1e-9
 PREDECESSOR_WAIT_S = 30.0  # how long a restarted service waits for an old supervisor to read on

@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.service.executors.base import (
+from dyntrain.service.core.executor import (
     SIGNALS,
     Executor,
     ExecutorError,
@@ -47,9 +47,9 @@ from dyntrain.service.executors.base import (
     exit_from_record,
     make_resources,
 )
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.ray_actor import WorkerProcess
 from dyntrain.service.executors.ray_address import coordinator_address, probe_cluster
-from dyntrain.service.model import Resources
 
 RESOURCE_PREFIX = "dyntrain_ce_"
 EXTRA = "pip install 'dyntrain[ray]'"

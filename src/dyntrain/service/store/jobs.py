@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
     ElasticSettings,
@@ -27,6 +27,7 @@ from dyntrain.service.model import (
     never_fits,
     substitute,
 )
+from dyntrain.service.core.submitter import check_run_folder, clean
 from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
 from dyntrain.service.store.definitions import _definition_from_row, _find_definition
 from dyntrain.service.store.records import (
@@ -45,7 +46,6 @@ from dyntrain.service.store.schema import (
     jobs,
     queue_environments,
 )
-from dyntrain.service.submitter import check_run_folder, clean
 
 MAX_NODES = 1000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -74,7 +74,7 @@ class JobStore(StoreBase):
         resolved now. ``workers=(min, max)`` makes the job elastic. A ``SEQUENTIAL`` dependency
         names the job itself (``job_id`` or ``""``). ``workdir`` (absolute) is where its workers
         start; ``exported_environment`` is the submitter's environment, under the job's own
-        (see ``dyntrain.service.submitter``). A job whose workers fit no slot of the queue's
+        (see ``dyntrain.service.core.submitter``). A job whose workers fit no slot of the queue's
         environments is refused: it could never run. ``retry_strategy`` replaces the
         definition's (``retry_attempts`` then sets its attempts). ``num_nodes`` makes a
         multi-node job: without ``workers``, that many plain workers start together and node 0

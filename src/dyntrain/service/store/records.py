@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     CapacityType,
     CEStatus,
     ComputeEnvironmentSpec,

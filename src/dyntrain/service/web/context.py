@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from dyntrain.service.api import views
 from dyntrain.service.api.compute import environment_views
 from dyntrain.service.api.jobs import cost_of
-from dyntrain.service.jobindex import wait_info
-from dyntrain.service.model import JobStatus, ValidationError
-from dyntrain.service.server import Service
+from dyntrain.service.core.model import JobStatus, ValidationError
+from dyntrain.service.engine import views
+from dyntrain.service.engine.jobindex import wait_info
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.web import runfiles
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import Job
 
 SWEEP_MODULE = "dyntrain.lab.sweep"

@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 from dyntrain.service.web import context
 from dyntrain.service.web.auth import STATIC_PREFIX
 from dyntrain.service.web.capacity import CapacityHistory, Sample

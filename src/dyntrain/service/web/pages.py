@@ -20,7 +20,7 @@ from jinja2 import Environment
 
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api.errors import one_line
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import Job
 from dyntrain.service.web import auth, context, lab
 from dyntrain.service.web.capacity import CapacityHistory

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     CapacityType,
     JobStatus,
     Resources,

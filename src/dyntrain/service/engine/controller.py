@@ -34,15 +34,15 @@ from pathlib import Path
 
 from dyntrain.elastic.protocol import ENV_OUT, FAILURE_TIMEOUT
 from dyntrain.elastic.storage import LocalStore, RunStore, open_store
-from dyntrain.service.attempts import Attempt, LogTail, terminating
-from dyntrain.service.capacity import parse_trace
-from dyntrain.service.executors.base import Executor, ExecutorError, WorkerExit
-from dyntrain.service.jobindex import WAITING, JobIndex, job_view
-from dyntrain.service.launching import Launching
-from dyntrain.service.model import JobStatus
-from dyntrain.service.recovery import Recovery
-from dyntrain.service.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
-from dyntrain.service.settling import Settling
+from dyntrain.service.core.capacity import parse_trace
+from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
+from dyntrain.service.engine.attempts import Attempt, LogTail, terminating
+from dyntrain.service.engine.jobindex import WAITING, JobIndex, job_view
+from dyntrain.service.engine.launching import Launching
+from dyntrain.service.engine.recovery import Recovery
+from dyntrain.service.engine.settling import Settling
 from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job, Store, WorkerRecord
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dyntrain.service import lifecycle
-from dyntrain.service.attempts import Attempt, terminating, worker_index
-from dyntrain.service.executors.base import WorkerExit
-from dyntrain.service.jobindex import job_view
-from dyntrain.service.model import JobStatus
-from dyntrain.service.scheduler import JobView
+from dyntrain.service.core import lifecycle
+from dyntrain.service.core.executor import WorkerExit
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.scheduler import JobView
+from dyntrain.service.engine.attempts import Attempt, terminating, worker_index
+from dyntrain.service.engine.jobindex import job_view
+from dyntrain.service.engine.worker_log import read_error_line, read_result
 from dyntrain.service.store import WORKER_RUNNING, Job
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
-from dyntrain.service.worker_log import read_error_line, read_result
 
 
 @dataclass

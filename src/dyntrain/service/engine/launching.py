@@ -12,9 +12,9 @@ from dyntrain.elastic.protocol import (
     ENV_SECRET,
     ENV_WORKER_ID,
 )
-from dyntrain.service.attempts import Attempt, LogTail, worker_id, worker_index
-from dyntrain.service.executors.base import ExecutorError, StartError, WorkerHandle, WorkerSpec
-from dyntrain.service.model import JobStatus
+from dyntrain.service.core.executor import ExecutorError, StartError, WorkerHandle, WorkerSpec
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.engine.attempts import Attempt, LogTail, worker_id, worker_index
 from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
 
 MAIN_NODE_ADDRESS = "127.0.0.1"  # every worker of the local executor runs on this host
@@ -61,7 +61,9 @@ class Launching:
             for wid in attempt.workers:
                 self._owner[wid] = job_id
             if job.elastic is not None:
-                from dyntrain.service.elastic_host import ElasticHost  # torch: only when needed
+                from dyntrain.service.engine.elastic_host import (
+                    ElasticHost,  # torch: only when needed
+                )
 
                 attempt.host = ElasticHost(
                     self.store, job_id, self.run_dir(job_id), job.min_workers, job.max_workers,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from dyntrain.service.attempts import Attempt, LogTail, after_lines
-from dyntrain.service.executors.base import ExecutorError, WorkerExit, WorkerHandle, WorkerSpec
-from dyntrain.service.model import JobStatus
+from dyntrain.service.core.executor import ExecutorError, WorkerExit, WorkerHandle, WorkerSpec
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.engine.attempts import Attempt, LogTail, after_lines
 from dyntrain.service.store import WORKER_EXITED, Job, WorkerRecord
 
 
@@ -93,7 +93,7 @@ class Recovery:
     def _host_again(self, job: Job, attempt: Attempt, workers: list[WorkerRecord]) -> str:
         """Host a running elastic job's coordinator again: its workers trained on meanwhile and
         re-attach (those that ended while the service was down are reported by the executor)."""
-        from dyntrain.service.elastic_host import ElasticHost  # torch: only when needed
+        from dyntrain.service.engine.elastic_host import ElasticHost  # torch: only when needed
 
         attempt.host = ElasticHost(self.store, job.id, self.run_dir(job.id), job.min_workers,
                                    job.max_workers, expected=len(workers),

@@ -6,11 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dyntrain.service.executors.base import WorkerExit
+from dyntrain.service.core.executor import WorkerExit
 from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
 
 if TYPE_CHECKING:  # torch: imported only once an elastic job runs
-    from dyntrain.service.elastic_host import ElasticHost
+    from dyntrain.service.engine.elastic_host import ElasticHost
 
 
 @dataclass

@@ -6,9 +6,9 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from dyntrain.service.cost import JobCost
-from dyntrain.service.model import JobStatus, Resources, RetryStrategy
-from dyntrain.service.scheduler import WaitInfo
+from dyntrain.service.core.cost import JobCost
+from dyntrain.service.core.model import JobStatus, Resources, RetryStrategy
+from dyntrain.service.core.scheduler import WaitInfo
 from dyntrain.service.store import (
     Attempt,
     ComputeEnvironment,

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
     JobStatus,

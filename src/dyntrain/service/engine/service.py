@@ -10,10 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.controller import Controller, ControllerConfig
-from dyntrain.service.executors.base import get_executor
-from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec, Resources
-from dyntrain.service.statelock import StateDirLock
+from dyntrain.service.core.executor import get_executor
+from dyntrain.service.core.model import (
+    CapacityType,
+    ComputeEnvironmentSpec,
+    JobQueueSpec,
+    Resources,
+)
+from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.engine.statelock import StateDirLock
 from dyntrain.service.store import Store
 
 DEFAULT_PORT = 8642
