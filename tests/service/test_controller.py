@@ -329,7 +329,7 @@ def test_restart_finds_a_worker_whose_handle_was_not_stored_or_requeues_one_neve
         store.add_worker(WorkerRecord(f"{job.id}-a1-w0", job.id, 1, "spot", "SPOT", 0.3, None,
                                       "RUNNING", 1.0))
     started = jobs[0]  # ... after its worker started
-    log = c._log_path(started.id, f"{started.id}-a1-w0")
+    log = c.log_path(started.id, f"{started.id}-a1-w0")
     log.parent.mkdir(parents=True)
     c.executor.start(WorkerSpec(started.id, 1, f"{started.id}-a1-w0", [PY, "-c", "print('ran')"],
                                 {}, SMALL, None, str(log)))
