@@ -34,10 +34,9 @@ import uvicorn
 
 from dyntrain.errors import DyntrainError
 from dyntrain.outdir import make_out_dir
-from dyntrain.service.api.app import create_app
 from dyntrain.service.client import Client
 from dyntrain.service.core.jobtext import live_workers
-from dyntrain.service.engine.service import Service, ServiceConfig
+from dyntrain.service.server import Service, ServiceConfig, create_app
 
 HERE = Path(__file__).resolve().parent
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}

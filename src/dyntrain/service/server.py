@@ -1,6 +1,65 @@
-"""The service process, as ``dyntrain server`` runs it (``Service``, ``ServiceConfig``: see
-``dyntrain.service.engine.service``)."""
+"""The service as ``dyntrain server`` serves it: one web application on one port.
 
+The front ends (``api``, ``aws``, ``web``) import only downward and never each other; this module,
+above all three, puts them together: ``create_app`` is the REST API with the dashboard mounted on
+it (the dashboard's session cookie counting as the API's token, the lab's reports on its lab
+page), ``create_server_app`` puts the AWS wire protocols in front of that.
+
+``Service``, ``ServiceConfig``, ``is_loopback`` and ``DEFAULT_PORT`` live in
+``dyntrain.service.engine.service``; they are importable from here as before.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp
+
+from dyntrain.errors import DyntrainError
+from dyntrain.service.api.app import create_api
+from dyntrain.service.aws.app import with_aws
 from dyntrain.service.engine.service import DEFAULT_PORT, Service, ServiceConfig, is_loopback
+from dyntrain.service.web import auth as web_auth
+from dyntrain.service.web.lab import LabReport
+from dyntrain.service.web.mount import mount_dashboard
 
-__all__ = ["DEFAULT_PORT", "Service", "ServiceConfig", "is_loopback"]
+__all__ = ["DEFAULT_PORT", "Service", "ServiceConfig", "create_app", "create_server_app",
+           "is_loopback", "lab_report"]
+
+
+def lab_report(root: Path) -> dict[str, Any]:
+    """The lab's report of the sweep folder ``root`` as JSON (``{"error": ...}`` when it has
+    none yet): the dashboard's lab page. The lab is imported only now: it sits above the
+    service."""
+    from dyntrain.lab.report import analyse, to_json
+    from dyntrain.lab.results import read_studies
+
+    try:
+        return to_json(analyse(read_studies(root)))
+    except DyntrainError as e:
+        return {"error": str(e).splitlines()[0], "workloads": []}
+
+
+def create_app(service: Service, lab_report: LabReport = lab_report) -> FastAPI:
+    """The REST API over ``service`` with the dashboard and ``/metrics`` mounted on it.
+
+    Args:
+        service: what it serves.
+        lab_report: what reports a lab sweep's folder on the dashboard's lab page.
+    """
+    app = create_api(service, session=web_auth)
+    mount_dashboard(app, service, lab_report)
+    return app
+
+
+def create_server_app(service: Service, aws_keys: dict[str, str] | None = None) -> ASGIApp:
+    """Everything ``dyntrain server`` answers on its port: AWS Batch's and CloudWatch Logs'
+    wire protocols (``with_aws``) in front of ``create_app``.
+
+    Args:
+        service: what it serves.
+        aws_keys: access key id -> secret key that AWS requests may be signed with.
+    """
+    return with_aws(create_app(service), service, aws_keys)
