@@ -31,6 +31,7 @@ from dyntrain.service.core.jobtext import (
     result_text,
     short_worker,
 )
+from dyntrain.service.core.model import CapacityType
 
 
 def _jobs_table(jobs: list[dict[str, Any]]):
@@ -45,8 +46,6 @@ def _jobs_table(jobs: list[dict[str, Any]]):
 def _job_cost_lines(answer: Any) -> list[str] | None:
     """``format_cost`` of a ``cost`` answer; None when it is not a full cost record."""
     from dyntrain.service.core.cost import JobCost, StaticBaseline, format_cost
-    from dyntrain.service.core.model import CapacityType
-
     if not isinstance(answer, dict):
         return None
     if isinstance(answer.get("lines"), list):
@@ -137,7 +136,7 @@ def _price_hint(client, answer: Any) -> list[str]:
         return []
     names = [ce.get("name") for ce in list_items(client.list_compute_environments(),
                                                  "compute_environments", "items")
-             if ce.get("capacity_type") == "ON_DEMAND"]
+             if ce.get("capacity_type") == CapacityType.ON_DEMAND.value]
     where = names[0] if names else "NAME"
     return [f"  (saving n/a: the on-demand price is 0; set the price of an ON_DEMAND "
             f"environment, e.g. `dyntrain ce update {where} --price 1.0`)"]

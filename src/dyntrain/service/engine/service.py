@@ -12,6 +12,7 @@ from pathlib import Path
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.executor import get_executor
 from dyntrain.service.core.model import (
+    DEFAULT_PORT,
     CapacityType,
     ComputeEnvironmentSpec,
     JobQueueSpec,
@@ -21,7 +22,7 @@ from dyntrain.service.engine.controller import Controller, ControllerConfig
 from dyntrain.service.engine.statelock import StateDirLock
 from dyntrain.service.store import Store
 
-DEFAULT_PORT = 8642
+__all__ = ["DEFAULT_PORT", "Service", "ServiceConfig", "is_loopback"]
 log = logging.getLogger("dyntrain.service")
 
 
