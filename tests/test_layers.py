@@ -123,3 +123,14 @@ def test_the_product_never_imports_its_test_tooling():
                     and not p.name.startswith("_"))
     bad = [v for layer in layers for v in violations(SRC, layer, ("dyntrain.testing",))]
     assert bad == []
+
+
+MAX_LINES = 500  # the house rule: small modules
+KEPT_SMALL = ("service",)  # packages whose every module this checks
+
+
+@pytest.mark.parametrize("package", KEPT_SMALL)
+def test_no_module_is_over_500_lines(package):
+    long = {str(p.relative_to(SRC)): n for p in sorted((SRC / package).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}

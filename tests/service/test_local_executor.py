@@ -26,7 +26,8 @@ from dyntrain.service.executors import (
     WorkerSpec,
     get_executor,
 )
-from dyntrain.service.executors.local import LocalExecutor, proc_stat
+from dyntrain.service.executors.local import LocalExecutor
+from dyntrain.service.executors.machine import proc_stat
 
 PY = sys.executable
 LONG = "import time\nprint('ready', flush=True)\ntime.sleep(60)"

@@ -41,7 +41,8 @@ from dyntrain.service.core.capacity import parse_trace
 from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
-from dyntrain.service.core.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
+from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
+from dyntrain.service.core.scheduler import schedule
 from dyntrain.service.engine.attempts import AttemptTable, terminating
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.jobindex import WAITING, JobIndex, job_view

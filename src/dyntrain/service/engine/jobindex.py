@@ -21,7 +21,7 @@ from operator import attrgetter
 from dyntrain.service.core import lifecycle
 from dyntrain.service.core.lifecycle import Transition
 from dyntrain.service.core.model import DependencyType, JobStatus
-from dyntrain.service.core.scheduler import JobView, WaitInfo, WaitingJobs
+from dyntrain.service.core.plan import JobView, WaitInfo, WaitingJobs
 from dyntrain.service.store import Job, JobEntry, Store
 
 WAITING = (JobStatus.SUBMITTED, JobStatus.PENDING)

@@ -21,7 +21,7 @@ from dyntrain.service.core.executor import (
 )
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
-from dyntrain.service.core.scheduler import Start
+from dyntrain.service.core.plan import Start
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.jobindex import JobIndex

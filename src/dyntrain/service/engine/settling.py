@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
 from dyntrain.service.core.model import JobStatus
-from dyntrain.service.core.scheduler import JobView
+from dyntrain.service.core.plan import JobView
 from dyntrain.service.engine.attempts import (
     Attempt,
     AttemptTable,

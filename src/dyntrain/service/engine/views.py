@@ -8,7 +8,7 @@ from typing import Any
 
 from dyntrain.service.core.cost import JobCost
 from dyntrain.service.core.model import JobStatus, Resources, RetryStrategy
-from dyntrain.service.core.scheduler import WaitInfo
+from dyntrain.service.core.plan import WaitInfo
 from dyntrain.service.store import (
     AttemptRecord,
     ComputeEnvironment,
