@@ -36,7 +36,7 @@ from pathlib import Path
 
 from _common import fmt, machine_info, start_dyntrain_server, wait_until, write_result
 from dyntrain.service.client import Client
-from dyntrain.service.executors.raycluster import LocalRayCluster
+from dyntrain.testing.raycluster import LocalRayCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = [sys.executable, str(ROOT / "tests" / "scripts" / "ledger_train.py"), "--epochs",

@@ -14,10 +14,8 @@ import pytest
 import torch
 
 from dyntrain.elastic.sampler import epoch_permutation
-from dyntrain.service.controller import Controller, ControllerConfig
-from dyntrain.service.executors.base import WorkerSpec
-from dyntrain.service.executors.local import LocalExecutor
-from dyntrain.service.model import (
+from dyntrain.service.core.executor import WorkerSpec
+from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
     Dependency,
@@ -26,6 +24,8 @@ from dyntrain.service.model import (
     JobStatus,
     Resources,
 )
+from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import WORKER_EXITED, Store, WorkerRecord
 
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")
@@ -329,7 +329,7 @@ def test_restart_finds_a_worker_whose_handle_was_not_stored_or_requeues_one_neve
         store.add_worker(WorkerRecord(f"{job.id}-a1-w0", job.id, 1, "spot", "SPOT", 0.3, None,
                                       "RUNNING", 1.0))
     started = jobs[0]  # ... after its worker started
-    log = c._log_path(started.id, f"{started.id}-a1-w0")
+    log = c.log_path(started.id, f"{started.id}-a1-w0")
     log.parent.mkdir(parents=True)
     c.executor.start(WorkerSpec(started.id, 1, f"{started.id}-a1-w0", [PY, "-c", "print('ran')"],
                                 {}, SMALL, None, str(log)))

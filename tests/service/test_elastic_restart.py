@@ -102,7 +102,7 @@ def test_a_coordinator_shows_nothing_to_a_client_without_the_jobs_secret(tmp_pat
     import torch.distributed as dist
 
     from dyntrain.elastic import protocol as p
-    from dyntrain.service.elastic_host import SECRET_FILE, ElasticHost
+    from dyntrain.service.engine.elastic_host import SECRET_FILE, ElasticHost
     from dyntrain.service.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")

@@ -453,7 +453,7 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
                             "workload_args": dict(sweep.config.workload_args),
                             "metric": sweep.metric,
                             "tasks": [t.to_json() for t in tasks]})
-    from dyntrain.service.submitter import exported
+    from dyntrain.service.core.submitter import exported
 
     command = [sys.executable, "-m", "dyntrain.lab.sweep", str(plan_path.resolve())]
     with Client(url) as client:

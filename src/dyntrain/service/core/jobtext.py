@@ -1,7 +1,8 @@
 """How a job record (the API's JSON) reads in one line: its attempts, its elastic progress,
-its workers and its result.
+its workers and its result; and an error message in one line (``one_line``).
 
-Shared by the CLI (``dyntrain status``, ``logs``, ``submit --wait``), the dashboard and the demo.
+Shared by the CLI (``dyntrain status``, ``logs``, ``submit --wait``), the API, the dashboard and
+the demo.
 """
 
 from __future__ import annotations
@@ -87,3 +88,9 @@ def _clock(ts: Any) -> str:
         return datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
     except (TypeError, ValueError, OSError, OverflowError):
         return "?"
+
+
+def one_line(text: Any) -> str:
+    """Collapse whitespace (newlines included) so a message always fits on one line ("error"
+    when there is none): how the API and the dashboard word an error."""
+    return " ".join(str(text).split()) or "error"

@@ -8,10 +8,13 @@ and returns the next status with a one-line reason, in AWS Batch's terms:
   names the job's own array and makes child i wait for child i-1 (child 0 waits for nothing). A job
   is RUNNABLE when every dependency SUCCEEDED, FAILED as soon as one FAILED (it can then never
   run; for an array that is the first failed child), and PENDING otherwise.
-- Attempts (``after_attempt``). A preemption or capacity loss never counts against the retry
-  strategy: the job goes back to RUNNABLE. Exit code 0 is success. Anything else (a timeout
-  included, with reason "timeout after Ns") counts one attempt, and ``RetryStrategy.should_retry``
-  decides between RUNNABLE (retry) and FAILED.
+- Attempts (``after_ending``). How an attempt ended is one value, an ``Ending``: a user's
+  terminate fails the job (the attempt counts); a preemption or capacity loss never counts
+  against the retry strategy: the job goes back to RUNNABLE. Exit code 0 is success. Anything
+  else (a timeout included, with reason "timeout after Ns") counts one attempt, and
+  ``RetryStrategy.should_retry`` decides between RUNNABLE (retry) and FAILED; a failed attempt's
+  reason quotes its first failing worker's error line. ``after_attempt`` is the same rule taken
+  from loose values.
 - Array parents (``array_parent_status``) summarize their children.
 - ``detect_cycle`` finds a dependency cycle for the error message that rejects it.
 
@@ -22,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
     JobStatus,
@@ -79,6 +83,47 @@ class Transition:
 
     status: JobStatus
     reason: str
+
+
+class EndKind(Enum):
+    """What decided how an attempt ended, strongest last: a terminate beats a preemption, which
+    beats a timeout, which beats the workers' exit code."""
+
+    EXITED = "exited"  # its workers' exit code: 0 succeeded, anything else failed
+    TIMED_OUT = "timed out"  # it ran past the job's timeout: a failed attempt
+    PREEMPTED = "preempted"  # capacity taken back or suspended: not counted, queued again
+    TERMINATED = "terminated"  # a user stopped it: it counts, and the job fails
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How one attempt ended; the job's next status follows from it alone (``after_ending``).
+
+    Args:
+        kind: what decided it.
+        exit_code: the deciding worker's exit code (negative: killed by that signal; None:
+            unknown or no worker ran).
+        reason: why, in words: the reason its workers were stopped, else the deciding exit's,
+            else a terminate's own.
+        timeout_seconds: the job's timeout, for ``EndKind.TIMED_OUT``.
+        error_line: the first failing worker's error line, which the reason of a failed
+            attempt quotes.
+    """
+
+    kind: EndKind
+    exit_code: int | None = None
+    reason: str = ""
+    timeout_seconds: float | None = None
+    error_line: str | None = None
+
+    @property
+    def preempted(self) -> bool:
+        return self.kind is EndKind.PREEMPTED
+
+    @property
+    def counts_as_retry(self) -> bool:
+        """Whether it counts against the job's retry strategy (a preemption never does)."""
+        return self.kind is not EndKind.PREEMPTED
 
 
 @dataclass(frozen=True)
@@ -137,30 +182,48 @@ def _upstream(job: DependentJob, dep: Dependency, deps_status: Mapping[str, Upst
 def after_attempt(job: str, exit_code: int | None, reason: str, preempted: bool,
                   retry_strategy: RetryStrategy, attempts_used: int, *,
                   timed_out_after: float | None = None) -> AttemptOutcome:
-    """The job's next status after one attempt ended.
+    """The job's next status after one attempt ended, from loose values (``after_ending``).
 
-    ``attempts_used``: counted attempts before this one. ``preempted``: the attempt ended because
-    capacity was taken away or the scheduler preempted it; it wins over the exit code, since a
-    worker told to leave exits 0 without having finished. ``timed_out_after``: seconds after which
-    the attempt was stopped for exceeding the job's timeout.
+    ``preempted``: the attempt ended because capacity was taken away or the scheduler preempted
+    it; it wins over the exit code, since a worker told to leave exits 0 without having
+    finished. ``timed_out_after``: seconds after which the attempt was stopped for exceeding
+    the job's timeout.
+    """
+    kind = (EndKind.PREEMPTED if preempted else
+            EndKind.EXITED if timed_out_after is None else EndKind.TIMED_OUT)
+    return after_ending(job, Ending(kind, exit_code, reason, timed_out_after), retry_strategy,
+                        attempts_used)
+
+
+def after_ending(job: str, ending: Ending, retry_strategy: RetryStrategy,
+                 attempts_used: int) -> AttemptOutcome:
+    """The job's next status after one attempt ended as ``ending``.
+
+    ``attempts_used``: counted attempts before this one.
     """
     if attempts_used < 0:
         raise ValueError(f"job {job}: attempts_used must be >= 0, got {attempts_used}")
-    if preempted:
-        return AttemptOutcome(JobStatus.RUNNABLE, f"preempted: {reason or 'capacity taken back'}",
-                              False, attempts_used)
-    used = attempts_used + 1
-    if timed_out_after is not None:
-        reason = f"timeout after {timed_out_after:g}s"
-    elif exit_code == 0:
+    if ending.kind is EndKind.TERMINATED:  # the attempt ran: it counts, and it ends the job
+        return AttemptOutcome(JobStatus.FAILED, ending.reason, True, attempts_used + 1)
+    if ending.preempted:
+        return AttemptOutcome(JobStatus.RUNNABLE,
+                              f"preempted: {ending.reason or 'capacity taken back'}", False,
+                              attempts_used)
+    used, reason = attempts_used + 1, ending.reason
+    if ending.kind is EndKind.TIMED_OUT:
+        reason = f"timeout after {ending.timeout_seconds:g}s"
+    elif ending.exit_code == 0:
         return AttemptOutcome(JobStatus.SUCCEEDED, "exit code 0", True, used)
     elif not reason:
-        reason = f"exit code {exit_code}" if exit_code is not None else "ended without an exit code"
+        reason = (f"exit code {ending.exit_code}" if ending.exit_code is not None
+                  else "ended without an exit code")
     of = f"attempt {used} of {retry_strategy.attempts}"
-    if retry_strategy.should_retry(used, exit_code, reason):
-        return AttemptOutcome(JobStatus.RUNNABLE, f"retrying after {reason} ({of})", True, used)
+    quoted = f"; {ending.error_line}" if ending.error_line else ""
+    if retry_strategy.should_retry(used, ending.exit_code, reason):
+        return AttemptOutcome(JobStatus.RUNNABLE, f"retrying after {reason} ({of}){quoted}",
+                              True, used)
     why = "" if used >= retry_strategy.attempts else "; a retry rule says EXIT"
-    return AttemptOutcome(JobStatus.FAILED, f"{reason} ({of}{why})", True, used)
+    return AttemptOutcome(JobStatus.FAILED, f"{reason} ({of}{why}){quoted}", True, used)
 
 
 def array_parent_status(children: Iterable[JobStatus]) -> JobStatus:

@@ -2,8 +2,9 @@
 
 ``schedule(snapshot)`` is pure. It reads frozen views of the compute environments, job queues and
 jobs and returns a ``Plan``: ``Start``, ``Grow``, ``Shrink`` and ``Suspend`` decisions and, for
-every queued job that does not start, why it waits. It starts, signals and writes nothing; the
-controller applies the plan and asks again with the next snapshot.
+every queued job that does not start, why it waits (those values are in ``plan.py``). It starts,
+signals and writes nothing; the controller applies the plan and asks again with the next
+snapshot.
 
 The model: an environment has ``available_slots`` slots of one size right now (for spot capacity
 this follows what the provider grants). A worker takes one whole slot and fits when its resources
@@ -52,166 +53,34 @@ explicit sort key, so the same snapshot always gives the same plan.
 
 from __future__ import annotations
 
-import bisect
 import math
-from collections.abc import ItemsView, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from itertools import islice
 from operator import attrgetter
 
-from dyntrain.service.model import (
-    CapacityType,
-    JobStatus,
-    Resources,
-    State,
-    ValidationError,
-    never_fits,
+from dyntrain.service.core.model import JobStatus, Resources, State
+from dyntrain.service.core.plan import (
+    FIFO,
+    EnvView,
+    Grow,
+    JobView,
+    Plan,
+    QueueView,
+    Shrink,
+    SlotFit,
+    Snapshot,
+    Start,
+    Suspend,
+    WaitInfo,
+    WaitingJobs,
+    WaitingTail,
 )
 
-_ACTIVE = (JobStatus.STARTING, JobStatus.RUNNING)
+# the scheduler's interface: schedule() and the values it reads and returns (core/plan.py)
+__all__ = ["EnvView", "Grow", "JobView", "Plan", "QueueView", "Shrink", "Snapshot", "Start",
+           "Suspend", "WaitInfo", "WaitingJobs", "schedule"]
+
 _CREATED = attrgetter("created")
-_FIFO = attrgetter("created", "id")
-
-
-@dataclass(frozen=True, slots=True)
-class EnvView:
-    """A compute environment as observed now."""
-
-    name: str
-    capacity_type: CapacityType = CapacityType.ON_DEMAND
-    price_per_slot_hour: float = 0.0
-    slot: Resources = field(default_factory=Resources)
-    available_slots: int = 0  # slots that exist right now (spot: what the provider grants)
-    state: State = State.ENABLED
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "capacity_type", CapacityType(self.capacity_type))
-        object.__setattr__(self, "state", State(self.state))
-        if self.available_slots < 0:
-            raise ValidationError(f"compute environment {self.name}: available_slots must be "
-                                  f">= 0, got {self.available_slots}")
-
-
-@dataclass(frozen=True, slots=True)
-class QueueView:
-    """A job queue: a priority (higher runs first) over an ordered list of environments."""
-
-    name: str
-    priority: int = 1
-    compute_environments: tuple[str, ...] = ()
-    state: State = State.ENABLED
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "compute_environments", tuple(self.compute_environments))
-        object.__setattr__(self, "state", State(self.state))
-
-
-@dataclass(frozen=True, slots=True)
-class JobView:
-    """A job waiting for capacity (RUNNABLE) or holding some (STARTING, RUNNING)."""
-
-    id: str
-    queue: str
-    created: float  # submission order: earlier goes first; ties go by id
-    resources: Resources = field(default_factory=Resources)  # per worker
-    min_workers: int = 1
-    max_workers: int = 1
-    status: JobStatus = JobStatus.RUNNABLE
-    placement: Mapping[str, int] = field(default_factory=dict)  # env -> workers, when active
-    preemptible: bool = True  # may be shrunk (never below min) for a higher-priority job
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "status", JobStatus(self.status))
-        if self.status is not JobStatus.RUNNABLE and self.status not in _ACTIVE:
-            raise ValidationError(f"job {self.id}: the scheduler sees RUNNABLE, STARTING or "
-                                  f"RUNNING jobs, got {self.status.value}")
-        if not 1 <= self.min_workers <= self.max_workers:
-            raise ValidationError(f"job {self.id}: workers must satisfy 1 <= min <= max, got "
-                                  f"{self.min_workers}:{self.max_workers}")
-        if any(n < 0 for n in self.placement.values()):
-            raise ValidationError(f"job {self.id}: negative worker count in {self.placement}")
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Everything one scheduling pass looks at.
-
-    RUNNABLE jobs come in ``jobs``, or already sorted in ``queued`` (queue -> its RUNNABLE jobs
-    in first in, first out order by ``(created, id)``), which is how a caller that keeps its
-    queues sorted spares the pass from partitioning and sorting the whole queue.
-    """
-
-    envs: tuple[EnvView, ...] = ()
-    queues: tuple[QueueView, ...] = ()
-    jobs: tuple[JobView, ...] = ()
-    queued: Mapping[str, Sequence[JobView]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "envs", tuple(self.envs))
-        object.__setattr__(self, "queues", tuple(self.queues))
-        object.__setattr__(self, "jobs", tuple(self.jobs))
-        for kind, items in (("compute environment", self.envs), ("job queue", self.queues)):
-            names = [item.name for item in items]
-            if len(set(names)) != len(names):
-                raise ValidationError(f"snapshot: a {kind} name appears twice in {names}")
-
-
-@dataclass(frozen=True, slots=True)
-class Start:
-    """Start a queued job with these workers (environment -> count)."""
-
-    job: str
-    placement: Mapping[str, int]
-
-    @property
-    def workers(self) -> int:
-        return sum(self.placement.values())
-
-
-@dataclass(frozen=True, slots=True)
-class Grow:
-    """Add ``count`` workers on ``env`` to a running job (they join at its next step boundary)."""
-
-    job: str
-    env: str
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Shrink:
-    """Send ``count`` of a job's workers on ``env`` a graceful preemption notice."""
-
-    job: str
-    env: str
-    count: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Suspend:
-    """Checkpoint a running job and queue it again: it would fall below its min workers."""
-
-    job: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class WaitInfo:
-    """Why a queued job did not start, and its 1-based place among its queue's waiting jobs."""
-
-    reason: str
-    position: int
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The decisions of one pass; ``waiting`` has an entry for every queued job not started."""
-
-    starts: tuple[Start, ...] = ()
-    grows: tuple[Grow, ...] = ()
-    shrinks: tuple[Shrink, ...] = ()
-    suspends: tuple[Suspend, ...] = ()
-    waiting: Mapping[str, WaitInfo] = field(default_factory=dict)
 
 
 def schedule(snapshot: Snapshot) -> Plan:
@@ -224,95 +93,6 @@ def schedule(snapshot: Snapshot) -> Plan:
         _admit(state, queue_name, jobs)
     _grow(state)
     return state.plan()
-
-
-class _Fit:
-    """Whether a worker of some size fits a slot of any of a queue's environments."""
-
-    def __init__(self, queue: QueueView, envs: Mapping[str, EnvView]) -> None:
-        self.queue = queue.name
-        self.slots = [(name, envs[name].slot) for name in queue.compute_environments
-                      if name in envs]
-
-    def never_reason(self, resources: Resources) -> str:
-        """Why a job of this size can never run in the queue, or '' when some slot fits it."""
-        return never_fits(self.queue, resources, self.slots)
-
-
-@dataclass(frozen=True, slots=True)
-class _Tail:
-    """Queued jobs ``jobs[start:]`` that all wait for one reason (unless they can never fit)."""
-
-    jobs: Sequence[JobView]
-    start: int
-    first_position: int
-    reason: str
-    fit: _Fit | None
-
-    def info(self, index: int) -> WaitInfo:
-        job = self.jobs[index]
-        never = self.fit.never_reason(job.resources) if self.fit is not None else ""
-        return WaitInfo(never or self.reason, self.first_position + index - self.start)
-
-
-class WaitingJobs(Mapping[str, WaitInfo]):
-    """Job id -> ``WaitInfo``: single entries, plus queue tails whose entries are built on read."""
-
-    def __init__(self, single: dict[str, WaitInfo], tails: Sequence[_Tail]) -> None:
-        self._single = single
-        self._tails = tuple(tails)
-        self._where: dict[str, tuple[_Tail, int]] | None = None
-
-    def __getitem__(self, job_id: str) -> WaitInfo:
-        info = self._single.get(job_id)
-        if info is not None:
-            return info
-        if self._where is None:  # built once, on the first lookup of a tail entry
-            self._where = {tail.jobs[i].id: (tail, i) for tail in self._tails
-                           for i in range(tail.start, len(tail.jobs))}
-        tail, index = self._where[job_id]
-        return tail.info(index)
-
-    def of(self, job_id: str, created: float) -> WaitInfo | None:
-        """``get(job_id)`` for a job whose ``JobView.created`` is ``created``: a binary search
-        of each tail instead of the id map, which a request would build for every new plan
-        (10 ms of a loaded machine with 10,000 queued, under the GIL the controller needs)."""
-        info = self._single.get(job_id)
-        if info is not None:
-            return info
-        key = (created, job_id)
-        for tail in self._tails:
-            i = bisect.bisect_left(tail.jobs, key, lo=tail.start, key=_FIFO)
-            if i < len(tail.jobs) and tail.jobs[i].id == job_id:
-                return tail.info(i)
-        return None
-
-    def __iter__(self) -> Iterator[str]:
-        yield from self._single
-        for tail in self._tails:
-            for job in islice(tail.jobs, tail.start, None):
-                yield job.id
-
-    def items(self) -> ItemsView[str, WaitInfo]:
-        return _WaitingItems(self)
-
-    def __len__(self) -> int:
-        return len(self._single) + sum(len(t.jobs) - t.start for t in self._tails)
-
-    def __repr__(self) -> str:
-        return f"WaitingJobs({len(self)} jobs)"
-
-
-class _WaitingItems(ItemsView[str, WaitInfo]):
-    """``WaitingJobs.items()`` that walks the tails instead of looking each id up."""
-
-    _mapping: WaitingJobs
-
-    def __iter__(self) -> Iterator[tuple[str, WaitInfo]]:
-        yield from self._mapping._single.items()
-        for tail in self._mapping._tails:
-            for i in range(tail.start, len(tail.jobs)):
-                yield tail.jobs[i].id, tail.info(i)
 
 
 class _Pass:
@@ -338,7 +118,7 @@ class _Pass:
         for where in self.placement.values():
             for env, n in where.items():
                 self.free[env] = self.free.get(env, 0) - n
-        by_age = sorted(self.running, key=_FIFO, reverse=True)
+        by_age = sorted(self.running, key=FIFO, reverse=True)
         self.lowest_first = sorted(by_age, key=self.priority)  # stable: newest first within
         self.victims = [job for job in self.lowest_first if job.preemptible]
         self.first_victim = 0  # victims before it have nothing left to give
@@ -348,7 +128,7 @@ class _Pass:
         self.shrinks: list[Shrink] = []
         self.suspends: dict[str, Suspend] = {}
         self.single: dict[str, WaitInfo] = {}
-        self.tails: list[_Tail] = []
+        self.tails: list[WaitingTail] = []
 
     def priority(self, job: JobView) -> float:
         queue = self.queues.get(job.queue)
@@ -423,7 +203,7 @@ def _fifo(jobs: list[JobView]) -> list[JobView]:
     tuple key is only used when two jobs share a ``created`` value."""
     jobs.sort(key=_CREATED)
     if len(set(map(_CREATED, jobs))) < len(jobs):
-        jobs.sort(key=_FIFO)
+        jobs.sort(key=FIFO)
     return jobs
 
 
@@ -455,11 +235,11 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
     """Rules 2-4 for one queue: start jobs in order until one cannot start."""
     queue = state.queues.get(queue_name)
     if queue is None:
-        state.tails.append(_Tail(jobs, 0, 1, f"queue {queue_name} does not exist", None))
+        state.tails.append(WaitingTail(jobs, 0, 1, f"queue {queue_name} does not exist", None))
         return
-    fit = _Fit(queue, state.envs)
+    fit = SlotFit(queue, state.envs)
     if queue.state is State.DISABLED:
-        state.tails.append(_Tail(jobs, 0, 1, f"queue {queue.name} is DISABLED", fit))
+        state.tails.append(WaitingTail(jobs, 0, 1, f"queue {queue.name} is DISABLED", fit))
         return
     rank = state.rank[queue.name]
     usable_by_size: dict[Resources, list[str]] = {}
@@ -523,7 +303,7 @@ def _make_room(state: _Pass, job: JobView, queue: QueueView, usable: list[str]) 
 
 
 def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i: int, ahead: int,
-           fit: _Fit) -> None:
+           fit: SlotFit) -> None:
     """Rule 4: ``jobs[i]`` cannot start; it and the jobs behind it wait, and it reserves."""
     head = jobs[i]
     usable = state.usable(queue, rank, head.resources)
@@ -538,8 +318,8 @@ def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i
         if env is not None and env.state is State.ENABLED and head.resources.fits_in(env.slot):
             state.reserved[name] = min(state.reserved.get(name, (rank, queue.name)),
                                        (rank, queue.name))
-    state.tails.append(_Tail(jobs, i + 1, ahead + 2, f"queued behind {head.id}, which is {reason}",
-                             fit))
+    state.tails.append(WaitingTail(jobs, i + 1, ahead + 2,
+                                   f"queued behind {head.id}, which is {reason}", fit))
 
 
 def _env_detail(state: _Pass, name: str, resources: Resources, rank: int) -> str:
@@ -559,7 +339,7 @@ def _env_detail(state: _Pass, name: str, resources: Resources, rank: int) -> str
 def _grow(state: _Pass) -> None:
     """Rule 5: running jobs below max take free slots, higher priority first, then FIFO."""
     unknown = len(state.rank)
-    for job in sorted(state.running, key=lambda j: (state.rank.get(j.queue, unknown), *_FIFO(j))):
+    for job in sorted(state.running, key=lambda j: (state.rank.get(j.queue, unknown), *FIFO(j))):
         queue = state.queues.get(job.queue)
         if job.id in state.suspends or queue is None or queue.state is State.DISABLED:
             continue

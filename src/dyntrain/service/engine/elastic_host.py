@@ -20,8 +20,8 @@ from dyntrain.elastic.linelog import read_bytes, size
 from dyntrain.elastic.progress import METRICS_FILE, result_line
 from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
 from dyntrain.launch.runner import RunSink
-from dyntrain.service.jobtext import short_worker
-from dyntrain.service.model import JobStatus
+from dyntrain.service.core.jobtext import short_worker
+from dyntrain.service.core.model import JobStatus
 from dyntrain.service.store import Store
 
 log = logging.getLogger("dyntrain.service")

@@ -1,6 +1,6 @@
 """Screenshots of the dashboard's main pages, and the headless Chromium the browser tests use.
 
-    python -m dyntrain.service.web.screenshots http://127.0.0.1:8642 --out docs/screenshots \\
+    python -m dyntrain.testing.screenshots http://127.0.0.1:8642 --out docs/screenshots \\
         [--token T] [--job JOB_ID]
 
 writes ``overview.png``, ``job.png`` (the given job, else the newest elastic job), ``array.png``

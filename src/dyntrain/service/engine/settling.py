@@ -2,56 +2,87 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from dyntrain.service import lifecycle
-from dyntrain.service.attempts import Attempt, terminating, worker_index
-from dyntrain.service.executors.base import WorkerExit
-from dyntrain.service.jobindex import job_view
-from dyntrain.service.model import JobStatus
-from dyntrain.service.scheduler import JobView
-from dyntrain.service.store import WORKER_RUNNING, Job
+from dyntrain.service.core.executor import Executor, WorkerExit
+from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.plan import JobView
+from dyntrain.service.engine.attempts import (
+    Attempt,
+    AttemptTable,
+    CoordinatorEnd,
+    terminating,
+    worker_index,
+)
+from dyntrain.service.engine.jobindex import job_view
+from dyntrain.service.engine.logtail import LogPump
+from dyntrain.service.engine.runfolders import RunFolders
+from dyntrain.service.engine.stopping import Stopper
+from dyntrain.service.engine.worker_log import read_error_line, read_result
+from dyntrain.service.store import WORKER_RUNNING, Job, Store
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
-from dyntrain.service.worker_log import read_error_line, read_result
 
 
 @dataclass
 class Settlement:
-    """One step's exits and attempt ends, written together."""
+    """One step's exits and attempt ends, written together, and the status changes they made
+    (``moves``: the job as the index knows it, its new status, its view when RUNNABLE again)."""
 
     exits: list[WorkerExitRow] = field(default_factory=list)
     usage: list[UsageRow] = field(default_factory=list)
     ends: list[AttemptEnd] = field(default_factory=list)
     moves: list[tuple[Job, JobStatus, JobView | None]] = field(default_factory=list)
 
+    @property
+    def changed(self) -> bool:
+        """A worker of a running attempt exited or an attempt ended: the scheduler has news."""
+        return bool(self.exits or self.ends)
 
-class Settling:
-    """Exits, elastic ticks and attempt ends (mixed into ``Controller``)."""
 
-    def _settle(self, exits: list[WorkerExit], now: float) -> None:
+class Settler:
+    """Settles a step's worker exits, ticks the running attempts (an elastic job's coordinator)
+    and ends those with no worker left, deciding each one's ``Ending``.
+
+    Args:
+        store: where exits, worker time and attempt ends are written.
+        executor: told when the exits it reported are stored.
+        attempts: the running attempts; an ended one leaves it.
+        logs: stops following an exited worker's log once drained.
+        folders: the jobs' run folders (logs quoted in a failure, ``result.json``).
+        stopper: stops an attempt whose main node exited or whose coordinator gave up.
+    """
+
+    def __init__(self, *, store: Store, executor: Executor, attempts: AttemptTable,
+                 logs: LogPump, folders: RunFolders, stopper: Stopper) -> None:
+        self.store, self.executor, self.attempts, self.logs = store, executor, attempts, logs
+        self.folders, self.stopper = folders, stopper
+
+    def settle(self, exits: list[WorkerExit], now: float) -> Settlement:
         """Record the exits, tick the attempts, and end those with no worker left: one
         transaction for all of it (so a restarted service never sees an exit without the end of
-        its attempt, or the reverse)."""
+        its attempt, or the reverse). The caller applies the returned ``moves`` to its index."""
         s = Settlement()
         with self.store.batch():
             for exit_ in exits:
                 self._on_exit(exit_, now, s)
-            for attempt in list(self.attempts.values()):
+            for attempt in self.attempts.values():
                 self._tick_attempt(attempt, now, s)
             self.store.settle(s.exits, s.usage, s.ends)
         if exits:  # stored: what the executor kept to report them can go
             self.executor.release([e.worker_id for e in exits])
-        for job, status, view in s.moves:
-            self.index.moved(job.id, job.array_parent_id, job.status, status, view)
+        return s
 
     def _on_exit(self, exit_: WorkerExit, now: float, s: Settlement) -> None:
         if exit_.ended_at is not None:
             now = min(now, exit_.ended_at)  # it may have ended while no service watched
-        attempt = self.attempts.get(self._owner.get(exit_.worker_id, ""))
+        attempt = self.attempts.of_worker(exit_.worker_id)
         w = attempt.workers.pop(exit_.worker_id, None) if attempt is not None else None
         if w is None:
             return
-        self._forget_worker(w.id)
+        self.attempts.disown(w.id)
+        self.logs.exited(w.id)
         code = exit_.exit_code if exit_.exit_code is not None else (
             -exit_.signal if exit_.signal else None)
         s.exits.append(WorkerExitRow(w.id, code, now, exit_.reason))
@@ -64,13 +95,13 @@ class Settling:
                                         now))
         attempt.last_exit = exit_
         if code is not None and code > 0 and w.state == WORKER_RUNNING and not attempt.first_error:
-            line = read_error_line(self._log_path(w.job_id, w.id))
+            line = read_error_line(self.folders.log_path(w.job_id, w.id))
             who = f"{w.id.rsplit('-', 1)[-1]} " if attempt.host is not None else ""
             attempt.first_error = f"{who}{line}" if line else None
         if attempt.host is not None and code not in (0, None) and w.state == WORKER_RUNNING:
             self._failed_untrained(attempt)
         if exit_.lost and (attempt.host is None or not attempt.workers):
-            attempt.preempted = True  # its node went away: capacity taken back, retried
+            attempt.claim(Ending(EndKind.PREEMPTED))  # its node went away: capacity taken back
         coordinator = attempt.host.coordinator if attempt.host is not None else None
         if coordinator is not None and (
                 (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
@@ -79,10 +110,9 @@ class Settling:
                 and worker_index(w.id) == 0):
             # AWS Batch: a multi-node job ends when its main node does; the others are stopped
             attempt.main_exit = exit_
-            self._stop_all(attempt, "the main node exited")
+            self.stopper.stop_all(attempt, "the main node exited")
         if attempt.workers:
-            self._count_workers(attempt)
-        self._changed = True
+            self.stopper.count_workers(attempt)
 
     def _failed_untrained(self, attempt: Attempt) -> None:
         """An elastic job replaces a worker that failed, but once as many as it may have failed
@@ -92,8 +122,8 @@ class Settling:
             return
         attempt.failed_untrained += 1
         if attempt.failed_untrained >= attempt.job.workers_range[1]:
-            self._stop_all(attempt, f"{attempt.failed_untrained} worker(s) failed before the "
-                                    "job trained")
+            self.stopper.stop_all(attempt, f"{attempt.failed_untrained} worker(s) failed "
+                                           "before the job trained")
 
     def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
         if attempt.host is not None:
@@ -106,15 +136,21 @@ class Settling:
                 attempt.running_seen = True
                 self._set_running(attempt, terminating(attempt.terminated)
                                   if attempt.terminated else
-                                  f"generation {host.coordinator.current.number} running")
+                                  f"generation {host.coordinator.current.number} running", s)
             if phase is Phase.DONE and attempt.stop_reason is None:
-                attempt.stop_reason = "finished"  # its workers exit on their own; no growth
+                attempt.stop("finished")  # its workers exit on their own; no growth
             if phase is Phase.FAILED and attempt.stop_reason is None:
-                self._stop_all(attempt, host.coordinator.failure or "the job failed")
+                self.stopper.stop_all(attempt, host.coordinator.failure or "the job failed")
             if phase is Phase.WAITING and not attempt.workers and attempt.stop_reason is None:
-                self._stop_all(attempt, "every worker is gone")
+                self.stopper.stop_all(attempt, "every worker is gone")
         if not attempt.workers:
             self._finish_attempt(attempt, now, s)
+
+    def _set_running(self, attempt: Attempt, reason: str, s: Settlement) -> None:
+        job = attempt.job
+        if self.store.transition(job.id, JobStatus.STARTING, JobStatus.RUNNING, reason):
+            s.moves.append((job, JobStatus.RUNNING, None))
+            attempt.job = dataclasses.replace(job, status=JobStatus.RUNNING)
 
     def _price_crashes(self, attempt: Attempt) -> None:
         """A crash throws away the interrupted step of every member of the old world."""
@@ -134,40 +170,23 @@ class Settling:
         if attempt.last_exit is not None and attempt.last_exit.ended_at is not None:
             now = min(now, attempt.last_exit.ended_at)
         job = attempt.job
-        del self.attempts[attempt.job_id]
-        self._changed = True
-        exit_ = attempt.main_exit or attempt.last_exit
-        code = exit_.exit_code if exit_ else None
-        reason = attempt.stop_reason or (exit_.reason if exit_ else "")
-        if attempt.main_exit is not None:
-            reason = attempt.main_exit.reason or ""
+        self.attempts.remove(attempt.job_id)
+        coordinator = None
         if attempt.host is not None:
             from dyntrain.elastic.coordinator import Phase
 
             phase = attempt.host.coordinator.phase
             attempt.host.close()
-            if phase is Phase.DONE:
-                # it finished: a worker lost on the way, even one reported last, asks no retry
-                attempt.preempted = False
-            if not attempt.terminated:  # a terminated job's code is its workers' own
-                code = 0 if phase is Phase.DONE else (code if code not in (0, None) else 1)
-            if phase is Phase.FAILED:
-                reason = attempt.host.coordinator.failure or reason
-        result = read_result(self.run_dir(job.id), attempt.started_at)
+            coordinator = CoordinatorEnd(phase is Phase.DONE, phase is Phase.FAILED,
+                                         attempt.host.coordinator.failure)
+        ending = attempt.ending(coordinator)
+        result = read_result(self.folders.run_dir(job.id), attempt.started_at)
         if result is not None:  # trainer.report()'s values: the job keeps its last attempt's
             self.store.update_job(job.id, result=result)
-        if attempt.terminated:  # the attempt ran: it counts, and it ends the job
-            status, reason, used, counted = JobStatus.FAILED, attempt.terminated, \
-                job.attempts + 1, True
-        else:
-            outcome = lifecycle.after_attempt(job.id, code, reason, attempt.preempted,
-                                              job.retry_strategy, job.attempts,
-                                              timed_out_after=attempt.timed_out)
-            status, reason, used, counted = (outcome.status, outcome.reason,
-                                             outcome.attempts_used, outcome.counted)
-            if attempt.first_error and counted and status is not JobStatus.SUCCEEDED:
-                reason = f"{reason}; {attempt.first_error}"
-        s.ends.append(AttemptEnd(job.id, attempt.number, code, reason, now, status.value, used,
-                                 job.preemptions + attempt.shrunk + (0 if counted else 1),
-                                 now if status.is_terminal() else None))
+        outcome = after_ending(job.id, ending, job.retry_strategy, job.attempts)
+        status, stopped = outcome.status, now if outcome.status.is_terminal() else None
+        s.ends.append(AttemptEnd(job.id, attempt.number, ending.exit_code, outcome.reason, now,
+                                 status.value, outcome.attempts_used,
+                                 job.preemptions + attempt.shrunk + (0 if outcome.counted else 1),
+                                 stopped))
         s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))

@@ -24,7 +24,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dyntrain.service.model import CapacityType, ValidationError
+from dyntrain.service.core.model import CapacityType, ValidationError
 
 SECONDS_PER_HOUR = 3600.0
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from dyntrain.errors import DyntrainError
 
+DEFAULT_PORT = 8642  # where ``dyntrain server`` listens, and the clients look, by default
 MAX_ARRAY_SIZE = 10_000
 MAX_ATTEMPTS = 10
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
@@ -67,6 +68,14 @@ class DependencyType(str, enum.Enum):
     STANDARD = "STANDARD"  # wait for the whole job (all children of an array)
     N_TO_N = "N_TO_N"  # child i waits for child i of the other array job
     SEQUENTIAL = "SEQUENTIAL"  # child i waits for child i-1 of the same array job
+
+
+TERMINAL_STATUSES = tuple(s.value for s in JobStatus if s.is_terminal())  # as the API says them
+
+
+def values(kind: type[enum.Enum]) -> tuple[str, ...]:
+    """The values of an enum of this vocabulary, in order: what the API and the CLI accept."""
+    return tuple(member.value for member in kind)
 
 
 def check_name(kind: str, name: str) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dyntrain.elastic.storage import StorageError, is_url, open_store
-from dyntrain.service.model import ValidationError
+from dyntrain.service.core.model import ValidationError
 
 # Set by the controller for every worker (see Controller._worker_env), never taken from a shell.
 SERVICE_VARIABLES = frozenset({

@@ -14,6 +14,11 @@
 5. enforces timeouts and the grace period of workers told to leave (SIGTERM, then SIGKILL);
 6. copies new lines of worker logs into the store.
 
+The controller owns its collaborators, each built with what it needs and holding its own state:
+the ``Launcher`` (claims and starts), the ``Settler`` (exits and attempt ends, each one's
+``Ending``), the ``Stopper`` (notices and deadlines), ``Recovery``, the ``LogPump`` and the
+``AttemptTable``; the pure scheduler is handed a ``Snapshot`` and returns a ``Plan``.
+
 Work grows with what changed, not with the queue: the index keeps each queue sorted and the
 attempts keep their workers in memory, and the database writes of a phase share one transaction
 (``Store.batch``). A job's start is claimed (RUNNABLE -> STARTING, a compare-and-set; attempt
@@ -28,66 +33,87 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dyntrain.elastic.protocol import ENV_OUT, FAILURE_TIMEOUT
-from dyntrain.elastic.storage import LocalStore, RunStore, open_store
-from dyntrain.service.attempts import Attempt, LogTail, terminating
-from dyntrain.service.capacity import parse_trace
-from dyntrain.service.executors.base import Executor, ExecutorError, WorkerExit
-from dyntrain.service.jobindex import WAITING, JobIndex, job_view
-from dyntrain.service.launching import Launching
-from dyntrain.service.model import JobStatus
-from dyntrain.service.recovery import Recovery
-from dyntrain.service.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
-from dyntrain.service.settling import Settling
-from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job, Store, WorkerRecord
+from dyntrain.elastic.storage import RunStore
+from dyntrain.service.core.capacity import parse_trace
+from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
+from dyntrain.service.core.lifecycle import Ending, EndKind
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
+from dyntrain.service.core.scheduler import schedule
+from dyntrain.service.engine.attempts import AttemptTable, terminating
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.jobindex import WAITING, JobIndex, job_view
+from dyntrain.service.engine.launching import Launcher
+from dyntrain.service.engine.logtail import LogPump
+from dyntrain.service.engine.recovery import Recovery
+from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
+from dyntrain.service.engine.settling import Settler
+from dyntrain.service.engine.stopping import Stopper
+from dyntrain.service.store import WORKER_RUNNING, ComputeEnvironment, Job, Store
 
 
-@dataclass
-class ControllerConfig:
-    state_dir: Path
-    grace_seconds: float = 120.0  # SIGTERM -> SIGKILL for workers told to leave
-    tick_seconds: float = 0.05
-    schedule_every: float = 0.2  # passes when nothing changed (capacity traces move with time)
-    failure_timeout: float = FAILURE_TIMEOUT  # heartbeat timeout of elastic workers
-    # How long elastic workers train on without their coordinator, waiting for a restarted
-    # service to re-attach them; 0: they stop, and the job resumes from its newest checkpoint.
-    reattach_seconds: float = 300.0
-    new_jobs_per_step: int = 2000  # bounds on one step's work, so API requests never wait long
-    resolve_per_step: int = 1000
-    starts_per_step: int = 64
+class Controller:
+    """One service's loop over a store and an executor.
 
-
-class Controller(Recovery, Launching, Settling):
-    """One service's loop over a store and an executor."""
+    Args:
+        store: the jobs and everything about them.
+        executor: where the workers run.
+        config: the run folders' root (``state_dir``), bounds and timings.
+        clock: epoch seconds (tests may pass their own).
+    """
 
     def __init__(self, store: Store, executor: Executor, config: ControllerConfig,
-                 clock=time.time) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self.store, self.executor, self.config, self.clock = store, executor, config, clock
-        self.attempts: dict[str, Attempt] = {}
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self.folders = RunFolders(config.state_dir)
+        self.attempts = AttemptTable()
         self.index = JobIndex(store)
+        self.logs = LogPump(store)
+        hosts = ElasticHosts(store, self.folders, executor, config)
+        self.stopper = Stopper(store, executor, clock, config)
+        self.launcher = Launcher(
+            store=store, executor=executor, index=self.index, attempts=self.attempts,
+            logs=self.logs, folders=self.folders, hosts=hosts, stopper=self.stopper,
+            clock=clock, config=config)
+        self.settler = Settler(store=store, executor=executor, attempts=self.attempts,
+                               logs=self.logs, folders=self.folders, stopper=self.stopper)
+        self.recovery = Recovery(
+            store=store, executor=executor, attempts=self.attempts, logs=self.logs,
+            folders=self.folders, hosts=hosts, clock=clock, config=config)
         self.plan = Plan()
-        self._last_schedule = 0.0
-        self._changed = True  # something happened that the scheduler has not seen yet
-        self._logs: dict[str, LogTail] = {}  # worker -> the part of its log not yet stored
-        self._owner: dict[str, str] = {}  # worker -> the job whose attempt it belongs to
-        self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
-        self._launching: dict[str, Attempt] = {}  # job -> attempt whose starts were sent
-        self._answers: dict = {}  # worker id -> its start's handle or error, not recorded yet
         # called with each scheduling pass's duration in seconds (the dashboard's /metrics)
         self.pass_observers: list[Callable[[float], None]] = []
-        self._parent_exports: dict[str, dict[str, str]] = {}  # array parent -> its exports
-        config.state_dir.mkdir(parents=True, exist_ok=True)
+        self._last_schedule = 0.0
+        self._changed = True  # something happened that the scheduler has not seen yet
+        self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
 
     @property
     def waiting(self):
         """Job id -> why it waits (``WaitInfo``), as of the last scheduling pass."""
         return self.plan.waiting
 
+    def run_dir(self, job_id: str) -> Path:
+        return self.folders.run_dir(job_id)
+
+    def log_path(self, job_id: str, worker_id: str) -> Path:
+        return self.folders.log_path(job_id, worker_id)
+
+    def run_store(self, job: Job) -> RunStore:
+        """Where a job's training files go (``RunFolders.run_store``)."""
+        return self.folders.run_store(job)
+
     # ---- lifecycle -------------------------------------------------------------------------------
+
+    def recover(self) -> list[str]:
+        """After a (re)start: pick up the attempts a previous service left running
+        (``Recovery.recover``); returns one line per job touched."""
+        recovered = self.recovery.recover()
+        self._early_exits += recovered.exits
+        return recovered.notes
 
     def run(self, stop) -> None:
         """Loop until ``stop()`` is true."""
@@ -99,24 +125,27 @@ class Controller(Recovery, Launching, Settling):
         now = self.clock()
         if self.index.refresh(self.config.new_jobs_per_step):
             self._changed = True
-        self._record_launches()
+        self.launcher.record_launches()
         exits = self._early_exits + self.executor.poll()
         # exits of workers whose attempt is not recorded yet (a multi-node one half answered)
-        launching = {wid for a in self._launching.values() for wid in a.workers}
+        launching = self.launcher.launching_workers()
         self._early_exits = [e for e in exits if e.worker_id in launching]
-        exits = [e for e in exits if e.worker_id not in launching]
-        self._settle(exits, now)
+        settled = self.settler.settle([e for e in exits if e.worker_id not in launching], now)
+        for job, status, view in settled.moves:
+            self.index.moved(job.id, job.array_parent_id, job.status, status, view)
+        self._changed = self._changed or settled.changed
         if self._changed or now - self._last_schedule >= self.config.schedule_every:
             self._last_schedule, self._changed = now, False
             started = time.perf_counter()
             self._resolve_waiting()
             self._update_array_parents()
-            self._apply(schedule(self.snapshot(now)))
+            envs = self.store.list_compute_environments()
+            self._apply(schedule(self.snapshot(now, envs)), {ce.name: ce for ce in envs})
             seconds = time.perf_counter() - started
             for observe in self.pass_observers:
                 observe(seconds)
-        self._enforce_deadlines(now)
-        self._pump_logs()
+        self.stopper.enforce_deadlines(self.attempts.values(), now)
+        self.logs.pump()
 
     # ---- user requests ---------------------------------------------------------------------------
 
@@ -148,10 +177,10 @@ class Controller(Recovery, Launching, Settling):
         """Stop a job whatever its state (AWS Batch: terminate); it ends FAILED, not retried.
         Running workers get their notice now and end in the background."""
         self.cancel(job_id, reason)
-        for attempt in list(self.attempts.values()):
+        for attempt in self.attempts.values():
             if attempt.job_id == job_id or attempt.job.array_parent_id == job_id:
-                attempt.terminated = reason
-                self._stop_all(attempt, reason)
+                attempt.claim(Ending(EndKind.TERMINATED, reason=reason))
+                self.stopper.stop_all(attempt, reason)
                 # until its workers are gone it stays RUNNING: say that it is on its way out
                 if attempt.host is not None:
                     attempt.host.sink.stopping = True  # membership news no longer says why
@@ -162,7 +191,7 @@ class Controller(Recovery, Launching, Settling):
     def available_slots(self, now: float) -> dict[str, int]:
         return self._available(now, self.store.list_compute_environments())
 
-    def _available(self, now: float, envs) -> dict[str, int]:
+    def _available(self, now: float, envs: Sequence[ComputeEnvironment]) -> dict[str, int]:
         traces = self.store.capacity_traces()
         offered = self.executor.slots({ce.name: ce.spec.slot for ce in envs})
         out = {}
@@ -177,8 +206,11 @@ class Controller(Recovery, Launching, Settling):
                 out[ce.name] = ce.spec.desired_slots
         return out
 
-    def snapshot(self, now: float) -> Snapshot:
-        ces = self.store.list_compute_environments()
+    def snapshot(self, now: float, ces: Sequence[ComputeEnvironment] | None = None) -> Snapshot:
+        """What the scheduler sees now: ``ces`` (default: the store's compute environments)
+        with the slots each offers, the queues, the running attempts and the queued jobs."""
+        if ces is None:
+            ces = self.store.list_compute_environments()
         slots = self._available(now, ces)
         running: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         leaving: dict[str, int] = defaultdict(int)
@@ -214,28 +246,30 @@ class Controller(Recovery, Launching, Settling):
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),
                                   preemptible=job.elastic is not None))
-        self._envs = {ce.name: ce for ce in ces}
         return Snapshot(envs, queues, tuple(active), self.index.queues())
 
-    def _apply(self, plan: Plan) -> None:
+    def _apply(self, plan: Plan, envs: dict[str, ComputeEnvironment]) -> None:
+        """Carry out a pass's decisions; ``envs``: the compute environments it saw, by name."""
         self.plan = plan
         for shrink in plan.shrinks:
-            self._shrink(shrink.job, shrink.env, shrink.count, shrink.reason)
+            attempt = self.attempts.get(shrink.job)
+            if attempt is not None:
+                self.stopper.shrink(attempt, shrink.env, shrink.count, shrink.reason)
         for suspend in plan.suspends:
             attempt = self.attempts.get(suspend.job)
             if attempt is not None:
-                attempt.preempted = True
-                self._stop_all(attempt, f"suspended: {suspend.reason}")
+                attempt.claim(Ending(EndKind.PREEMPTED))
+                self.stopper.stop_all(attempt, f"suspended: {suspend.reason}")
         starts = plan.starts[:self.config.starts_per_step]
         if len(starts) < len(plan.starts):
             self._changed = True  # the rest start in the next step
         if starts:
-            self._start_many(starts)
+            self.launcher.start(starts, envs)
         for grow in plan.grows:
             attempt = self.attempts.get(grow.job)
             if attempt is not None and attempt.stop_reason is None:
                 try:
-                    self._start_workers(attempt, {grow.env: grow.count})
+                    self.launcher.grow(attempt, {grow.env: grow.count}, envs)
                 except ExecutorError as exc:  # the job goes on with the workers it has
                     self.store.add_event(grow.job, "grow.failed", {"error": str(exc)})
 
@@ -279,97 +313,3 @@ class Controller(Recovery, Launching, Settling):
                                      f"children: {status.value.lower()}", **extra):
                 self.index.parents[parent_id] = dataclasses.replace(parent, status=status)
                 self.index.moved(parent_id, None, parent.status, status)
-
-    # ---- starting --------------------------------------------------------------------------------
-
-    def run_dir(self, job_id: str) -> Path:
-        return self.config.state_dir / "jobs" / job_id.replace(":", "_")
-
-    def run_store(self, job: Job) -> RunStore:
-        """Where a job's training files go: the object store its ``DYNTRAIN_OUT`` names, else
-        its run folder here (which keeps its logs either way)."""
-        out = job.environment.get(ENV_OUT)
-        return open_store(out) if out else LocalStore(self.run_dir(job.id))
-
-    def _log_path(self, job_id: str, wid: str) -> Path:
-        return self.run_dir(job_id) / "logs" / f"{wid}.log"
-
-    def _count_workers(self, attempt: Attempt) -> None:
-        self.store.update_job(attempt.job_id, current_workers=len(attempt.running()))
-
-    def _forget_worker(self, wid: str) -> None:
-        self._owner.pop(wid, None)
-        tail = self._logs.get(wid)
-        if tail is not None:
-            tail.exited = True
-
-    # ---- stopping --------------------------------------------------------------------------------
-
-    def _shrink(self, job_id: str, env: str, count: int, reason: str) -> None:
-        attempt = self.attempts.get(job_id)
-        if attempt is None:
-            return
-        chosen = [w for w in attempt.running() if w.compute_environment == env][-count:]
-        for w in chosen:
-            self._tell_to_leave(attempt, w, f"shrink: {reason}")
-        if chosen:  # what a user calls a preemption: capacity taken from a running job
-            attempt.shrunk += len(chosen)
-            self.store.update_job(job_id, preemptions=attempt.job.preemptions + attempt.shrunk)
-        self._count_workers(attempt)
-
-    def _stop_all(self, attempt: Attempt, reason: str) -> None:
-        attempt.stop_reason = attempt.stop_reason or reason
-        leaving = attempt.running()
-        with self.store.batch():  # recorded in one commit, then the notices go out together
-            for w in leaving:
-                self._record_leave(attempt, w, reason)
-            self._count_workers(attempt)
-        for w in leaving:
-            self._notify(w)
-
-    def _tell_to_leave(self, attempt: Attempt, w: WorkerRecord, reason: str) -> None:
-        """A graceful notice (SIGTERM); SIGKILL follows after the grace period."""
-        self._record_leave(attempt, w, reason)
-        self._notify(w)
-
-    def _record_leave(self, attempt: Attempt, w: WorkerRecord, reason: str) -> None:
-        if attempt.host is not None:
-            attempt.host.coordinator.note_request(w.id)
-        now = self.clock()
-        self.store.update_worker(w.id, state=WORKER_LEAVING, leave_reason=reason, leave_at=now)
-        attempt.workers[w.id] = dataclasses.replace(w, state=WORKER_LEAVING, leave_reason=reason,
-                                                    leave_at=now)
-
-    def _notify(self, w: WorkerRecord) -> None:
-        try:
-            self.executor.signal(w.id, "TERM")
-        except ExecutorError:
-            pass  # already gone; its exit is on its way
-
-    def _enforce_deadlines(self, now: float) -> None:
-        for attempt in list(self.attempts.values()):
-            for w in attempt.workers.values():
-                if (w.state == WORKER_LEAVING
-                        and now - (w.leave_at or now) > self.config.grace_seconds):
-                    try:
-                        self.executor.signal(w.id, "KILL")
-                    except ExecutorError:
-                        pass
-            timeout = attempt.job.timeout_seconds
-            if timeout and attempt.timed_out is None and now - attempt.started_at > timeout:
-                attempt.timed_out = timeout
-                self._stop_all(attempt, f"timeout after {timeout:g}s")
-
-    # ---- exits and attempts ----------------------------------------------------------------------
-
-    # ---- logs ------------------------------------------------------------------------------------
-
-    def _pump_logs(self) -> None:
-        """Copy complete new lines of each live worker's log file into the store."""
-        with self.store.batch():
-            for wid, tail in list(self._logs.items()):
-                lines = tail.read_lines()
-                if lines:
-                    self.store.append_log(tail.job_id, tail.attempt_no, wid, lines)
-                if tail.exited and tail.drained:
-                    del self._logs[wid]

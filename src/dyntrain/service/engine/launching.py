@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 
 from dyntrain.elastic.protocol import (
     ENV_COORDINATOR,
@@ -12,27 +12,75 @@ from dyntrain.elastic.protocol import (
     ENV_SECRET,
     ENV_WORKER_ID,
 )
-from dyntrain.service.attempts import Attempt, LogTail, worker_id, worker_index
-from dyntrain.service.executors.base import ExecutorError, StartError, WorkerHandle, WorkerSpec
-from dyntrain.service.model import JobStatus
-from dyntrain.service.store import WORKER_RUNNING, Job, WorkerRecord
+from dyntrain.service.core.executor import (
+    Executor,
+    ExecutorError,
+    StartError,
+    WorkerHandle,
+    WorkerSpec,
+)
+from dyntrain.service.core.lifecycle import Ending, EndKind
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.plan import Start
+from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.jobindex import JobIndex
+from dyntrain.service.engine.logtail import LogPump
+from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
+from dyntrain.service.engine.stopping import Stopper
+from dyntrain.service.store import WORKER_RUNNING, ComputeEnvironment, Job, Store, WorkerRecord
 
 MAIN_NODE_ADDRESS = "127.0.0.1"  # every worker of the local executor runs on this host
 
 CANNOT_START = "CannotStartContainerError"
 MAX_PARENT_EXPORTS = 64  # array parents whose exported environment is kept in memory
 
+Answers = dict[str, WorkerHandle | ExecutorError]  # worker id -> its start's handle or error
+Launched = dict[str, tuple[dict[str, WorkerHandle], ExecutorError | None]]
 
-class Launching:
-    """Starting attempts and growing them (mixed into ``Controller``)."""
 
-    def _start_many(self, starts) -> None:
+class Launcher:
+    """Starts attempts (``start``) and grows running ones (``grow``).
+
+    A pass's starts are claimed in one transaction before any worker starts (a compare-and-set
+    RUNNABLE -> STARTING with the attempt and worker records), then sent to the executor
+    together without waiting for the children to exec; ``record_launches`` stores the handles
+    once the executor has them. A service that dies in between finds those workers again by
+    their ids.
+
+    Args:
+        store: the claims, worker records and handles.
+        executor: what starts the workers.
+        index: told which jobs started (and which someone else moved first).
+        attempts: where a started attempt is tracked.
+        logs: follows each started worker's log.
+        folders: the jobs' run folders (log paths, ``DYNTRAIN_OUT``).
+        hosts: builds an elastic job's coordinator host.
+        stopper: stops an attempt whose start failed.
+        clock: the time of a start (epoch seconds).
+        config: its ``reattach_seconds``, which elastic workers are told (how long they wait
+            for a restarted service).
+    """
+
+    def __init__(self, *, store: Store, executor: Executor, index: JobIndex,
+                 attempts: AttemptTable, logs: LogPump, folders: RunFolders,
+                 hosts: ElasticHosts, stopper: Stopper, clock: Callable[[], float],
+                 config: ControllerConfig) -> None:
+        self.store, self.executor, self.index, self.attempts = store, executor, index, attempts
+        self.logs, self.folders, self.hosts, self.stopper = logs, folders, hosts, stopper
+        self.clock, self.config = clock, config
+        self._launching: dict[str, Attempt] = {}  # job -> attempt whose starts were sent
+        self._answers: Answers = {}  # answered starts not recorded yet
+        self._parent_exports: dict[str, dict[str, str]] = {}  # array parent -> its exports
+
+    def launching_workers(self) -> set[str]:
+        """Workers whose attempt's starts are not all answered yet (their exits wait)."""
+        return {wid for a in self._launching.values() for wid in a.workers}
+
+    def start(self, starts: Sequence[Start], envs: Mapping[str, ComputeEnvironment]) -> None:
         """Claim a pass's starts in one transaction, send their workers' starts, and record
-        the handles of those already answered (the rest at the next step's start).
-
-        Claims are committed before any worker starts and handles are written once the executor
-        has them: a service that dies in between finds those workers again by their ids.
-        """
+        the handles of those already answered (the rest at the next step's start). ``envs``:
+        the compute environments the pass placed them in, by name."""
         jobs = self.store.get_jobs([s.job for s in starts])
         numbers = self.store.last_attempt_numbers(list(jobs))
         claims, attempts = [], {}
@@ -44,7 +92,7 @@ class Launching:
                 continue
             attempt = Attempt(job.id, numbers.get(job.id, 0) + 1, now, job=job)
             try:
-                records = self._plan_workers(attempt, dict(start.placement), now)
+                records = self._plan_workers(attempt, dict(start.placement), envs, now)
             except ExecutorError:
                 continue  # its environment is gone: the next pass places it elsewhere
             attempts[job.id] = attempt
@@ -56,31 +104,18 @@ class Launching:
         for job_id in claimed:
             attempt = attempts[job_id]
             attempt.job = job = dataclasses.replace(attempt.job, status=JobStatus.STARTING)
-            self.attempts[job_id] = attempt
+            self.attempts.add(attempt)
             self.index.moved(job_id, job.array_parent_id, JobStatus.RUNNABLE, JobStatus.STARTING)
-            for wid in attempt.workers:
-                self._owner[wid] = job_id
             if job.elastic is not None:
-                from dyntrain.service.elastic_host import ElasticHost  # torch: only when needed
-
-                attempt.host = ElasticHost(
-                    self.store, job_id, self.run_dir(job_id), job.min_workers, job.max_workers,
-                    expected=len(attempt.workers), failure_timeout=self.config.failure_timeout,
-                    attempt=attempt.number, host=self.executor.coordinator_host,
-                    files=self.run_store(job))
+                attempt.host = self.hosts.host(job, attempt.number, len(attempt.workers))
             started.append(attempt)
-        self._send(started)
-        self._record_launches()
-
-    def _send(self, attempts: list[Attempt]) -> None:
-        """Send the starts of the (claimed and committed) attempts' workers without waiting
-        for them: ``_record_launches`` records the handles once the executor has them."""
-        specs = self._specs(attempts)
-        for attempt in attempts:
+        specs = self._specs(started)
+        for attempt in started:
             self._launching[attempt.job_id] = attempt
         self.executor.send_starts(specs)
+        self.record_launches()
 
-    def _record_launches(self) -> None:
+    def record_launches(self) -> None:
         """Record the handles of the attempts whose every start was answered, in one
         transaction; a failed start ends its attempt. A service that dies before this finds
         those workers again by their ids (``Recovery``)."""
@@ -106,7 +141,7 @@ class Launching:
         self.store.record_launch(handles, never, running)
         for job_id, (_, error) in launched.items():
             if error is None and job_id not in running:  # elastic: RUNNING once it trains
-                self._count_workers(self.attempts[job_id])
+                self.stopper.count_workers(self.attempts[job_id])
         for job_id in running:
             attempt = self.attempts[job_id]
             self.index.moved(job_id, attempt.job.array_parent_id, JobStatus.STARTING,
@@ -116,19 +151,44 @@ class Launching:
             if error is not None:
                 self._start_failed(self.attempts[job_id], error)
 
+    def grow(self, attempt: Attempt, placement: dict[str, int],
+             envs: Mapping[str, ComputeEnvironment]) -> None:
+        """Grow a running attempt: record, then start, the new workers; raises the first
+        ``ExecutorError`` of those that did not start (the job goes on with the others)."""
+        first = attempt.workers_started
+        records = self._plan_workers(attempt, placement, envs, self.clock())
+        for record in records:
+            self.store.add_worker(record)
+            self.attempts.own(record.id, attempt.job_id)
+        specs = self._specs([attempt])
+        answers = dict(zip((s.worker_id for s in specs), self.executor.start_many(specs),
+                           strict=True))
+        handles, error = self._results([attempt], answers)[attempt.job_id]
+        for wid, handle in handles.items():
+            attempt.workers[wid] = dataclasses.replace(attempt.workers[wid],
+                                                       handle=handle.to_dict())
+        self.store.record_launch({wid: h.to_dict() for wid, h in handles.items()},
+                                 self._drop_unstarted(attempt), {})
+        if attempt.host is not None and first > 0 and handles:
+            # workers added together join together: the group re-forms once
+            attempt.host.coordinator.expect_joiners(list(handles), within=60.0)
+        self.stopper.count_workers(attempt)
+        if error is not None:
+            raise error
+
     def _start_failed(self, attempt: Attempt, exc: ExecutorError) -> None:
         if isinstance(exc, StartError):  # the command's fault: a failed attempt, counted
-            self._stop_all(attempt, f"{CANNOT_START}: {exc}")
+            self.stopper.stop_all(attempt, f"{CANNOT_START}: {exc}")
         else:  # no room after all: not the job's fault
-            attempt.preempted = True
-            self._stop_all(attempt, f"could not start: {exc}")
+            attempt.claim(Ending(EndKind.PREEMPTED))
+            self.stopper.stop_all(attempt, f"could not start: {exc}")
 
     def _plan_workers(self, attempt: Attempt, placement: dict[str, int],
-                      now: float) -> list[WorkerRecord]:
+                      envs: Mapping[str, ComputeEnvironment], now: float) -> list[WorkerRecord]:
         """Worker records (no handles yet) for ``placement``, added to the attempt."""
         records = []
         for env_name, count in placement.items():
-            ce = self._envs.get(env_name)
+            ce = envs.get(env_name)
             if ce is None:
                 raise ExecutorError(f"compute environment {env_name} was deleted")
             for _ in range(count):
@@ -145,36 +205,27 @@ class Launching:
         """What starts the attempts' (already recorded) workers that have no handle yet."""
         return [WorkerSpec(job.id, attempt.number, record.id, list(job.command),
                            self._worker_env(job, attempt, record), job.resources, job.workdir,
-                           str(self._log_path(job.id, record.id)), record.compute_environment)
+                           str(self.folders.log_path(job.id, record.id)),
+                           record.compute_environment)
                 for attempt in attempts if (job := attempt.job)
                 for record in attempt.workers.values() if record.handle is None]
 
-    def _launch(self, attempts: list[Attempt]
-                ) -> dict[str, tuple[dict[str, WorkerHandle], ExecutorError | None]]:
-        """Start the attempts' workers that have no handle yet, all in one call to the
-        executor and without database writes, and wait for them (``_results``)."""
-        specs = self._specs(attempts)
-        results = self.executor.start_many(specs)
-        return self._results(attempts, dict(zip((s.worker_id for s in specs), results,
-                                                strict=True)))
-
-    def _results(self, attempts: list[Attempt], results: dict
-                 ) -> dict[str, tuple[dict[str, WorkerHandle], ExecutorError | None]]:
+    def _results(self, attempts: list[Attempt], answers: Answers) -> Launched:
         """Per job, the handles of its workers that started and the first error of those that
-        did not, taken out of ``results`` (worker id -> handle or error)."""
+        did not, taken out of ``answers``; each started worker's log is followed from now."""
         out = {}
         for attempt in attempts:
             handles, error = {}, None
             for wid, record in attempt.workers.items():
                 if record.handle is not None:
                     continue
-                result = results.pop(wid)
+                result = answers.pop(wid)
                 if isinstance(result, ExecutorError):
                     error = error or result
                     continue
                 handles[wid] = result
-                self._logs[wid] = LogTail(Path(str(self._log_path(attempt.job_id, wid))),
-                                          attempt.job_id, attempt.number)
+                self.logs.follow(wid, self.folders.log_path(attempt.job_id, wid),
+                                 attempt.job_id, attempt.number)
             out[attempt.job_id] = (handles, error)
         return out
 
@@ -182,35 +233,10 @@ class Launching:
         """Forget the attempt's workers that never got a handle; returns their ids."""
         gone = [wid for wid, w in attempt.workers.items() if w.handle is None]
         for wid in gone:
-            self._forget_worker(wid)
+            self.attempts.disown(wid)
+            self.logs.exited(wid)
             del attempt.workers[wid]
         return gone
-
-    def _start_workers(self, attempt: Attempt, placement: dict[str, int]) -> None:
-        """Grow a running attempt: record, then start, the new workers."""
-        first = attempt.workers_started
-        records = self._plan_workers(attempt, placement, self.clock())
-        for record in records:
-            self.store.add_worker(record)
-            self._owner[record.id] = attempt.job_id
-        handles, error = self._launch([attempt])[attempt.job_id]
-        for wid, handle in handles.items():
-            attempt.workers[wid] = dataclasses.replace(attempt.workers[wid],
-                                                       handle=handle.to_dict())
-        self.store.record_launch({wid: h.to_dict() for wid, h in handles.items()},
-                                 self._drop_unstarted(attempt), {})
-        if attempt.host is not None and first > 0 and handles:
-            # workers added together join together: the group re-forms once
-            attempt.host.coordinator.expect_joiners(list(handles), within=60.0)
-        self._count_workers(attempt)
-        if error is not None:
-            raise error
-
-    def _set_running(self, attempt: Attempt, reason: str) -> None:
-        job = attempt.job
-        if self.store.transition(job.id, JobStatus.STARTING, JobStatus.RUNNING, reason):
-            self.index.moved(job.id, job.array_parent_id, JobStatus.STARTING, JobStatus.RUNNING)
-            attempt.job = dataclasses.replace(job, status=JobStatus.RUNNING)
 
     def _exported(self, job: Job) -> dict[str, str]:
         """The submitter's variables (an array child's are its parent's, read once)."""
@@ -233,7 +259,7 @@ class Launching:
                "DYNTRAIN_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JOB_ID": job.id,
                "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JQ_NAME": job.queue,
                "AWS_BATCH_CE_NAME": w.compute_environment, ENV_WORKER_ID: w.id,
-               ENV_OUT: self.run_store(job).location, "PYTHONUNBUFFERED": "1"}
+               ENV_OUT: self.folders.run_store(job).location, "PYTHONUNBUFFERED": "1"}
         if job.array_index is not None:
             env["AWS_BATCH_JOB_ARRAY_INDEX"] = env["DYNTRAIN_ARRAY_INDEX"] = str(job.array_index)
         if job.num_nodes:

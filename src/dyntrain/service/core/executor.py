@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.model import Resources
+from dyntrain.service.core.model import Resources
 
 SIGNALS = ("TERM", "KILL")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")

@@ -18,10 +18,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import attrgetter
 
-from dyntrain.service import lifecycle
-from dyntrain.service.lifecycle import Transition
-from dyntrain.service.model import DependencyType, JobStatus
-from dyntrain.service.scheduler import JobView, WaitInfo, WaitingJobs
+from dyntrain.service.core import lifecycle
+from dyntrain.service.core.lifecycle import Transition
+from dyntrain.service.core.model import DependencyType, JobStatus
+from dyntrain.service.core.plan import JobView, WaitInfo, WaitingJobs
 from dyntrain.service.store import Job, JobEntry, Store
 
 WAITING = (JobStatus.SUBMITTED, JobStatus.PENDING)

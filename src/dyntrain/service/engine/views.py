@@ -6,11 +6,11 @@ import dataclasses
 from collections import Counter
 from typing import Any
 
-from dyntrain.service.cost import JobCost
-from dyntrain.service.model import JobStatus, Resources, RetryStrategy
-from dyntrain.service.scheduler import WaitInfo
+from dyntrain.service.core.cost import JobCost
+from dyntrain.service.core.model import JobStatus, Resources, RetryStrategy
+from dyntrain.service.core.plan import WaitInfo
 from dyntrain.service.store import (
-    Attempt,
+    AttemptRecord,
     ComputeEnvironment,
     Event,
     Job,
@@ -100,7 +100,7 @@ def worker(w: WorkerRecord) -> dict[str, Any]:
             "leave_at": w.leave_at, "exit_code": w.exit_code, "stopped_at": w.stopped_at}
 
 
-def attempt(a: Attempt) -> dict[str, Any]:
+def attempt(a: AttemptRecord) -> dict[str, Any]:
     """One attempt: when it ran and how it ended (``reason``: the job's status reason then)."""
     return {"attempt": a.attempt_no, "started_at": a.started_at, "stopped_at": a.stopped_at,
             "exit_code": a.exit_code, "reason": a.reason}

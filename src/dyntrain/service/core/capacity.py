@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dyntrain.service.model import CapacityType, ValidationError
+from dyntrain.service.core.model import CapacityType, ValidationError
 
 HEADER = ("offset_s", "slots", "price")
 
