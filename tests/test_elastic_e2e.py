@@ -10,8 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, wait_for
 from dyntrain.elastic.sampler import epoch_permutation
+from dyntrain.testing.jobs import Output
 
 pytestmark = pytest.mark.slow
 
@@ -64,6 +65,10 @@ def test_elastic_run_matches_static_run(tmp_path):
                     "--events", events, *DIGITS, "--epochs", "10", "--step-delay", "0.004"],
                    check=True)
     assert world_sizes(elastic)[:5] == [1, 3, 2, 4, 3], proc.stdout
+    if not torch.cuda.is_available():  # no GPU: every worker was forked from the fork server
+        assert (elastic / "logs" / "forkserver.log").exists()
+        assert not any("starting workers as new processes" in log.read_text()
+                       for log in (elastic / "logs").glob("worker-*.log"))
     events_seen = read_jsonl(elastic / "events.jsonl")
     assert [e["event"] for e in events_seen] == ["start", "join", "crash", "join", "leave"]
     assert [len(e["workers"]) for e in events_seen] == [1, 2, 1, 2, 1]
@@ -159,16 +164,36 @@ def start_launcher(out: Path, workers: str, *script_args: str) -> tuple[subproce
 
 def join_from_shell(out: Path, *worker_args: str, timeout: float = 240):
     """Start a 1:2 launcher, run `dyntrain worker` against it to the end, then let the launcher
-    finish; returns (joiner's CompletedProcess, launcher, launcher's output)."""
-    launcher, address = start_launcher(out, "1:2", "--step-delay", "0.004")
+    finish; returns (joiner's CompletedProcess, launcher, launcher's output).
+
+    The launcher's job is held slow (ledger --slow-while) from before the joiner starts until
+    the joiner took part or was refused, so the job can neither end before the joiner arrives
+    nor be started by it (the joiner starts once the job has applied a step)."""
+    gate = out.parent / f"{out.name}.hold"
+    gate.touch()
+    launcher, address = start_launcher(out, "1:2", "--step-delay", "0.004", "--slow-while",
+                                       str(gate))
+    said, joiner = Output(launcher), None
     try:
-        joiner = subprocess.run(
+        wait_for(lambda: said.find(r"step +1/"), "the job's first step", timeout=240)
+        joiner = subprocess.Popen(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
-             *worker_args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        rest = launcher.communicate(timeout=240)[0]
+             *worker_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT)
+        joined = Output(joiner)
+        wait_for(lambda: joiner.poll() is not None or said.find(r"world 1 -> 2"),
+                 "the joiner taking part or refused", timeout=timeout)
+        gate.unlink()
+        joiner.wait(timeout)
+        err = joiner.stderr.read()
+        launcher.wait(240)
     finally:
-        launcher.kill()
-    return joiner, launcher, rest
+        gate.unlink(missing_ok=True)
+        for proc in (launcher, joiner):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    done = subprocess.CompletedProcess(joiner.args, joiner.returncode, joined.text(), err)
+    return done, launcher, said.text()
 
 
 def test_worker_joins_from_another_shell(tmp_path):

@@ -5,8 +5,9 @@ import os
 import signal
 
 import pytest
+import torch
 
-from dyntrain.launch.forkserver import ForkServer
+from dyntrain.launch.forkserver import ENV_SWITCH, ForkServer, wanted
 
 pytestmark = pytest.mark.slow
 
@@ -50,3 +51,23 @@ def test_forked_workers_run_like_python_script_and_report_exit_codes(tmp_path, m
     c = (tmp_path / "c.log").read_text()
     assert "Traceback" in c and c.strip().endswith("ValueError: boom")
     assert server.proc.returncode == 0
+
+
+@pytest.mark.parametrize("cuda, hip, gpu, switch, expected", [
+    (None, None, False, None, True),  # a CPU build
+    ("13.0", None, False, None, True),  # a CUDA build on a machine without a GPU
+    ("13.0", None, True, None, False),  # a GPU: workers start as new processes
+    (None, "6.4", True, None, False),
+    ("13.0", None, True, "1", True),  # asked for
+    (None, None, False, "0", False),  # turned off
+])
+def test_the_fork_server_is_used_where_no_gpu_can_be(monkeypatch, cuda, hip, gpu, switch,
+                                                     expected):
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    monkeypatch.setattr(torch.version, "hip", hip, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    if switch is None:
+        monkeypatch.delenv(ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(ENV_SWITCH, switch)
+    assert wanted() is expected

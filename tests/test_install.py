@@ -10,6 +10,7 @@ environment, where it is installed (torch 2.13.0 among them); the extras stay ou
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import venv
 from importlib import metadata
@@ -30,7 +31,9 @@ def requirement_closure(name: str) -> list[metadata.Distribution]:
     todo: list[tuple[str, frozenset[str]]] = [(name, frozenset())]
     while todo:
         wanted, extras = todo.pop()
-        dist = metadata.distribution(wanted)
+        # as installed in site-packages: never a source tree's egg-info that a test put on
+        # sys.path (its files would be the sources, not what pip installed)
+        dist = next(metadata.distributions(name=wanted, path=site.getsitepackages()))
         key = dist.metadata["Name"].lower().replace("_", "-")
         if key in found and not extras:
             continue

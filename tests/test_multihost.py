@@ -11,6 +11,7 @@ import pytest
 
 from conftest import SCRIPTS, wait_for
 from dyntrain.elastic.protocol import FAILURE_TIMEOUT
+from dyntrain.errors import EXIT_USAGE
 from dyntrain.testing.jobs import HostJob
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
@@ -73,7 +74,7 @@ def test_a_worker_its_peers_cannot_reach_is_told_why_and_the_job_goes_on(hosts, 
     job = ledger_job(hosts, "unreachable")
     bad = job.add_worker(hosts.host(1), "--advertise-address", "127.0.1.1")
     job.add_worker(hosts.host(2))
-    assert bad.wait(180) == 1
+    assert bad.wait(180) == EXIT_USAGE, bad.text()[-3000:]  # a setting the user fixes
     said = bad.text()
     assert "its peers cannot reach it at 127.0.1.1:" in said, said[-2000:]
     assert "w0 could not connect to 127.0.1.1:" in said and "Connection refused" in said

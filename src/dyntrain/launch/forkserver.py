@@ -10,8 +10,10 @@ requested environment, working directory and command line, run the way ``python 
 like the ``subprocess.Popen`` of a normal start (poll, wait, signals, the exit code).
 
 The server never computes with torch and runs no Python threads, so the children inherit no
-locked state; it does not initialise CUDA (importing torch does not), and it is used only with a
-CPU build of torch unless ``DYNTRAIN_FORKSERVER=1`` asks for it (it was not tried on GPUs).
+locked state; it does not initialise CUDA (importing torch does not), and it is used only where
+no GPU can be used (a CPU build of torch, or a CUDA build on a machine without a GPU, as
+``pip install torch`` gives on most Linux machines) unless ``DYNTRAIN_FORKSERVER=1`` asks for it
+(it was not tried on GPUs).
 ``DYNTRAIN_FORKSERVER=0`` turns it off; workers are then started as plain processes, as they
 are whenever the server is not available and for a worker whose environment differs from the
 server's in more than per-worker variables (an interpreter reads PYTHONHASHSEED, PYTHONPATH and
@@ -46,7 +48,9 @@ def wanted() -> bool:
         return switch == "1"
     import torch
 
-    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    cpu_build = torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    # asked in the launcher, never in the server: the server's children must not inherit CUDA
+    return cpu_build or not torch.cuda.is_available()
 
 
 class ForkedProcess:
