@@ -26,7 +26,7 @@ from dyntrain.elastic.channel import WorkerChannel
 # no pause between polls: the watcher is inside a store call nearly all the time
 ch = WorkerChannel(sys.argv[1], "w0", heartbeat_interval=0.0, watch_interval=0.0)
 ch.watch(0)
-ch.send("left", gen=0, step=3)
+ch.send(p.Left(0, 3))
 ch.close()
 sys.exit(0)
 """
@@ -46,7 +46,7 @@ def test_close_ends_the_watcher_and_report_still_delivers(store):
     watchers = [t for t in set(threading.enumerate()) - before if t.name == "dyntrain-watcher"]
     ch.close()
     assert watchers and not watchers[0].is_alive()
-    ch.send("result", val_accuracy=0.5)  # what ElasticTrainer.report does after fit()
+    ch.send(p.Result(0, {"val_accuracy": 0.5}))  # what ElasticTrainer.report does after fit()
     ch.flush()
     assert store.check([p.inbox_key("w0", 0)])
 
