@@ -91,6 +91,8 @@ def test_the_writer_refuses_what_readers_would_refuse(tmp_path):
     writer.close()
     with pytest.raises(RowError, match="unknown event 'explode'"):
         EventRow.from_json({"event": "explode"})
+    with pytest.raises(RowError, match="an event row has no event"):
+        EventRow.from_json({"workers": ["w1"]})
     assert read_metrics(tmp_path) == [] and not run_file(tmp_path).exists()
 
 

@@ -89,7 +89,7 @@ class MetricsRow:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> MetricsRow:
         """The row a JSON object holds; ``RowError`` naming the field that is wrong."""
-        f = _Fields(data, "metrics row")
+        f = _Fields(data, "a metrics row")
         noise = None
         if "b_simple" in data:
             noise = NoiseScale(f.number("b_simple"), f.number("b_simple_raw"), f.number("g2"),
@@ -166,7 +166,7 @@ class EventRow:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EventRow:
         """The row a JSON object holds; ``RowError`` naming the field that is wrong."""
-        f = _Fields(data, "event row")
+        f = _Fields(data, "an event row")
         kind = f.text("event", required=True)
         try:
             kind = EventKind(kind)
@@ -209,12 +209,12 @@ class _Fields:
 
     def __init__(self, data: Mapping[str, Any], what: str) -> None:
         if not isinstance(data, Mapping):
-            raise RowError(f"a {what} must be a JSON object, got {type(data).__name__}")
+            raise RowError(f"{what} must be a JSON object, got {type(data).__name__}")
         self.rest, self.what = dict(data), what
 
     def _take(self, key: str, required: bool, kind: str = "") -> Any:
         if required and self.rest.get(key) is None:
-            raise RowError(f"a {self.what} has no {kind}{key}")
+            raise RowError(f"{self.what} has no {kind}{key}")
         return self.rest.pop(key, None)
 
     def integer(self, key: str, required: bool = False) -> int | None:
