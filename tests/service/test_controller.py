@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import read_jsonl
 from dyntrain.elastic.sampler import epoch_permutation
 from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import (
@@ -147,8 +148,8 @@ def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_
     def watch():
         if not metrics.exists():
             return
-        lines = metrics.read_text().splitlines()
-        n = json.loads(lines[-1])["world_size"] if lines else 0
+        rows = read_jsonl(metrics)  # a line still being written waits
+        n = rows[-1]["world_size"] if rows else 0
         if n and (not sizes or sizes[-1] != n):
             sizes.append(n)
         desired = store.get_compute_environment("spot").spec.desired_slots
@@ -418,7 +419,7 @@ def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path
     def crash_one():
         if killed or not metrics.exists():
             return
-        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        rows = read_jsonl(metrics)
         if rows and rows[-1]["world_size"] == 2 and len(rows) > 20:
             victim = store.list_workers(job.id)[-1]
             c.executor.signal(victim.id, "KILL")
