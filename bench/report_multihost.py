@@ -97,10 +97,10 @@ first look after the thaw, the coordinator found `w0`'s heartbeat unchanged for 
 lost, although `w0` had been stopped together with it; with no worker left the job failed ("every
 worker is gone; the newest checkpoint is at step 140: run the same command again to resume"). A
 coordinator that is late to poll reads the counters before it compares times, which protects workers
-that kept beating, not workers frozen with it. That is a defect of failure detection (a
-coordinator's own pause should not count as a worker's silence);
-[Several hosts](../several-hosts.md#measured-on-hosts-made-of-network-namespaces) says so until
-it is fixed. Its two "left" processes were its workers that had started over: they waited for the
+that kept beating, not workers frozen with it. That was a defect of failure detection (a
+coordinator's own pause should not count as a worker's silence), fixed after this run: a gap
+between two of the coordinator's polls longer than half the failure timeout is now its own stall
+and not counted against anyone (`tests/test_coordinator.py`). Its two "left" processes were its workers that had started over: they waited for the
 failed job's coordinator for their `--connect-timeout` (180 s) and exited saying so (their logs).
 
 Schedule 14 (seed 1813) ended bitwise equal, but the two workers that came back (host 1's second

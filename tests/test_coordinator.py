@@ -7,6 +7,7 @@ heartbeat counter); the tests drive ``tick()`` by hand and read back what the co
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 
 import pytest
@@ -89,7 +90,7 @@ class Job:
 
     def __init__(self, store: dist.Store, *, min_workers: int = 1, max_workers: int = 8,
                  expected_initial: int = 1, settle_seconds: float = 2.0,
-                 failure_timeout: float = 10.0,
+                 failure_timeout: float = 10.0, stall_gap: float | None = math.inf,
                  checkpoint: tuple[int, str] | None = None) -> None:
         self.store = store
         self.clock = FakeClock()
@@ -97,7 +98,10 @@ class Job:
         self.checkpoint = checkpoint
         self.find_calls = 0
         self.config = CoordinatorConfig(min_workers, max_workers, expected_initial,
-                                        settle_seconds, failure_timeout)
+                                        settle_seconds, failure_timeout,
+                                        # the harness ticks seconds apart: by default no gap
+                                        # counts as the coordinator's own stall
+                                        stall_gap)
         self.coord = Coordinator(store, self.config, self.sink, self._find, clock=self.clock)
         self.w: dict[str, FakeWorker] = {}
 
@@ -111,6 +115,15 @@ class Job:
             self.w[wid].hello(fingerprint)
 
     def tick(self, dt: float = 0.0) -> Phase:
+        """Beating workers beat, then the coordinator polls ``dt`` seconds after its last poll."""
+        return self._poll(dt)
+
+    def freeze(self, dt: float) -> Phase:
+        """The coordinator does not run for ``dt`` seconds (its host is frozen), then polls."""
+        self.clock.now += dt
+        return self.coord.tick()
+
+    def _poll(self, dt: float) -> Phase:
         self.clock.now += dt
         for worker in self.w.values():
             if worker.beating:
@@ -707,3 +720,30 @@ def test_join_after_waiting_reports_world_it_joined(store):
     job.tick()
     join = next(e for e in job.sink.events if e["event"] == "join")
     assert join["world_before"] == 1 and join["world_after"] == 2
+
+
+def test_a_worker_frozen_together_with_the_coordinator_is_not_declared_dead(store):
+    """The coordinator's host freezes (a stopped VM) with a worker on it: when both run again,
+    the coordinator polls before the worker's next beat. The time the coordinator did not run
+    is not the worker's silence (bench/multihost.py schedule 1803 lost a live worker so)."""
+    job = Job(store, failure_timeout=3.0, stall_gap=None)
+    job.start("a", step=2)
+    for _ in range(10):
+        job.tick(0.1)
+    job.w["a"].beating = False
+    assert job.freeze(9.0) is Phase.RUNNING
+    assert any("did not run for 9.0 s" in line for line in job.sink.logs)
+    job.w["a"].beating = True
+    assert job.tick(0.1) is Phase.RUNNING and job.coord.live_workers() == ["a"]
+
+
+def test_a_worker_that_stays_silent_after_the_coordinator_resumes_is_still_found(store):
+    job = Job(store, failure_timeout=3.0, stall_gap=None)
+    job.start("a", "b", step=2)
+    job.tick(0.1)
+    job.w["b"].beating = False
+    job.tick(1.0)  # 1 s of b's silence seen before the freeze
+    assert job.freeze(9.0) is Phase.RUNNING
+    assert job.tick(1.5) is Phase.RUNNING  # 2.5 s of the 3 s seen
+    assert job.tick(1.0) is Phase.REFORMING
+    assert job.coord.live_workers() == ["a"]

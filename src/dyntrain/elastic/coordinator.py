@@ -66,6 +66,7 @@ class Coordinator:
         self.job = JobRecord()
         self.started_at = clock()
         self.board = CoordinatorBoard(store)
+        self._last_poll, self._last_poll_known = 0.0, False  # for _own_stall
         self._handlers: dict[type[p.Message], Callable] = {
             p.Hello: self._on_hello, p.Reattach: self._on_reattach, p.Ready: self._on_ready,
             p.Left: self._on_left, p.Metrics: self._on_metrics,
@@ -204,6 +205,7 @@ class Coordinator:
             self._read_roster()  # newcomers: poll again with them
         counts, beats = polled
         now = self.clock()
+        self._own_stall(now)
         for worker, counter in zip(watched, beats, strict=True):
             silence = m.known[worker].beat(counter, now, timeout)
             if silence is not None:
@@ -217,6 +219,20 @@ class Coordinator:
             limit = m.known[worker].overdue(now, timeout, REATTACH_WAIT)
             if limit is not None:
                 self.mark_dead(worker, f"no heartbeat for {limit:g} s")
+
+    def _own_stall(self, now: float) -> None:
+        """Silence is counted only while the coordinator watches. Its loop polls many times a
+        second; a gap between two polls longer than ``stall_gap`` (half the failure timeout)
+        means its own process or host stalled (a frozen VM, a stopped process, swap). Its
+        workers' beats in that gap could not be seen (on the same frozen host they were not
+        even sent), so the gap is not counted against them."""
+        gap, self._last_poll = now - self._last_poll, now
+        if self._last_poll_known and gap > self.config.own_stall():
+            for worker in self.membership.live():
+                self.membership.known[worker].pause(gap)
+            self.sink.log(f"the coordinator did not run for {gap:.1f} s: its workers' silence "
+                          f"in that time is not counted")
+        self._last_poll_known = True
 
     def _read_inbox(self, worker: str, count: int) -> None:
         info = self.membership.known[worker]

@@ -26,6 +26,8 @@ class CoordinatorConfig:
         settle_seconds: Quiet after the last hello before a first generation forms with fewer
             than ``expected_initial``.
         failure_timeout: Seconds without a heartbeat before a worker is declared dead.
+        stall_gap: A gap between two of the coordinator's polls longer than this is its own
+            stall (a frozen host), not its workers' silence; None: half the failure timeout.
     """
 
     min_workers: int
@@ -33,6 +35,10 @@ class CoordinatorConfig:
     expected_initial: int = 1
     settle_seconds: float = 2.0
     failure_timeout: float = p.FAILURE_TIMEOUT
+    stall_gap: float | None = None
+
+    def own_stall(self) -> float:
+        return self.failure_timeout / 2 if self.stall_gap is None else self.stall_gap
 
 
 @dataclass
@@ -60,6 +66,11 @@ class WorkerInfo:
             return near
         self.silence = max(self.silence, now - self.heartbeat_seen)
         return None
+
+    def pause(self, seconds: float) -> None:
+        """The observer was away for ``seconds`` (its process or host stalled): that time is
+        not this worker's silence."""
+        self.heartbeat_seen += seconds
 
     def overdue(self, now: float, timeout: float, reattach_wait: float) -> float | None:
         """The bound its heartbeat missed at ``now`` (None: it has not). A worker of a previous

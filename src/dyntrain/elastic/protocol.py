@@ -52,9 +52,9 @@ ENV_IFACE = "DYNTRAIN_IFACE"
 ENV_SECRET = "DYNTRAIN_COORDINATOR_SECRET"
 
 #: seconds without a heartbeat (sent every 0.5 s) before a worker is declared lost: a partitioned
-#: or frozen host is found this fast; a live worker would have to be silent that long to be
-#: evicted by mistake (bench/multihost.py --mode detection: 0.85 s at most at load average 20 on
-#: 2 cores, see the README)
+#: or frozen host is found this fast. A live worker would have to miss six beats in a row to be
+#: evicted by mistake; a silence longer than half of it is logged as a near miss, so that a
+#: machine that needs more says so (``--failure-timeout`` raises it)
 FAILURE_TIMEOUT = 3.0
 
 ROSTER = "roster"
