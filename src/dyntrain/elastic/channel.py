@@ -23,11 +23,13 @@ POLL_SECONDS = 0.005
 
 
 class JobOver(Exception):
-    """The job finished (or failed) while this worker was not a member."""
+    """The job finished (or failed) while this worker was not a member. ``at_join``: it had
+    already ended at this worker's first look (it came too late to take part)."""
 
-    def __init__(self, status: p.JobStatus) -> None:
+    def __init__(self, status: p.JobStatus, at_join: bool = False) -> None:
         super().__init__(str(status))
         self.status = status
+        self.at_join = at_join
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -124,6 +126,7 @@ class WorkerChannel:
         self._online.set()
         self._hello: p.Hello | None = None
         self._reattach_due = False
+        self._seen_running = False  # the job was running at one of this worker's looks
         self._seq = 0
         # Rows the coordinator may not have read when it died; replayed after a re-attach (the
         # coordinator keeps those above the last step it recorded).
@@ -417,7 +420,8 @@ class WorkerChannel:
             raise DyntrainError(f"the coordinator rejected this worker: {reply.reason}")
         status = self.job_state()
         if status.state is not p.JobState.RUNNING:
-            raise JobOver(status)
+            raise JobOver(status, at_join=not self._seen_running)
+        self._seen_running = True
         latest = int(self.store.get(p.GEN_LATEST))
         for number in range(scanned + 1, latest + 1):
             key = p.gen_key(number)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 
@@ -306,7 +307,13 @@ class ElasticTrainer:
             try:
                 gen = ch.wait_generation(after, lambda: self._leave_requested)
             except JobOver as over:
+                if over.status.state is p.JobState.DONE and over.at_join:
+                    raise DyntrainError("the job had already finished when this worker joined "
+                                        "it: it trained nothing") from None
                 if over.status.state is p.JobState.DONE:
+                    if after < 0:
+                        print(f"dyntrain: worker {self.worker_id}: the job finished before "
+                              "this worker was admitted", file=sys.stderr, flush=True)
                     raise SystemExit(0) from None
                 raise DyntrainError(f"the job {over.status}") from None
             if gen is None:  # asked to leave while waiting for a generation
