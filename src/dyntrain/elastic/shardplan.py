@@ -11,8 +11,9 @@ the level, and the previous plan if any) to a ``ShardPlan``:
 
 - every tensor has ``min(r, N)`` distinct owners, the first of them its primary;
 - the members' owned bytes are balanced: none holds more than its share, ``min(r, N) / N`` of
-  the model's bytes, plus one tensor (a greedy, largest tensor first, to the least loaded
-  member, which also spreads a member's tensors over many co-owners);
+  the model's bytes, plus one tensor (copies placed round by round, largest tensor first, each
+  to the member with the least load plus bytes shared with the tensor's other owners, which
+  also spreads a member's tensors over many co-owners);
 - it is deterministic (ties go by tensor index and member order), and
 - it is stable: given the previous plan, every owner that stays keeps what it holds, unless it
   is more than the largest tensor off its new share; the copies that lost an owner go to the
@@ -300,8 +301,8 @@ def _rebalance(specs: tuple[TensorSpec, ...], members: tuple[str, ...],
     member is off its share by more than the largest tensor (a joiner, or one left short):
     most loaded donor first, its largest tensor first among those that keep it at or above its
     share, each to the least loaded member below its share that does not hold that tensor. A
-    donor gives at most its excess, so a join moves about the joiner's share and no more; a
-    leave, whose copies the fill spread already, moves nothing here."""
+    donor gives at most its excess, so a join moves about the joiner's share and no more; after
+    a leave, whose copies the fill spread already, it rarely has anything to do."""
     slack = max((t.nbytes for t in specs), default=0)
     for m in sorted(members, key=lambda m: (-load[m], order[m])):
         held = sorted((i for i, o in enumerate(owners) if m in o),
