@@ -40,6 +40,8 @@ class StepRows:
         extra = noise_fields(self.noise, result)
         if result.grad_norm is not None:
             extra["grad_norm"] = metric(result.grad_norm)
+        if result.lr is not None:
+            extra["lr"] = metric(result.lr)
         return dict(step=step, epoch=(step - 1) // self.steps_per_epoch,
                     world_size=world_size, total_steps=self.total_steps,
                     loss=round(result.loss, 6),

@@ -109,6 +109,10 @@ class ElasticTrainer:
             processes ahead of time. None loads in the training process.
         validation: A ``Validation``: evaluate the model (on the leader) every N steps or epochs
             and at the end, without changing training. None: no validation.
+        tensorboard: Alone with an output folder: also write TensorBoard event files to its
+            ``tensorboard/`` (``dyntrain.elastic.tensorboard``). None: when the tensorboard
+            package is installed; True without it raises ``MissingExtra``. Inside a job the
+            launcher writes them (``dyntrain run --tensorboard/--no-tensorboard``).
 
     Raises:
         ConfigError: ``dataset`` is smaller than one global batch.
@@ -132,6 +136,7 @@ class ElasticTrainer:
         collective_timeout: float = 300.0,
         loader=None,
         validation: Validation | None = None,
+        tensorboard: bool | None = None,
     ) -> None:
         install_excepthook()  # a DyntrainError from here on is one line in a script
         out = out_dir or os.environ.get(ENV_OUT)
@@ -164,7 +169,8 @@ class ElasticTrainer:
         self._leave_requested = False
         self._channel: WorkerChannel | None = None
         self.last_result: StepResult | None = None  # of the last step this worker applied
-        self._alone = AloneOutput(self.store)  # terminal and files of a world of one
+        # terminal and files of a world of one
+        self._alone = AloneOutput(self.store, tensorboard=tensorboard)
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
         self.balancer: ChunkBalancer | None = None
         self._state_sync_s: float | None = None  # this generation's state hand-over, seconds
