@@ -34,6 +34,7 @@ from pathlib import Path
 
 from dyntrain.elastic.protocol import ENV_OUT, FAILURE_TIMEOUT
 from dyntrain.elastic.storage import LocalStore, RunStore, open_store
+from dyntrain.service.allocation import FIFO, AllocationPolicy
 from dyntrain.service.attempts import Attempt, LogTail, terminating
 from dyntrain.service.capacity import parse_trace
 from dyntrain.service.executors.base import Executor, ExecutorError, WorkerExit
@@ -59,6 +60,7 @@ class ControllerConfig:
     new_jobs_per_step: int = 2000  # bounds on one step's work, so API requests never wait long
     resolve_per_step: int = 1000
     starts_per_step: int = 64
+    policy: AllocationPolicy = FIFO  # how running elastic jobs share slots (allocation.py)
 
 
 class Controller(Recovery, Launching, Settling):
@@ -111,7 +113,7 @@ class Controller(Recovery, Launching, Settling):
             started = time.perf_counter()
             self._resolve_waiting()
             self._update_array_parents()
-            self._apply(schedule(self.snapshot(now)))
+            self._apply(schedule(self.snapshot(now), self.config.policy))
             seconds = time.perf_counter() - started
             for observe in self.pass_observers:
                 observe(seconds)
@@ -211,9 +213,11 @@ class Controller(Recovery, Launching, Settling):
             if job.elastic is None:  # a plain or multi-node job never grows back
                 lo = hi = max(1, sum(running.get(job.id, {}).values()))
             status = JobStatus.RUNNING if attempt.workers else JobStatus.STARTING
+            profile = (attempt.host.sink.speedup.profile() if attempt.host is not None
+                       and self.config.policy.reallocates else None)
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),
-                                  preemptible=job.elastic is not None))
+                                  preemptible=job.elastic is not None, profile=profile))
         self._envs = {ce.name: ce for ce in ces}
         return Snapshot(envs, queues, tuple(active), self.index.queues())
 
