@@ -85,9 +85,11 @@ def test_free_slots_go_where_the_next_worker_adds_most():
     assert grown(plan) == {"linear": 6}
 
 
-def test_a_job_not_yet_measured_grows_to_twice_its_size_first():
+def test_a_job_not_yet_measured_grows_to_twice_its_min_first():
+    plan = plan_of([env("e", 16)], [running("new", {"e": 1}, hi=16)], Goodput())
+    assert grown(plan) == {"new": 1}
     plan = plan_of([env("e", 16)], [running("new", {"e": 2}, hi=16)], Goodput())
-    assert grown(plan) == {"new": 2}
+    assert grown(plan) == {}  # the next pass, still not measured: no further
     measured = profile(LINEAR, sizes=(2, 4))
     plan = plan_of([env("e", 16)], [running("new", {"e": 4}, hi=16, prof=measured)], Goodput())
     assert grown(plan) == {"new": 4}  # measured at 4: up to 8

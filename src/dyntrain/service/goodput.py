@@ -24,8 +24,8 @@ allocation changes any job's result.
   lowest positive price in the pool: an on-demand worker three times the spot price must add
   three times as much. Workers worth less than half that are released (once the job's curve
   was measured at two sizes or more), which is where goodput saves money.
-* A job grows at most to ``explore`` times the largest world size it was measured at, so a
-  curve is learned before it is trusted.
+* A job grows at most to ``explore`` times the largest world size it was measured at (times
+  its min before any measurement), so a curve is learned before it is trusted.
 * Hysteresis: a change re-forms the job (both jobs, for a move), which costs its measured
   ``reform_s`` of training (``default_reform_s`` before any was measured). A change is made
   only if what it gains over ``min(horizon_s, the job's remaining time)`` is at least
@@ -223,11 +223,11 @@ class Goodput(AllocationPolicy):
         return profile.model if profile is not None else PERFECT
 
     def cap(self, h: Holding) -> int:
-        """The most workers ``h`` may have now: its max, and ``explore`` x its largest size
-        measured (its current size when none was)."""
+        """The most workers ``h`` may have now: its max, and ``explore`` x the largest size it
+        was measured at (x its min before it was measured at all)."""
         profile = h.job.profile
         seen = max((p.world_size for p in profile.points), default=0) if profile else 0
-        seen = max(seen, 1 if profile else h.workers or 1)  # as the pass found it
+        seen = max(seen, h.job.min_workers)
         return min(h.job.max_workers, max(h.job.min_workers, math.ceil(self.config.explore
                                                                         * seen)))
 

@@ -1,10 +1,10 @@
 """Policies side by side: the same capacity and job traces under static, fifo, fair, goodput.
 
-``static`` is the seeds' fixed cluster: every job runs at a fixed size (its max, at most the
-cluster) on ``static_slots`` on-demand slots that never change, first in, first out, at the
-on-demand price. The others run the job trace as it is (elastic jobs from their min to their
-max) on the capacity traces, with the scheduler given that allocation policy (``fifo``: the
-service's default).
+``static`` is the fixed cluster that *Dynamic Training* (AWS, 2018) compares with: every job
+runs at a fixed size (its max, at most the cluster) on ``static_slots`` on-demand slots that
+never change, first in, first out, at the on-demand price. The others run the job trace as it
+is (elastic jobs from their min to their max) on the capacity traces, with the scheduler given
+that allocation policy (``fifo``: the service's default).
 """
 
 from __future__ import annotations

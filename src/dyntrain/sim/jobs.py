@@ -165,6 +165,8 @@ def parse_curve(curve, where: str, base: Path = Path(".")) -> SpeedupModel:
     if "points" in curve:
         try:
             points = [ThroughputPoint(int(w), float(t)) for w, t in curve["points"]]
+        except ValidationError as exc:
+            raise ValidationError(f"{where}: curve.points: {exc}") from None
         except (TypeError, ValueError):
             raise ValidationError(f"{where}: curve.points must be [[workers, samples_per_s], "
                                   "...]") from None
@@ -173,6 +175,8 @@ def parse_curve(curve, where: str, base: Path = Path(".")) -> SpeedupModel:
         try:
             return SpeedupModel.from_efficiency(float(curve["one_worker"]), int(curve["at"]),
                                                 float(curve["efficiency"]), chunks)
+        except ValidationError as exc:
+            raise ValidationError(f"{where}: curve: {exc}") from None
         except (KeyError, TypeError, ValueError):
             raise ValidationError(f"{where}: curve needs one_worker, efficiency and at") from None
     if "lab" in curve:
@@ -213,6 +217,8 @@ def parse_jobs(doc, source: str = "<jobs>", base: Path = Path(".")) -> JobTrace:
                                 parse_curve(raw["curve"], where, base), lo, hi,
                                 float(raw.get("start_s", 0.0)), float(raw.get("reform_s", 0.0)),
                                 queue, bool(raw.get("elastic", True))))
+        except ValidationError:
+            raise
         except (TypeError, ValueError) as exc:
             raise ValidationError(f"{where}: {exc}") from None
     return JobTrace(tuple(jobs), queues, source)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from dyntrain.sim.results import SimResult
 
 _DPI = 110
@@ -25,10 +27,12 @@ def _colours(n: int) -> list[Any]:
     return [cmap(i % 20) for i in range(n)]
 
 
-def _steps(timeline, t_end: float):
-    """Times and the index of the row that holds from each (a step function's edges)."""
-    times = [row[0] for row in timeline] + [t_end]
-    return [t / 3600.0 for t in times]
+def _steps(timeline, t_end: float, series: list[list[float]]):
+    """Step-function coordinates: each value holds from its row's time to the next row's
+    (one stackplot call draws them all, far faster than a ``stairs`` per series)."""
+    edges = np.array([row[0] for row in timeline] + [t_end]) / 3600.0
+    x = np.repeat(edges, 2)[1:-1]
+    return x, [np.repeat(np.asarray(v, dtype=float), 2) for v in series]
 
 
 def plot_policy(result: SimResult, path: Path) -> Path:
@@ -39,31 +43,25 @@ def plot_policy(result: SimResult, path: Path) -> Path:
     fig = Figure(figsize=(10, 8.5), dpi=_DPI)
     cap, alloc, gantt = fig.subplots(3, 1, sharex=True,
                                      gridspec_kw={"height_ratios": [1, 1.4, 1.6]})
-    edges = _steps(timeline, result.sim_s)
     envs = sorted({e for _, slots, _ in timeline for e in slots})
-    bottom = [0.0] * len(timeline)
-    for colour, env in zip(_colours(len(envs)), envs, strict=True):
-        values = [slots.get(env, 0) for _, slots, _ in timeline]
-        top = [b + v for b, v in zip(bottom, values, strict=True)]
-        cap.stairs(top, edges, baseline=bottom, fill=True, alpha=0.35, color=colour,
-                   label=f"{env} slots")
-        bottom = top
-    held = [sum(jobs.values()) for _, _, jobs in timeline]
-    cap.stairs(held, edges, color="black", linewidth=1.0, label="held by workers")
+    x, slots = _steps(timeline, result.sim_s,
+                      [[row.get(e, 0) for _, row, _ in timeline] for e in envs])
+    cap.stackplot(x, slots, colors=_colours(len(envs)), alpha=0.35,
+                  labels=[f"{e} slots" for e in envs])
+    _, (held,) = _steps(timeline, result.sim_s,
+                        [[sum(jobs.values()) for _, _, jobs in timeline]])
+    cap.plot(x, held, color="black", linewidth=0.8, label="held by workers")
     cap.set_ylabel("slots")
     cap.legend(loc="upper right", fontsize=7)
     cap.set_title(f"{result.policy}: capacity, allocation and jobs")
 
     ids = [j.id for j in result.jobs]
     colours = dict(zip(ids, _colours(len(ids)), strict=True))
-    bottom = [0.0] * len(timeline)
-    for job_id in ids:
-        values = [jobs.get(job_id, 0) for _, _, jobs in timeline]
-        if not any(values):
-            continue
-        top = [b + v for b, v in zip(bottom, values, strict=True)]
-        alloc.stairs(top, edges, baseline=bottom, fill=True, color=colours[job_id])
-        bottom = top
+    shown = [j for j in ids if any(jobs.get(j) for _, _, jobs in timeline)]
+    _, workers = _steps(timeline, result.sim_s,
+                        [[jobs.get(j, 0) for _, _, jobs in timeline] for j in shown])
+    if shown:
+        alloc.stackplot(x, workers, colors=[colours[j] for j in shown])
     alloc.set_ylabel("workers per job")
 
     for row, job in enumerate(result.jobs):
