@@ -65,19 +65,21 @@ def capacity_csv(source: Path = SOURCE, window: tuple[int, int] = WINDOW,
 
 
 def calibrate(jobs: list[LiveJob], out: Path) -> dict[str, str]:
-    """``dyntrain lab throughput`` for each kind of job; its throughput.json by job name."""
+    """``dyntrain lab throughput`` for each kind of job (at 1, 2 and 4 workers, as far as it
+    has chunks), unless ``out`` holds it already; its throughput.json by job name."""
     found: dict[tuple, str] = {}
     by_job = {}
     for job in jobs:
         kind = (job.global_batch, job.chunk_size, job.step_delay)
-        if kind not in found:
-            folder = out / f"calibrate-{job.chunks}-chunks"
+        folder = out / f"calibrate-{job.chunks}-chunks"
+        if kind not in found and not (folder / "throughput.json").is_file():
             run_throughput(ThroughputConfig(
-                workers=(1, 2, 4), modes=("strong",), global_batch=job.global_batch,
+                workers=tuple(w for w in (1, 2, 4) if w <= job.chunks), modes=("strong",),
+                global_batch=job.global_batch,
                 chunk_size=job.chunk_size, steps=40, warmup=8, out_dir=str(folder),
                 command=("-m", "dyntrain.workloads.digits", "--model", "mlp", "--step-delay",
                          str(job.step_delay), "--lr-schedule", "constant")))
-            found[kind] = str(folder / "throughput.json")
+        found[kind] = str(folder / "throughput.json")
         by_job[job.name] = found[kind]
     return by_job
 
@@ -100,6 +102,8 @@ def main() -> int:
     ap.add_argument("--start-s", type=float, default=2.0)
     ap.add_argument("--reform-s", type=float, default=0.7)
     ap.add_argument("--warm", type=int, default=10)
+    ap.add_argument("--calibration", default=None,
+                    help="a folder of an earlier run's calibrate-N-chunks/ to use again")
     ap.add_argument("--out", default=str(RESULT))
     args = ap.parse_args()
     load_before = os.getloadavg()
@@ -108,7 +112,7 @@ def main() -> int:
     CAPACITY.write_text(capacity_csv())
     setup = LiveSetup(CAPACITY.read_text(), on_demand_slots=1)
     work = Path(tempfile.mkdtemp(prefix="sim-vs-live-"))
-    curves = calibrate(JOBS, work)
+    curves = calibrate(JOBS, Path(args.calibration) if args.calibration else work)
     specs = list(load_jobs(job_file(JOBS, curves, args.start_s, args.reform_s,
                                     work / "jobs.json")).jobs)
     runs = []

@@ -252,3 +252,16 @@ def test_every_policy_keeps_slots_min_max_and_unshrinkable_jobs(snap, name):
             held[e] += v
     for e in envs:
         assert held[e.name] <= e.available_slots
+
+
+def test_a_worker_does_not_move_for_a_small_gain():
+    # a's workers 4, 3 and 2 add 0.58, 0.68 and 0.82; b's next worker adds 1.0
+    slightly = SpeedupModel(serial=0.0, parallel=1.0, comm=0.0)
+    a = SpeedupModel(serial=0.1, parallel=0.9)
+    jobs = [running("a", {"e": 4}, lo=1, hi=8, prof=profile(a, (1, 2, 4), remaining=1e9)),
+            running("b", {"e": 4}, lo=1, hi=8, created=1,
+                    prof=profile(slightly, (1, 2, 4), remaining=1e9))]
+    config = GoodputConfig(min_gain=0.0, fair_floor=0.0, move_gain=0.6)
+    assert grown(plan_of([env("e", 8)], jobs, Goodput(config))) == {}
+    config = GoodputConfig(min_gain=0.0, fair_floor=0.0, move_gain=0.3)  # 0.42, 0.32: moved
+    assert grown(plan_of([env("e", 8)], jobs, Goodput(config))) == {"a": -2, "b": 2}

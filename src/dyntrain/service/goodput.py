@@ -27,9 +27,12 @@ allocation changes any job's result.
 * A job grows at most to ``explore`` times the largest world size it was measured at (times
   its min before any measurement), so a curve is learned before it is trusted.
 * Hysteresis: a change re-forms the job (both jobs, for a move), which costs its measured
-  ``reform_s`` of training (``default_reform_s`` before any was measured). A change is made
-  only if what it gains over ``min(horizon_s, the job's remaining time)`` is at least
-  ``reform_margin`` times what its re-formations cost.
+  ``reform_s`` of training (``default_reform_s`` before any was measured), and a new worker
+  trains only ``start_s`` after it was started. A change is made only if what it gains over
+  ``min(horizon_s, the job's remaining time)``, less the start-up, is at least
+  ``reform_margin`` times what its re-formations cost; a worker moves from one running job to
+  another only when the move gains at least ``move_gain`` (a dead band: measurements are noisy,
+  and a worker must not go back and forth).
 * Fairness floor: a running job keeps at least ``fair_floor`` of its fair share (and its min)
   when others need room.
 """
@@ -186,11 +189,14 @@ class GoodputConfig:
     horizon_s: float = 3600.0
     reform_margin: float = 2.0
     default_reform_s: float = 2.0
+    start_s: float = 10.0
+    move_gain: float = 0.25
     explore: float = 2.0
     max_moves: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("min_gain", "fair_floor", "horizon_s", "reform_margin", "default_reform_s"):
+        for name in ("min_gain", "fair_floor", "horizon_s", "reform_margin", "default_reform_s",
+                     "start_s", "move_gain"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValidationError(f"goodput: {name} must be a finite number >= 0, "
@@ -278,7 +284,8 @@ class Goodput(AllocationPolicy):
         """Hysteresis: does ``gain`` (speed-up) over the horizon beat re-forming ``h``?"""
         if h.job.id in plan.changed:  # it re-forms anyway: workers added together join once
             return True
-        return gain * self.horizon(h, w + 1) >= self.config.reform_margin * self.reform_cost(h, w)
+        useful = max(0.0, self.horizon(h, w + 1) - self.config.start_s)
+        return gain * useful >= self.config.reform_margin * self.reform_cost(h, w)
 
     def _release(self, plan: _Plan) -> None:
         """Give back workers a measured curve says are worth less than half their price."""
@@ -350,7 +357,7 @@ class Goodput(AllocationPolicy):
                 break  # receivers come by falling gain, donors by rising loss
             for loss, _, d, wd in donors:
                 net = gain - loss
-                if net <= (best[0] if best else 0.0):
+                if net < self.config.move_gain or net <= (best[0] if best else 0.0):
                     break
                 if d is r or d.priority > r.priority:
                     continue
@@ -358,7 +365,9 @@ class Goodput(AllocationPolicy):
                 if env is None or gain < self.threshold(plan.pool.prices.get(env, 0.0), plan):
                     continue
                 cost = self.reform_cost(r, wr) + self.reform_cost(d, wd)
-                if net * self.horizon(r, wr + 1) >= self.config.reform_margin * cost:
+                horizon = self.horizon(r, wr + 1)
+                benefit = gain * max(0.0, horizon - self.config.start_s) - loss * horizon
+                if benefit >= self.config.reform_margin * cost:
                     best = (net, r, d, env)
                     break
         if best is None:

@@ -15,8 +15,8 @@ the world the controller would observe:
   formed group; it ends when its ``samples`` are done;
 * **what the policy knows**: with ``learn`` (the default) a job's ``JobProfile`` holds only the
   throughputs at world sizes it has trained at, fitted as the service's ``SpeedupTracker``
-  would (a job not yet measured has none), its re-formation cost once it has re-formed, and
-  the work it has left.
+  would (without the job's chunk count, which the service does not know; a job not yet
+  measured has none), its re-formation cost once it has re-formed, and the work it has left.
 
 Time jumps from event to event (an arrival, a capacity change, a worker ready, a pause ending,
 a job ending, a slot released) and a pass runs at each, and at least every ``pass_every_s``.
@@ -273,8 +273,8 @@ class Simulation:
             return None
         if job.fitted is None or job.fitted[0] != sizes:
             points = tuple(ThroughputPoint(w, model.throughput(w)) for w in sorted(sizes))
-            job.fitted = (sizes, fit_speedup(points, model.chunks) if self.config.learn
-                          else model, points)
+            # as the service's tracker: it does not know a job's chunks per step
+            job.fitted = (sizes, fit_speedup(points) if self.config.learn else model, points)
         reform = job.spec.reform_s if job.record.reformations else None
         return JobProfile(job.fitted[1], job.fitted[2], reform, job.left())
 

@@ -106,14 +106,18 @@ def _server(state: Path, policy: str, warm: int) -> tuple[subprocess.Popen, str,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     out.close()
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        found = re.findall(r"listening on (http://\S+)", log.read_text())
-        if found:
-            return proc, found[-1], log
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            found = re.findall(r"listening on (http://\S+)", log.read_text())
+            if found:
+                return proc, found[-1], log
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    except BaseException:  # interrupted: the server and its workers go too
+        _stop(proc)
+        raise
     _stop(proc)
     raise RuntimeError(f"the server did not start:\n{log.read_text()[-2000:]}")
 
