@@ -70,15 +70,15 @@ Goodput meets its goal against fifo: 29 % shorter average job completion time at
 speed-up model's: fair share, which knows nothing of the curves, gets 28 % and 31 %. What both
 change is that fifo starts a job at its max and grows the oldest job first, so on scarce capacity
 the first jobs hold every slot, many of them at sizes where they barely scale, while the others
-wait; starting every job at its min and sharing is what shortens the average. Against fair
-share, the model gives a 2 % shorter average JCT (from 1 % longer to 4 % shorter per trace), a
-4 % lower cost (workers that add little are given back; from 1 % more to 12 % less) and 37 %
-fewer re-formations (its hysteresis). Both have a worse p95 than fifo (long jobs finish later when they share). On these
-traces capacity is scarce for their first 210 hours, so most jobs run at one or two workers,
-where every kind of job scales well; goodput's `min_gain` then trades cost against time only
-slightly, and knowing every curve in advance (`oracle`) changes little. The static on-demand
-cluster of 32 slots has far more capacity than the spot traces offer (43 % of 32 on average),
-hence its short completion times at 3.8 times fifo's cost.
+wait; starting every job at its min and sharing is what shortens the average. Against fair share,
+the model gives a 2 % shorter average JCT (from 1 % longer to 4 % shorter per trace), a 4 % lower
+cost (workers that add little are given back; from 1 % more to 12 % less) and 37 % fewer re-
+formations (its hysteresis). Both have a worse p95 than fifo (long jobs finish later when they
+share). On these traces capacity is scarce for their first 210 hours, so most jobs run at one or
+two workers, where every kind of job scales well; goodput's `min_gain` then trades cost against
+time only slightly, and knowing every curve in advance (`oracle`) changes little. The static on-
+demand cluster of 32 slots has far more capacity than the spot traces offer (43 % of 32 on
+average), hence its short completion times at 3.8 times fifo's cost.
 """,
 )
 
@@ -122,16 +122,16 @@ a full static spot cluster of 32. Spot is priced at $0.918 (an assumption). {TRA
     runs=[Run("spot_claim.json", "Run")],
     tables=_claim,
     reading="""
-The cost half of the claim holds: elastic training on spot capacity cost 20 % less than the
-fixed on-demand cluster with a fixed on-demand base of 16 V100s, and 69 % less on spot alone
-(spot at 30 % of the on-demand price). The time half does not hold on these traces, in the
-median: the job took 39-41 % longer with the on-demand base, and four times as long on spot
-alone. It depends on when the job arrives: with the on-demand base it was shorter than on the
-fixed cluster for 40 % of the arrivals (by up to 31 %, when both zones offer their 16 V100s),
-and up to twice as long in the outages. Waiting for a full static spot cluster of 32 is the
-worst: a median of 13-16 hours (the traces rarely offer all 32 at once during their first 210
-hours), for about the same cost as the elastic job on spot. The article's 15-30 % shorter time
-needs a cluster that grows beyond the fixed one's size more often than these two zones allow.
+The cost half of the claim holds: elastic training on spot capacity cost 20 % less than the fixed
+on-demand cluster with a fixed on-demand base of 16 V100s, and 69 % less on spot alone (spot at 30
+% of the on-demand price). The time half does not hold on these traces, in the median: the job took
+39-41 % longer with the on-demand base, and four times as long on spot alone. It depends on when
+the job arrives: with the on-demand base it was shorter than on the fixed cluster for 40 % of the
+arrivals (by up to 31 %, when both zones offer their 16 V100s), and up to twice as long in the
+outages. Waiting for a full static spot cluster of 32 is the worst: a median of 13-16 hours (the
+traces rarely offer all 32 at once during their first 210 hours), for about the same cost as the
+elastic job on spot. The article's 15-30 % shorter time needs a cluster that grows beyond the fixed
+one's size more often than these two zones allow.
 """,
 )
 
@@ -178,12 +178,12 @@ job's completion time runs from its submission to its end. {TRACES}
     reading="""
 Every job's predicted completion time is within 20 % of the live one under both policies (the
 goal). The simulator is optimistic: all jobs but one ran up to 16 % longer live than predicted,
-mostly because their steps were slower inside the service than in the calibration runs (its coordinator runs in the
-service's process, on a machine that other work kept at a load average of 14-20). The first
-version of goodput missed the goal (27 %): live, it moved workers back and forth between jobs for
-gains of 0.1 worker and lost the new workers' start-up each time, which the simulator, with its
-short start-up, did not pay as dearly; the dead band (`move_gain`) and the start-up term in its
-hysteresis came from that comparison.
+mostly because their steps were slower inside the service than in the calibration runs (its
+coordinator runs in the service's process, on a machine that other work kept at a load average of
+14-20). The first version of goodput missed the goal (27 %): live, it moved workers back and forth
+between jobs for gains of 0.1 worker and lost the new workers' start-up each time, which the
+simulator, with its short start-up, did not pay as dearly; the dead band (`move_gain`) and the
+start-up term in its hysteresis came from that comparison.
 """,
 )
 
