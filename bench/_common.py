@@ -16,6 +16,9 @@ import threading
 import time
 from pathlib import Path
 
+from dyntrain.elastic.runlog import read_records
+from dyntrain.procstat import all_pids, read_stat
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` that nothing listens on right now."""
@@ -26,19 +29,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def _ppid_map() -> dict[int, int]:
     """pid -> parent pid for every process we can see (from /proc)."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: split after the last ')'
-        fields = stat[stat.rfind(")") + 2 :].split()
-        out[int(entry)] = int(fields[1])
-    return out
+    return {pid: stat.ppid for pid in all_pids() if (stat := read_stat(pid)) is not None}
 
 
 def descendants(pid: int) -> list[int]:
@@ -63,12 +54,8 @@ def cmdline(pid: int) -> str:
 
 
 def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state != "Z"
-    except (OSError, IndexError):
-        return False
+    stat = read_stat(pid)
+    return stat is not None and not stat.state.ended
 
 
 def kill_pids(pids, sig: int = signal.SIGKILL) -> None:
@@ -124,33 +111,24 @@ class LineReader:
         self._thread.join(timeout)
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a line file (none when there is none), read as dyntrain reads its
+    run files (``dyntrain.elastic.runlog``: a line still being written waits)."""
+    return [record.data for record in read_records(path.parent, path.name).records]
+
+
 class JsonlTail:
-    """Incrementally reads complete lines of a growing JSONL file."""
+    """Incrementally reads complete lines of a growing JSONL file (as ``read_jsonl``)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.records: list[dict] = []
         self._pos = 0
-        self._partial = b""
 
     def poll(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._pos)
-                data = f.read()
-                self._pos = f.tell()
-        except FileNotFoundError:
-            return []
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        new = []
-        for line in lines:
-            if line.strip():
-                try:
-                    new.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
+        found = read_records(self.path.parent, self.path.name, offset=self._pos)
+        self._pos = found.end
+        new = [record.data for record in found.records]
         self.records.extend(new)
         return new
 
@@ -207,16 +185,7 @@ def write_result(out: str | Path, result: dict) -> Path:
 
 def process_cpu_seconds(pids) -> float:
     """user + system CPU seconds consumed so far by the processes ``pids`` (from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick
-    return total
+    return sum(stat.cpu_seconds for pid in pids if (stat := read_stat(pid)) is not None)
 
 
 def start_dyntrain_server(state: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import subprocess
 import sys
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from _common import machine_info, write_result
+from dyntrain.elastic.runlog import read_metrics
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -41,10 +41,10 @@ def one_run(out: Path, balance: bool, args) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = sorted(rows, key=lambda r: r["step"])[len(rows) // 5:]  # after warm-up
-    step_s = (rows[-1]["time"] - rows[0]["time"]) / (len(rows) - 1)
-    splits = collections.Counter(tuple(r["chunks"]) for r in rows)
+    rows = read_metrics(out)
+    rows = sorted(rows, key=lambda r: r.step)[len(rows) // 5:]  # after warm-up
+    step_s = (rows[-1].time - rows[0].time) / (len(rows) - 1)
+    splits = collections.Counter(r.chunks for r in rows)
     return {"step_s": step_s, "samples_per_s": GLOBAL_BATCH / step_s,
             "split": "/".join(map(str, splits.most_common(1)[0][0]))}
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import subprocess
@@ -35,19 +34,13 @@ from pathlib import Path
 
 import torch
 
-from _common import alive, descendants, machine_info, write_result
+from _common import alive, descendants, machine_info, read_jsonl, write_result
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 LEDGER = ROOT / "tests" / "scripts" / "ledger_train.py"
 sys.path.insert(0, str(ROOT / "tests"))
 from test_elastic_e2e import expected_counts  # noqa: E402 (the ledger's counts, pure sampler)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def static_run(out: Path) -> None:

@@ -14,7 +14,6 @@ each worker leads): a loader process that appears beside a worker's first ones i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -32,6 +31,8 @@ from _common import (  # bench/ is sys.path[0] when run as a script
     write_result,
 )
 from dyntrain.data import pack
+from dyntrain.elastic.runlog import RunLogError, read_metrics
+from dyntrain.procstat import read_stat
 from dyntrain.workloads.digits_images import write_digits_images
 from rescale_latency import _count_kinds, dyntrain_schedule
 
@@ -39,11 +40,8 @@ from rescale_latency import _count_kinds, dyntrain_schedule
 def session(pid: int) -> int | None:
     """The session id of ``pid`` (training workers lead their own sessions, with or without the
     fork server; their loader processes stay in them)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[3])
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = read_stat(pid)
+    return None if stat is None else stat.session
 
 
 def loader_processes(pids: list[int]) -> dict[int, set[int]]:
@@ -60,11 +58,11 @@ def loader_processes(pids: list[int]) -> dict[int, set[int]]:
 def step_seconds(metrics: Path) -> float | None:
     """The median time between consecutive steps of one generation (the run's pace)."""
     try:
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    except (OSError, ValueError):
+        rows = read_metrics(metrics)
+    except (OSError, RunLogError):
         return None
-    gaps = [b["time"] - a["time"] for a, b in pairwise(rows)
-            if a.get("gen") == b.get("gen") and b.get("step") == a.get("step", -2) + 1]
+    gaps = [b.time - a.time for a, b in pairwise(rows)
+            if a.generation == b.generation and b.step == a.step + 1]
     return median(gaps)
 
 

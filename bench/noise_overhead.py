@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import random
 import shutil
 import statistics
@@ -47,6 +46,7 @@ import torch
 
 from _common import machine_info, write_result  # bench/ is sys.path[0] when run as a script
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.runlog import read_metrics
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.stepper import ChunkStepper
 from dyntrain.workloads.digits import build_model, cross_entropy, load_digits_split
@@ -151,8 +151,7 @@ def measure_case(case: Case, args, train) -> dict:
 # ---- optional: 2 worker processes through the CLI ---------------------------------------------
 
 def cli_step_ms(out: Path, skip: int) -> float:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    times = [r["time"] for r in sorted(rows, key=lambda r: r["step"])][skip:]
+    times = [r.time for r in sorted(read_metrics(out), key=lambda r: r.step)][skip:]
     return 1000 * statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
 
 

@@ -52,7 +52,9 @@ import torch
 
 import ddp_worker  # bench/ is sys.path[0] when run as a script
 from _common import write_result
-from dyntrain.lab.throughput import cpu_accounts, other_load
+from dyntrain.elastic.runlog import read_metrics
+from dyntrain.lab.machine import cpu_accounts, other_load
+from dyntrain.procstat import read_stat
 
 BENCH = Path(__file__).resolve().parent
 DYN_WORKER = BENCH / "overhead_worker.py"
@@ -152,13 +154,12 @@ def run_dyntrain(args: argparse.Namespace, cfg: Config, work: Path, tag: str,
     k = warmup_steps(args)
     wall, launcher = _run_watching(cmd, args.timeout, work / f"{tag}.log",
                                    out / "metrics.jsonl", k, args.steps)
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    rows = sorted((r for r in rows if not r.get("recomputed")), key=lambda r: r["step"])
-    if [r["step"] for r in rows] != list(range(1, args.steps + 1)):
+    rows = sorted((r for r in read_metrics(out) if not r.recomputed), key=lambda r: r.step)
+    if [r.step for r in rows] != list(range(1, args.steps + 1)):
         raise RuntimeError(f"{tag}: unexpected steps in metrics.jsonl")
-    if any(r["world_size"] != cfg.world for r in rows):
+    if any(r.world_size != cfg.world for r in rows):
         raise RuntimeError(f"{tag}: the world size changed during the run")
-    result = steady_rate([r["time"] for r in rows], args.global_batch, k)
+    result = steady_rate([r.time for r in rows], args.global_batch, k)
     records = [json.loads(p.read_text()) for p in sorted(out.glob("steps-*.json"))]
     if len(records) != cfg.world or any(len(r["cpu"]) != args.steps for r in records):
         raise RuntimeError(f"{tag}: missing per-worker step records")
@@ -174,11 +175,8 @@ def worker_env() -> dict[str, str]:
 
 def _proc_cpu(pid: int) -> float | None:
     """CPU seconds of one process itself (not its children), from /proc; None if unreadable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = read_stat(pid)
+    return None if stat is None else stat.cpu_seconds
 
 
 def _run_watching(cmd: list[str], timeout: float, log: Path, metrics: Path, k: int,

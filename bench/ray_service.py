@@ -26,7 +26,6 @@ Writes a table and ``bench/results/ray_service.json``. Run with ``dyntrain[ray]`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -34,9 +33,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import fmt, machine_info, start_dyntrain_server, wait_until, write_result
+from _common import (
+    fmt,
+    machine_info,
+    read_jsonl,
+    start_dyntrain_server,
+    wait_until,
+    write_result,
+)
 from dyntrain.service.client import Client
-from dyntrain.service.executors.raycluster import LocalRayCluster
+from dyntrain.testing.raycluster import LocalRayCluster
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = [sys.executable, str(ROOT / "tests" / "scripts" / "ledger_train.py"), "--epochs",
@@ -44,10 +50,7 @@ LEDGER = [sys.executable, str(ROOT / "tests" / "scripts" / "ledger_train.py"), "
 
 
 def rows(path: Path) -> list[dict]:
-    try:
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    except (OSError, ValueError):
-        return []
+    return read_jsonl(path)
 
 
 def first_step(run: Path, after: float, world=None) -> float:

@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import free_port, machine_info, write_result
+from _common import free_port, machine_info, read_jsonl, write_result
+from dyntrain.elastic.runlog import read_metrics
 
 BENCH = Path(__file__).resolve().parent
 WORKER = BENCH / "rescale_size_worker.py"
@@ -58,9 +59,8 @@ def rescale(params: int, steps: int, work: Path, timeout: float) -> dict:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=BENCH.parent)
     if proc.returncode:
         raise RuntimeError(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}")
-    events = [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    times = [r["time"] for r in sorted(rows, key=lambda r: r["step"])]
+    events = read_jsonl(out / "events.jsonl")
+    times = [r.time for r in sorted(read_metrics(out), key=lambda r: r.step)]
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     result = {"wall_s": time.perf_counter() - t0, "step_s": statistics.median(gaps),
               "events": events}

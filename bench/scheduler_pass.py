@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from _common import machine_info  # bench/ is sys.path[0] when run as a script
-from dyntrain.service.model import CapacityType, JobStatus, Resources
-from dyntrain.service.scheduler import EnvView, JobView, QueueView, Snapshot, schedule
+from dyntrain.service.core.model import CapacityType, JobStatus, Resources
+from dyntrain.service.core.scheduler import EnvView, JobView, QueueView, Snapshot, schedule
 
 BENCH = Path(__file__).resolve().parent
 GOAL_MS = 100.0

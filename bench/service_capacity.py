@@ -63,14 +63,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import JsonlTail, fmt, machine_info, maximum, median  # noqa: E402
-from dyntrain.service.controller import Controller, ControllerConfig  # noqa: E402
-from dyntrain.service.executors.local import LocalExecutor  # noqa: E402
-from dyntrain.service.model import (  # noqa: E402
+from dyntrain.service.core.model import (  # noqa: E402
     CapacityType,
     ComputeEnvironmentSpec,
     JobQueueSpec,
     Resources,
 )
+from dyntrain.service.engine.controller import Controller, ControllerConfig  # noqa: E402
+from dyntrain.service.executors.local import LocalExecutor  # noqa: E402
 from dyntrain.service.store import WORKER_EXITED, Store  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt, machine_info, maximum, median, write_result  # noqa: E402
+from _common import fmt, machine_info, maximum, median, read_jsonl, write_result  # noqa: E402
 from _common import wait_until as wait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,15 +56,7 @@ MODES = {"reattach": "300", "checkpoint": "0"}
 
 
 def rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written
-    return out
+    return read_jsonl(path)
 
 
 class Server:

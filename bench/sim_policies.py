@@ -32,8 +32,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, write_result  # noqa: E402
-from dyntrain.service.goodput import Goodput, GoodputConfig  # noqa: E402
-from dyntrain.service.trace_files import load_capacity  # noqa: E402
+from dyntrain.service.core.goodput import Goodput, GoodputConfig  # noqa: E402
+from dyntrain.service.core.trace_files import load_capacity  # noqa: E402
 from dyntrain.sim.compare import POLICIES, SPOT_PRICE, compare  # noqa: E402
 from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation  # noqa: E402
 from dyntrain.sim.jobs import builtin_jobs  # noqa: E402

@@ -8,7 +8,7 @@ digits jobs whose steps sleep per chunk (``--step-delay``), so their curves diff
 chunks per step (a job stops scaling at its chunk count), arriving over the first minute.
 
 1. Calibration: each kind's scaling curve is measured with ``dyntrain lab throughput`` (strong
-   scaling at 1, 2 and 4 workers), as a user would, and fitted (``dyntrain.service.speedup``).
+   scaling at 1, 2 and 4 workers), as a user would, and fitted (``dyntrain.service.core.speedup``).
 2. Live: ``dyntrain server --policy P`` runs the mix (warm workers ready first); each job's
    completion time is submit to end as the service recorded it.
 3. Prediction: the simulator gets the same capacity, arrivals, work and the calibrated curves,
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, write_result  # noqa: E402
 from dyntrain.lab.throughput import ThroughputConfig, run_throughput  # noqa: E402
-from dyntrain.service.trace_files import parse_json_trace, scale_time, to_csv  # noqa: E402
+from dyntrain.service.core.trace_files import parse_json_trace, scale_time, to_csv  # noqa: E402
 from dyntrain.sim.jobs import load_jobs  # noqa: E402
 from dyntrain.sim.live import LiveJob, LiveSetup, compare_jobs, run_live, simulate  # noqa: E402
 

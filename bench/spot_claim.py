@@ -44,10 +44,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, write_result  # noqa: E402
-from dyntrain.service.allocation import FIFO  # noqa: E402
-from dyntrain.service.capacity import trace_from_points  # noqa: E402
-from dyntrain.service.model import CapacityType  # noqa: E402
-from dyntrain.service.speedup import SpeedupModel  # noqa: E402
+from dyntrain.service.core.allocation import FIFO  # noqa: E402
+from dyntrain.service.core.capacity import trace_from_points  # noqa: E402
+from dyntrain.service.core.model import CapacityType  # noqa: E402
+from dyntrain.service.core.speedup import SpeedupModel  # noqa: E402
 from dyntrain.sim.compare import ON_DEMAND_PRICE  # noqa: E402
 from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation  # noqa: E402
 from dyntrain.sim.jobs import JobSpec, JobTrace, QueueSpec  # noqa: E402

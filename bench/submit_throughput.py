@@ -11,7 +11,7 @@ definition (a command with a ``Ref::`` parameter):
   transaction, bulk insert); seconds per submit and children/s.
 
 Backends: SQLite (WAL, synchronous=NORMAL, a file in a temp dir) and a throw-away PostgreSQL 15
-server (``dyntrain.service.pgtemp``) both with ``fsync=off`` (its default for tests) and with
+server (``dyntrain.testing.pgtemp``) both with ``fsync=off`` (its default for tests) and with
 ``fsync=on`` (durable commits, as a real deployment would run).
 
     .venv/bin/python bench/submit_throughput.py            # ~1 minute
@@ -39,17 +39,17 @@ import psycopg  # noqa: E402
 import sqlalchemy  # noqa: E402
 
 from _common import machine_info  # noqa: E402
-from dyntrain.service.model import (  # noqa: E402
+from dyntrain.service.core.model import (  # noqa: E402
     ComputeEnvironmentSpec,
     JobDefinitionSpec,
     JobQueueSpec,
 )
-from dyntrain.service.pgtemp import (  # noqa: E402
+from dyntrain.service.store import Store  # noqa: E402
+from dyntrain.testing.pgtemp import (  # noqa: E402
     PostgresUnavailable,
     create_database,
     start_postgres,
 )
-from dyntrain.service.store import Store  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -34,10 +34,9 @@ import uvicorn
 
 from dyntrain.errors import DyntrainError
 from dyntrain.outdir import make_out_dir
-from dyntrain.service.api.app import create_app
 from dyntrain.service.client import Client
-from dyntrain.service.jobtext import live_workers
-from dyntrain.service.server import Service, ServiceConfig
+from dyntrain.service.core.jobtext import live_workers
+from dyntrain.service.server import Service, ServiceConfig, create_app
 
 HERE = Path(__file__).resolve().parent
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}
@@ -111,7 +110,7 @@ def cost_line(cost: dict) -> str:
 
 def screenshots(url: str, out: str, job_id: str) -> None:
     """The dashboard's main pages as PNGs (docs/screenshots/ comes from here), or why not."""
-    from dyntrain.service.web.screenshots import take
+    from dyntrain.testing.screenshots import take
 
     try:
         paths = take(url, Path(out), job=job_id)

@@ -1,6 +1,5 @@
 """Helpers for end-to-end tests: run the real CLI in real processes."""
 
-import json
 import os
 import re
 import signal
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from dyntrain.elastic.runlog import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -82,7 +83,9 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The JSON objects of a line file, read as the product reads its run files
+    (``dyntrain.elastic.runlog``): a line still being written waits, a bad line fails."""
+    return [record.data for record in read_records(path.parent, path.name).records]
 
 
 @pytest.fixture

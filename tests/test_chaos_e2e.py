@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import SCRIPTS, read_jsonl, run_cli
+from dyntrain.procstat import read_stat
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
 pytestmark = pytest.mark.slow
@@ -29,8 +30,9 @@ def assert_no_stray_process(stdout: str) -> None:
             os.kill(pid, 0)
         except ProcessLookupError:
             continue
-        status = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0]
-        assert status == "Z", f"worker {worker} (pid {pid}) still runs after the job ended"
+        stat = read_stat(pid)  # None: reaped since
+        assert stat is None or stat.state.ended, \
+            f"worker {worker} (pid {pid}) still runs after the job ended"
 
 
 def assert_like_static(out, static_ledger, proc) -> None:

@@ -72,7 +72,7 @@ def test_every_repository_path_the_docs_name_exists():
 
 
 def test_the_path_check_sees_a_missing_file():
-    text = ("see `src/dyntrain/elastic/nothing.py`, `executors/raycluster.py`, `shard.py`, "
+    text = ("see `src/dyntrain/elastic/nothing.py`, `executors/ray.py`, `shard.py`, "
             "`tests/test_docs.py::test_x`, `runs/digits` and src/dyntrain/gone/")
     assert sorted(t for t in _named_paths(text) if not _exists(t)) == [
         "src/dyntrain/elastic/nothing.py", "src/dyntrain/gone"]

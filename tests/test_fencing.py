@@ -99,11 +99,11 @@ def test_a_worker_asks_the_coordinator_before_it_writes_and_learns_it_was_declar
     ch = WorkerChannel(f"127.0.0.1:{store.port}", "w1")
     try:
         assert ch.confirm(3) is None  # not (yet) a member there: cannot say
-        put(p.ctl_key(3, "w1"), p.CTL_RUN)
+        put(p.ctl_key(3, "w1"), p.Control.RUN)
         assert ch.confirm(3) is True and ch.confirm(None) is True
-        put(p.ctl_key(3, "w1"), p.CTL_ABORT)
+        put(p.ctl_key(3, "w1"), p.Control.ABORT)
         assert ch.confirm(3) is False
-        put(p.reply_key("w1"), f"{p.REPLY_DEAD}no heartbeat for 10 s")
+        put(p.reply_key("w1"), p.Reply(p.ReplyKind.DEAD, "no heartbeat for 10 s").encode())
         assert ch.confirm(None) is False
         with pytest.raises(Fenced, match=r"declared dead \(no heartbeat for 10 s\)"):
             ch.wait_generation(-1, lambda: False)

@@ -1,4 +1,5 @@
-"""Imports point down the layers: the runtime (elastic) never reaches up into what uses it."""
+"""Imports point down the layers: the runtime (elastic) never reaches up into what uses it, and
+the service's own layers (core <- store <- engine <- executors <- front ends) point down too."""
 
 import ast
 from pathlib import Path
@@ -14,6 +15,33 @@ FORBIDDEN = {
     "data": ("dyntrain.lab", "dyntrain.service", "dyntrain.launch", "dyntrain.cli",
              "dyntrain.workloads", "dyntrain.recipes"),
 }
+
+
+
+def _service(*parts: str) -> tuple[str, ...]:
+    return tuple(f"dyntrain.service.{p}" for p in parts)
+
+
+# Inside the service: core (pure) <- store <- engine <- executors <- the front ends (api, aws,
+# web), which never import each other; server (the assembly) and client sit above them all.
+FRONT_ENDS = ("api", "aws", "web")
+ABOVE_ENGINE = ("executors", *FRONT_ENDS, "server", "client")
+NOT_PURE = ("sqlalchemy", "fastapi", "starlette", "pydantic", "uvicorn", "httpx", "jinja2",
+            "prometheus_client", "botocore", "ray", "torch", "subprocess", "multiprocessing",
+            "socket", "threading")
+SERVICE_FORBIDDEN = {
+    "service/core": _service("store", "engine", *ABOVE_ENGINE) + NOT_PURE,
+    "service/store": _service("engine", *ABOVE_ENGINE),
+    "service/engine": _service(*ABOVE_ENGINE),
+    "service/executors": _service("store", "engine", *FRONT_ENDS, "server", "client"),
+    "service/api": _service("aws", "web", "server", "executors"),
+    "service/aws": _service("api", "web", "server", "executors"),
+    "service/web": _service("api", "aws", "server", "executors") + ("dyntrain.lab",),
+    "service/client.py": _service("store", "engine", *FRONT_ENDS, "executors", "server")
+    + ("sqlalchemy", "fastapi", "torch"),
+}
+# old import paths kept working: (module, what it forwards to), each named in the docs
+ALIASES = {("service/api/__init__.py", "dyntrain.service.server")}
 
 
 def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
@@ -32,19 +60,52 @@ def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
     return found
 
 
-def violations(root: Path, layer: str, forbidden: tuple[str, ...]) -> list[str]:
+def violations(root: Path, layer: str, forbidden: tuple[str, ...],
+               aliases: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
+    """Every import of a ``forbidden`` module by a module of ``layer`` (a package folder or one
+    module's file), but the ``aliases`` (module, imported) allowed."""
     bad = []
-    for path in sorted((root / layer).rglob("*.py")):
-        package = "dyntrain." + ".".join(path.relative_to(root).parent.parts)
+    top = root / layer
+    for path in sorted(top.rglob("*.py") if top.is_dir() else [top]):
+        where = path.relative_to(root)
+        package = "dyntrain." + ".".join(where.parent.parts)
         for line, name in imported_modules(path, package):
-            if any(name == f or name.startswith(f + ".") for f in forbidden):
-                bad.append(f"{path.relative_to(root)}:{line} imports {name}")
+            if ((where.as_posix(), name) not in aliases
+                    and any(name == f or name.startswith(f + ".") for f in forbidden)):
+                bad.append(f"{where}:{line} imports {name}")
     return bad
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layer_imports_point_down(layer):
     assert violations(SRC, layer, FORBIDDEN[layer]) == []
+
+
+@pytest.mark.parametrize("layer", sorted(SERVICE_FORBIDDEN))
+def test_service_layer_imports_point_down(layer):
+    assert violations(SRC, layer, SERVICE_FORBIDDEN[layer], frozenset(ALIASES)) == []
+
+
+def test_the_service_check_sees_each_kind_of_violation(tmp_path):
+    for folder in ("core", "web", "engine"):
+        (tmp_path / "service" / folder).mkdir(parents=True)
+    (tmp_path / "service" / "core" / "a.py").write_text(
+        "import subprocess\ndef f():\n    from sqlalchemy import select\n")
+    (tmp_path / "service" / "web" / "b.py").write_text(
+        "from ..api import views\nfrom dyntrain.service.engine import reads\n"
+        "def f():\n    import dyntrain.lab.report\n")
+    (tmp_path / "service" / "engine" / "c.py").write_text(
+        "from dyntrain.service.executors.local import LocalExecutor\n")
+    assert violations(tmp_path, "service/core", SERVICE_FORBIDDEN["service/core"]) == [
+        "service/core/a.py:1 imports subprocess", "service/core/a.py:3 imports sqlalchemy"]
+    assert violations(tmp_path, "service/web", SERVICE_FORBIDDEN["service/web"]) == [
+        "service/web/b.py:1 imports dyntrain.service.api",
+        "service/web/b.py:4 imports dyntrain.lab.report"]
+    assert violations(tmp_path, "service/engine", SERVICE_FORBIDDEN["service/engine"]) == [
+        "service/engine/c.py:1 imports dyntrain.service.executors.local"]
+    allowed = frozenset({("service/engine/c.py", "dyntrain.service.executors.local")})
+    assert violations(tmp_path, "service/engine", SERVICE_FORBIDDEN["service/engine"],
+                      allowed) == []
 
 
 def test_the_check_sees_imports_inside_functions_and_relative_ones(tmp_path):
@@ -62,3 +123,14 @@ def test_the_product_never_imports_its_test_tooling():
                     and not p.name.startswith("_"))
     bad = [v for layer in layers for v in violations(SRC, layer, ("dyntrain.testing",))]
     assert bad == []
+
+
+MAX_LINES = 500  # the house rule: small modules
+KEPT_SMALL = ("service",)  # packages whose every module this checks
+
+
+@pytest.mark.parametrize("package", KEPT_SMALL)
+def test_no_module_is_over_500_lines(package):
+    long = {str(p.relative_to(SRC)): n for p in sorted((SRC / package).rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}

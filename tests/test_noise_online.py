@@ -19,12 +19,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from conftest import read_jsonl, run_cli
-from dyntrain.elastic import trainer as trainer_module
 from dyntrain.elastic.checkpoint import dumps, loads, read_checkpoint, save_checkpoint
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.noise import noise_estimates
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import TAIL, ChunkStepper, StepResult
+from dyntrain.elastic.steprow import metric, noise_fields
 from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.errors import ConfigError
 from dyntrain.workloads import digits
@@ -390,13 +390,13 @@ def test_trainer_alone_keeps_the_estimates_and_formats_metrics(monkeypatch):
     trainer.fit()
     assert trainer.step == 5 and trainer.stepper.noise.steps == 5
     assert trainer.last_result.noise.b_simple_ema == trainer.stepper.noise.b_simple
-    fields = trainer._noise_metrics(trainer.last_result)
+    fields = noise_fields(trainer.stepper.noise, trainer.last_result)
     assert set(fields) == {"b_simple", "b_simple_raw", "g2", "trace_sigma"}
     assert fields["b_simple"] == pytest.approx(trainer.stepper.noise.b_simple, rel=1e-5)
     assert fields["g2"] == pytest.approx(trainer.stepper.noise.g2_ema, rel=1e-5)
     json.dumps(fields, allow_nan=False)
     # an overflow step (no estimates): the smoothed values stay, the raw one is null
-    skipped = trainer._noise_metrics(StepResult(loss=1.0, reform=False, leavers=0))
+    skipped = noise_fields(trainer.stepper.noise, StepResult(loss=1.0, reform=False, leavers=0))
     assert skipped["b_simple_raw"] is None and skipped["b_simple"] == fields["b_simple"]
 
 
@@ -409,13 +409,13 @@ def test_trainer_metrics_without_the_noise_scale_are_unchanged(monkeypatch):
                              device="cpu")
     trainer.fit()
     assert trainer.last_result.noise is None
-    assert trainer._noise_metrics(trainer.last_result) == {}
+    assert noise_fields(trainer.stepper.noise, trainer.last_result) == {}
 
 
 @pytest.mark.parametrize("value,expected", [(None, None), (math.nan, None), (math.inf, None),
                                             (123.456789, 123.457), (1.23456789e-7, 1.23457e-7)])
 def test_metric_values_are_short_and_json_safe(value, expected):
-    assert trainer_module._metric(value) == expected
+    assert metric(value) == expected
 
 
 # ---- the digits workload's flags --------------------------------------------------------------

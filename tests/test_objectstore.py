@@ -16,6 +16,7 @@ from conftest import ROOT, wait_for
 from dyntrain.elastic import ckptstore, linelog
 from dyntrain.elastic.checkpoint import encode_checkpoint
 from dyntrain.elastic.runfolder import RunFolderMismatch
+from dyntrain.elastic.runlog import read_metrics
 from dyntrain.elastic.storage import StorageError, open_store
 from dyntrain.lab.report import load_noise
 from objectstore import start_s3_server
@@ -192,8 +193,7 @@ def test_a_script_alone_writes_and_resumes_a_run_folder_on_s3(s3, capsys):
     first.report(accuracy=0.5)
     store = open_store(url)
     assert json.loads(store.get("result.json")) == {"accuracy": 0.5}
-    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
-    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert [r.step for r in read_metrics(store)] == list(range(1, 9))
     assert store.exists("final.pt") and store.exists("run.json")
     again = trainer(url, epochs=2)
     again.fit()
@@ -273,8 +273,7 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
     assert [s for s, _ in ckptstore.list_checkpoints(store)] == [20, 40, 44]
     assert json.loads(store.get("coordinator.json"))["job"] == f"{job['id']}/attempt-1"
     assert torch.load(__import__("io").BytesIO(store.get("final.pt")), weights_only=True)
-    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
-    assert [r["step"] for r in rows] == list(range(1, 45))
+    assert [r.step for r in read_metrics(store)] == list(range(1, 45))
     assert "ckpt-000000044.commit" in page
     assert series["rows"]["step"] == list(range(1, 45))
     local = state / "runs" / "jobs" / job["id"]

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from conftest import DYNTRAIN, ROOT, OutputLines, wait_for
-from dyntrain.elastic import linelog
+from dyntrain.elastic.runlog import read_events
 from dyntrain.elastic.storage import open_store
 from objectstore import start_s3_server
 
@@ -106,10 +106,10 @@ def test_fresh_hosts_resume_a_run_from_s3_after_every_host_is_lost(hosts, s3, tm
         run.kill()
         worker.kill()
     store = open_store(url)
-    events = [json.loads(x) for x in linelog.read_lines(store, "events.jsonl")]
-    assert [(e["event"], e["origin"]) for e in events] == [("start", "fresh"),
-                                                           ("resume", "checkpoint")], events
-    assert events[1]["start_step"] == at_loss  # the newest committed checkpoint
+    events = read_events(store)
+    assert [(e.kind, e.origin) for e in events] == [("start", "fresh"),
+                                                    ("resume", "checkpoint")], events
+    assert events[1].start_step == at_loss  # the newest committed checkpoint
     assert json.loads(store.get("result.json"))["steps"] == 88
     assert json.loads(store.get("run.json"))["setup"]["config"]["global_batch"] == 64
     said = next(line for line in lines.lines if "local workers' logs in" in line)

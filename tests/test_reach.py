@@ -15,7 +15,12 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.address import advertise_address, check_bindable, interface_address
 from dyntrain.elastic.coordinator import Phase
 from dyntrain.elastic.formation import ATTEMPTS
-from dyntrain.elastic.reach import ProbeListener, probe_peers, unreachable_members
+from dyntrain.elastic.reach import (
+    ProbeListener,
+    Unreachable,
+    probe_peers,
+    unreachable_members,
+)
 from dyntrain.errors import DyntrainError
 from test_coordinator import FakeWorker, Job, store  # noqa: F401 (the fixture)
 
@@ -64,21 +69,20 @@ def test_a_member_its_peers_cannot_reach_is_removed_and_told_why(store):  # noqa
     job = Job(store)
     job.start("a", step=1)
     job.w["b"] = FakeWorker(store, "b")
-    job.w["b"].send("hello", fingerprint="fp", config={}, host="hb", pid=2,
-                    probe="127.0.1.1:4242")
+    job.w["b"].send(p.Hello("fp", {}, host="hb", pid=2, probe="127.0.1.1:4242"))
     store.append(p.ROSTER, "b ")
     store.add(p.ROSTER_COUNT, 1)
     job.tick()
-    assert job.ctl(0, "a") == p.CTL_REFORM
+    assert job.ctl(0, "a") == p.Control.REFORM
     job.w["a"].ready(0, 1)
     job.tick()  # b joins: generation 1 carries each member's probe endpoint
     gen = job.gen(1)
     assert gen.members == ("a", "b") and gen.probes == ("", "127.0.1.1:4242")
     assert gen.peer_probes("a") == {"b": "127.0.1.1:4242"} and gen.peer_probes("b") == {}
-    job.w["a"].send("ready", gen=1, step=1, reason="unreachable",
-                    unreachable=[report("b", "127.0.1.1:4242")])
+    job.w["a"].send(p.Ready(1, 1, p.ReadyReason.UNREACHABLE,
+                            unreachable=(Unreachable(**report("b", "127.0.1.1:4242")),)))
     job.tick()
-    assert job.ctl(1, "b") == p.CTL_ABORT
+    assert job.ctl(1, "b") == p.Control.ABORT
     job.w["b"].ready(1, None, reason="abort")
     assert job.tick() is Phase.RUNNING
     assert job.gen(2).members == ("a",)

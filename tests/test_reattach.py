@@ -13,6 +13,7 @@ import gc
 import json
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -39,8 +40,8 @@ def store():
 
 def reattach(w: FakeWorker, state: str, gen: p.Generation | None, step: int | None) -> None:
     """What WorkerChannel sends first to a restarted coordinator, then its roster entry."""
-    w.send("reattach", fingerprint="fp", config={"global_batch": 8}, host="hostA", pid=7,
-           state=state, generation=gen.to_json() if gen else None, step=step)
+    w.send(p.Reattach(p.Hello("fp", {"global_batch": 8}, host="hostA", pid=7),
+                      p.Position(p.WorkerState(state), gen, step)))
     w.store.append(p.ROSTER, w.id + " ")
     w.store.add(p.ROSTER_COUNT, 1)
 
@@ -55,8 +56,8 @@ def restarted(store: dist.Store, workers: str, highest_step: int) -> Job:
 def test_members_that_trained_on_keep_their_generation(store):
     job = restarted(store, "abc", highest_step=20)
     reattach(job.w["a"], "running", GEN3, 25)
-    job.w["a"].send("metrics", rows=[{"gen": 3, "step": s, "time": job.clock.now - 1}
-                                     for s in range(18, 26)], replay=True)
+    job.w["a"].send(p.Metrics(tuple({"gen": 3, "step": s, "time": job.clock.now - 1}
+                                    for s in range(18, 26)), replay=True))
     reattach(job.w["b"], "running", GEN3, 25)
     assert job.tick() is Phase.REFORMING and job.coord.awaits("c")
     assert job.ctl(3, "a") == "run"  # it trains on meanwhile
@@ -79,8 +80,8 @@ def test_a_member_lost_meanwhile_ends_the_generation_and_the_furthest_state_goes
     job = restarted(store, "abc", highest_step=20)
     reattach(job.w["a"], "waiting", GEN3, 24)  # c died under the collective of step 25
     reattach(job.w["b"], "waiting", GEN3, 25)  # b completed it, a did not
-    job.w["a"].send("metrics", rows=[{"gen": 3, "step": s, "time": 0} for s in (23, 24)],
-                    replay=True)
+    job.w["a"].send(p.Metrics(tuple({"gen": 3, "step": s, "time": 0} for s in (23, 24)),
+                              replay=True))
     assert job.tick(5.0) is Phase.REFORMING and job.latest() == -1
     job.w["c"].beating = False
     assert job.tick(5.5) is Phase.RUNNING  # c: no heartbeat for 10 s since the restart
@@ -100,9 +101,9 @@ def test_workers_of_the_previous_coordinator_get_time_to_re_attach(store):
     job = Job(store, failure_timeout=3.0)
     job.coord.expect_reattach(["a"], 10)
     job.tick(REATTACH_WAIT - 1)  # longer than the failure timeout: a still has time
-    assert job.coord.awaits("a") and "a" not in job.coord.gone
+    assert job.coord.awaits("a") and "a" not in job.coord.membership.gone
     job.tick(1.5)
-    assert "a" in job.coord.gone
+    assert "a" in job.coord.membership.gone
     assert any(f"a lost: no heartbeat for {REATTACH_WAIT:g} s" in line for line in job.sink.logs)
 
 
@@ -126,26 +127,26 @@ def serve(tmp_path, job: str, port: int = 0) -> dist.TCPStore:
 def inbox(store: dist.Store, worker: str) -> list[p.Message]:
     key = p.inbox_count_key(worker)
     count = int(store.get(key)) if store.check([key]) else 0
-    return [p.Message.from_json(store.get(p.inbox_key(worker, i))) for i in range(count)]
+    return [p.decode(store.get(p.inbox_key(worker, i)), worker) for i in range(count)]
 
 
 def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path):
     server = serve(tmp_path, "job-1")
     port = server.port
-    position = {"state": "running", "generation": GEN3.to_json(), "step": 3}
+    position = [p.Position(p.WorkerState.RUNNING, GEN3, 3)]
     ch = WorkerChannel(f"127.0.0.1:{port}", "a", reattach_seconds=60, heartbeat_interval=0.05,
-                       position=lambda: position)
+                       position=lambda: position[0])
     ch.hello("fp", {"global_batch": 8})
     ch.watch(3)
     for step in (1, 2, 3):
-        ch.send("metrics", gen=3, step=step)
+        ch.send(p.Metrics(({"gen": 3, "step": step},)))
     ch.flush()
     del server
     gc.collect()  # the coordinator's host dies
     wait_for(lambda: ch.lost, what="the loss to be noticed")
     assert ch.ctl(3) == "run"  # no coordinator to say otherwise: the generation trains on
-    ch.send("metrics", gen=3, step=4)
-    position["step"] = 4
+    ch.send(p.Metrics(({"gen": 3, "step": 4},)))
+    position[0] = replace(position[0], step=4)
     stranger = serve(tmp_path, "job-2", port)  # someone else's store got the port
     time.sleep(0.5)  # a window for the negative check: the worker probes every 0.2 s
     assert not stranger.check([p.inbox_count_key("a")]) and ch.lost
@@ -153,15 +154,15 @@ def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path):
     p.write_coordinator_file(tmp_path, f"127.0.0.1:{again.port}", "job-1")
     msgs = wait_for(lambda: (m := inbox(again, "a")) and len(m) >= 3 and m, what="re-attach")
     first, replay, backlog = msgs[:3]
-    assert first.kind == "reattach" and first.fields["fingerprint"] == "fp"
-    assert first.fields["state"] == "running" and first.fields["step"] == 4
-    assert p.Generation.from_json(first.fields["generation"]) == GEN3
-    assert replay.fields["replay"] and [r["step"] for r in replay.fields["rows"]] == [1, 2, 3]
-    assert [r["step"] for r in backlog.fields["rows"]] == [4]
+    assert first.kind == "reattach" and first.hello.fingerprint == "fp"
+    assert first.position.state == "running" and first.position.step == 4
+    assert first.position.generation == GEN3
+    assert replay.replay and [r["step"] for r in replay.rows] == [1, 2, 3]
+    assert [r["step"] for r in backlog.rows] == [4]
     assert again.get(p.ROSTER).decode().split() == ["a"]
     assert ch.reattached == 1 and ch.lost is None
-    again.set(p.ctl_key(3, "a"), p.CTL_REFORM)
-    wait_for(lambda: ch.ctl(3) == p.CTL_REFORM, what="the new coordinator's word")
+    again.set(p.ctl_key(3, "a"), p.Control.REFORM)
+    wait_for(lambda: ch.ctl(3) == p.Control.REFORM, what="the new coordinator's word")
     ch.close()
 
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from conftest import read_jsonl
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.runfolder import RunFolderMismatch
 from dyntrain.elastic.trainer import ElasticTrainer
@@ -42,7 +43,7 @@ def test_alone_run_writes_the_run_folder_reports_and_resumes(tmp_path, capsys):
     assert shown[-3].startswith("step     8/8  epoch   1  world 1  loss ")
     assert shown[-2:] == [f"trained to step 8; model in {out / 'final.pt'}", "result: accuracy=0.5"]
     assert json.loads((out / "result.json").read_text()) == {"accuracy": 0.5}
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, 9)) and rows[-1]["world_size"] == 1
     assert (out / "final.pt").exists() and (out / "run.json").exists()
     again = trainer(out, epochs=2)

@@ -327,7 +327,7 @@ def test_digits_workload_is_built_in():
 
 
 def test_a_waiting_sweep_says_why_once_per_reason(capsys):
-    from dyntrain.lab.sweep import _say_why_waiting
+    from dyntrain.lab.sweep_service import say_why_waiting
 
     class Queue:  # list_jobs(parent=..., status="RUNNABLE") as the service answers it
         answers = [[], [{"waiting": {"reason": "no free slot", "position": 3}}],
@@ -340,7 +340,7 @@ def test_a_waiting_sweep_says_why_once_per_reason(capsys):
 
     said, client = "", Queue()
     for _ in range(4):
-        said = _say_why_waiting(client, "sweep-1", said)
+        said = say_why_waiting(client, "sweep-1", said)
     assert capsys.readouterr().err.splitlines() == ["waiting: no free slot",
                                                     "waiting: queue q is DISABLED"]
 

@@ -10,13 +10,13 @@ import uuid
 
 import pytest
 
-from dyntrain.service.pgtemp import (
+from dyntrain.service.store import Store
+from dyntrain.testing.pgtemp import (
     PostgresUnavailable,
     create_database,
     drop_database,
     start_postgres,
 )
-from dyntrain.service.store import Store
 
 
 @pytest.fixture(scope="session")

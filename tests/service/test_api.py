@@ -15,9 +15,8 @@ import pytest
 import uvicorn
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.api import create_app
 from dyntrain.service.client import ApiError, Client
-from dyntrain.service.server import Service, ServiceConfig
+from dyntrain.service.server import Service, ServiceConfig, create_app
 
 PY = sys.executable
 SMALL = {"cpus": 0.25, "gpus": 0, "memory_mib": 256}

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyntrain.service.capacity import (
+from dyntrain.service.core.capacity import (
     CapacityChange,
     CapacityTrace,
     ReservedPool,
@@ -21,7 +21,7 @@ from dyntrain.service.capacity import (
     parse_trace,
     trace_from_points,
 )
-from dyntrain.service.model import CapacityType, ValidationError
+from dyntrain.service.core.model import CapacityType, ValidationError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import read_jsonl
 from dyntrain.elastic.sampler import epoch_permutation
-from dyntrain.service.controller import Controller, ControllerConfig
-from dyntrain.service.executors.base import WorkerSpec
-from dyntrain.service.executors.local import LocalExecutor
-from dyntrain.service.model import (
+from dyntrain.service.core.executor import WorkerSpec
+from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
     Dependency,
@@ -26,6 +25,8 @@ from dyntrain.service.model import (
     JobStatus,
     Resources,
 )
+from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import WORKER_EXITED, Store, WorkerRecord
 
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")
@@ -147,8 +148,8 @@ def test_elastic_job_grows_and_shrinks_with_capacity_and_stays_exactly_once(tmp_
     def watch():
         if not metrics.exists():
             return
-        lines = metrics.read_text().splitlines()
-        n = json.loads(lines[-1])["world_size"] if lines else 0
+        rows = read_jsonl(metrics)  # a line still being written waits
+        n = rows[-1]["world_size"] if rows else 0
         if n and (not sizes or sizes[-1] != n):
             sizes.append(n)
         desired = store.get_compute_environment("spot").spec.desired_slots
@@ -329,7 +330,7 @@ def test_restart_finds_a_worker_whose_handle_was_not_stored_or_requeues_one_neve
         store.add_worker(WorkerRecord(f"{job.id}-a1-w0", job.id, 1, "spot", "SPOT", 0.3, None,
                                       "RUNNING", 1.0))
     started = jobs[0]  # ... after its worker started
-    log = c._log_path(started.id, f"{started.id}-a1-w0")
+    log = c.log_path(started.id, f"{started.id}-a1-w0")
     log.parent.mkdir(parents=True)
     c.executor.start(WorkerSpec(started.id, 1, f"{started.id}-a1-w0", [PY, "-c", "print('ran')"],
                                 {}, SMALL, None, str(log)))
@@ -418,7 +419,7 @@ def test_a_crashed_elastic_worker_costs_wasted_work_and_the_job_goes_on(tmp_path
     def crash_one():
         if killed or not metrics.exists():
             return
-        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        rows = read_jsonl(metrics)
         if rows and rows[-1]["world_size"] == 2 and len(rows) > 20:
             victim = store.list_workers(job.id)[-1]
             c.executor.signal(victim.id, "KILL")

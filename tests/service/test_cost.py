@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyntrain.service.cost import (
+from dyntrain.service.core.cost import (
     JobCost,
     StaticBaseline,
     UsageRow,
@@ -16,7 +16,7 @@ from dyntrain.service.cost import (
     format_duration,
     job_cost,
 )
-from dyntrain.service.model import CapacityType, ValidationError
+from dyntrain.service.core.model import CapacityType, ValidationError
 
 SPOT, OD, RES = CapacityType.SPOT, CapacityType.ON_DEMAND, CapacityType.RESERVED
 

@@ -20,7 +20,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import wait_for
+from conftest import read_jsonl, wait_for
 from dyntrain.service.client import Client
 
 from .test_cli_service import PY, ROOT, _env, start_server, stop_server
@@ -36,7 +36,7 @@ def newest_checkpoint(run) -> int:
 
 
 def rows(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(path)  # a line still being written waits
 
 
 @pytest.mark.slow
@@ -102,7 +102,7 @@ def test_a_coordinator_shows_nothing_to_a_client_without_the_jobs_secret(tmp_pat
     import torch.distributed as dist
 
     from dyntrain.elastic import protocol as p
-    from dyntrain.service.elastic_host import SECRET_FILE, ElasticHost
+    from dyntrain.service.engine.elastic_host import SECRET_FILE, ElasticHost
     from dyntrain.service.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")

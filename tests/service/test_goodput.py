@@ -6,11 +6,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dyntrain.service.allocation import FIFO, AllocationPolicy, Move, policy_by_name
-from dyntrain.service.goodput import FairShare, Goodput, GoodputConfig
-from dyntrain.service.model import CapacityType, JobStatus, Resources, ValidationError
-from dyntrain.service.scheduler import EnvView, Grow, JobView, QueueView, Shrink, Snapshot, schedule
-from dyntrain.service.speedup import JobProfile, SpeedupModel, ThroughputPoint
+from dyntrain.service.core.allocation import FIFO, AllocationPolicy, Move, policy_by_name
+from dyntrain.service.core.goodput import FairShare, Goodput, GoodputConfig
+from dyntrain.service.core.model import CapacityType, JobStatus, Resources, ValidationError
+from dyntrain.service.core.scheduler import (
+    EnvView,
+    Grow,
+    JobView,
+    QueueView,
+    Shrink,
+    Snapshot,
+    schedule,
+)
+from dyntrain.service.core.speedup import JobProfile, SpeedupModel, ThroughputPoint
 
 SLOT = Resources(cpus=1, gpus=0, memory_mib=1024)
 LINEAR = SpeedupModel(parallel=1.0)

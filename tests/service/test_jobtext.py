@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dyntrain.service.jobtext import (
+from dyntrain.service.core.jobtext import (
     attempt_text,
     live_workers,
     result_text,

@@ -8,18 +8,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyntrain.service.lifecycle import (
+from dyntrain.service.core.lifecycle import (
     AttemptOutcome,
     DependentJob,
+    Ending,
+    EndKind,
     Transition,
     after_attempt,
+    after_ending,
     array_parent_status,
     check_acyclic,
     child_id,
     detect_cycle,
     resolve_dependencies,
 )
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
     JobStatus,
@@ -186,6 +189,27 @@ def test_an_attempt_without_exit_code_or_reason_says_so():
 def test_negative_attempts_used_is_rejected():
     with pytest.raises(ValueError, match="attempts_used"):
         after_attempt("j", 1, "", False, THREE, -1)
+
+
+def test_a_terminated_attempt_counts_and_fails_the_job_whatever_its_exit_code():
+    ending = Ending(EndKind.TERMINATED, 0, "terminated by user", error_line="error: X")
+    assert after_ending("j", ending, THREE, 0) == AttemptOutcome(F, "terminated by user", True, 1)
+    assert ending.counts_as_retry and not ending.preempted
+
+
+def test_a_failed_attempt_quotes_its_first_workers_error_line_and_a_success_does_not():
+    failed = Ending(EndKind.EXITED, 1, "", error_line="w0 error: ValueError: bad")
+    assert after_ending("j", failed, THREE, 0).reason == (
+        "retrying after exit code 1 (attempt 1 of 3); w0 error: ValueError: bad")
+    timed = Ending(EndKind.TIMED_OUT, None, "", timeout_seconds=5, error_line="error: slow")
+    assert after_ending("j", timed, THREE, 2).reason == (
+        "timeout after 5s (attempt 3 of 3); error: slow")
+    ok = Ending(EndKind.EXITED, 0, "", error_line="error: noise")
+    assert after_ending("j", ok, THREE, 0).reason == "exit code 0"
+    preempted = Ending(EndKind.PREEMPTED, 1, "", error_line="error: noise")
+    assert after_ending("j", preempted, THREE, 0) == AttemptOutcome(
+        RUNNABLE, "preempted: capacity taken back", False, 0)
+    assert not preempted.counts_as_retry
 
 
 # --- array parents ----------------------------------------------------------------------------

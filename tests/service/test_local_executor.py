@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors import (
     ExecutorError,
     StartError,
@@ -25,8 +26,8 @@ from dyntrain.service.executors import (
     WorkerSpec,
     get_executor,
 )
-from dyntrain.service.executors.local import LocalExecutor, proc_stat
-from dyntrain.service.model import Resources
+from dyntrain.service.executors.local import LocalExecutor
+from dyntrain.service.executors.machine import proc_stat
 
 PY = sys.executable
 LONG = "import time\nprint('ready', flush=True)\ntime.sleep(60)"

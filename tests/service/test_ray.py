@@ -27,10 +27,10 @@ from conftest import start_server, stop_server, wait_for
 from dyntrain.cli.main import main
 from dyntrain.elastic.address import machine_addresses
 from dyntrain.service.client import Client
-from dyntrain.service.executors.base import ExecutorError, StartError, WorkerSpec
+from dyntrain.service.core.executor import ExecutorError, StartError, WorkerSpec
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.ray import RayExecutor, import_ray
 from dyntrain.service.executors.ray_address import coordinator_address
-from dyntrain.service.model import Resources
 
 from .test_cli_service import PY, ROOT, _env
 from .test_controller import LEDGER, expected_counts
@@ -47,7 +47,7 @@ def ray_cluster():
     """A throw-away Ray cluster shared by this module's tests: a head without CPUs and two worker
     nodes, each its own `ray start`, standing in for hosts of a spot and an on-demand
     environment."""
-    from dyntrain.service.executors.raycluster import LocalRayCluster
+    from dyntrain.testing.raycluster import LocalRayCluster
 
     cluster = LocalRayCluster()
     try:

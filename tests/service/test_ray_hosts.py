@@ -32,8 +32,8 @@ import pytest
 
 from conftest import read_jsonl, start_server, stop_server, wait_for
 from dyntrain.service.client import Client
-from dyntrain.service.executors.raycluster import LocalRayCluster
 from dyntrain.testing.hosts import HostBed
+from dyntrain.testing.raycluster import LocalRayCluster
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
 from .test_controller import LEDGER

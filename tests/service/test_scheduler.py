@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dyntrain.service.model import CapacityType, JobStatus, Resources, State, ValidationError
-from dyntrain.service.scheduler import (
+from dyntrain.service.core.model import CapacityType, JobStatus, Resources, State, ValidationError
+from dyntrain.service.core.scheduler import (
     EnvView,
     Grow,
     JobView,

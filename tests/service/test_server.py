@@ -7,8 +7,8 @@ import pytest
 
 from conftest import run_cli, start_server
 from dyntrain.errors import DyntrainError
-from dyntrain.service.server import Service, ServiceConfig, is_loopback
-from dyntrain.service.statelock import StateDirLocked
+from dyntrain.service.engine.service import Service, ServiceConfig, is_loopback
+from dyntrain.service.engine.statelock import StateDirLocked
 
 
 def test_embedded_default_has_a_local_environment_and_queue(tmp_path):

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from dyntrain.service.model import ValidationError
-from dyntrain.service.speedup import (
+from dyntrain.service.core.model import ValidationError
+from dyntrain.service.core.speedup import (
     JobProfile,
     SpeedupModel,
     SpeedupTracker,

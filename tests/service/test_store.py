@@ -12,7 +12,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     MAX_ARRAY_SIZE,
     CapacityType,
     CEStatus,

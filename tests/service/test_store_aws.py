@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import sqlalchemy as sa
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     ComputeEnvironmentSpec,
     JobDefinitionSpec,
     JobQueueSpec,

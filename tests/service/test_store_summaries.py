@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec
-from dyntrain.service.model import JobStatus as S
+from dyntrain.service.core.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec
+from dyntrain.service.core.model import JobStatus as S
 
 
 def setup(store):

@@ -12,10 +12,10 @@ import yaml
 from dyntrain.cli.main import main
 from dyntrain.cli.service.follow import _Watcher
 from dyntrain.service.client import Client
-from dyntrain.service.jobtext import progress_text
-from dyntrain.service.model import ValidationError
-from dyntrain.service.submitter import ExportSpec, exported, parse_export
-from dyntrain.service.worker_log import error_line
+from dyntrain.service.core.jobtext import progress_text
+from dyntrain.service.core.model import ValidationError
+from dyntrain.service.core.submitter import ExportSpec, exported, parse_export
+from dyntrain.service.engine.worker_log import error_line
 
 from .test_api import serve
 

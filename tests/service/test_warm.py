@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
-from dyntrain.service.executors.base import WorkerSpec
+from dyntrain.service.core.executor import WorkerSpec
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.executors.warm import eligible
-from dyntrain.service.model import Resources
 
 PY = sys.executable
 BASE = {"PATH": os.environ.get("PATH", ""), "HOME": "/root"}

@@ -23,10 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dyntrain.elastic.storage import LocalStore
 from dyntrain.lab import Measurement, Study, Trial, write_study
-from dyntrain.service.api import create_app
-from dyntrain.service.model import CapacityType, ComputeEnvironmentSpec, JobQueueSpec, Resources
-from dyntrain.service.model import JobStatus as S
-from dyntrain.service.server import Service, ServiceConfig
+from dyntrain.service.core.model import (
+    CapacityType,
+    ComputeEnvironmentSpec,
+    JobQueueSpec,
+    Resources,
+)
+from dyntrain.service.core.model import JobStatus as S
+from dyntrain.service.server import Service, ServiceConfig, create_app
 from dyntrain.service.store import WORKER_EXITED, WORKER_LEAVING, WORKER_RUNNING, WorkerRecord
 from dyntrain.service.web import auth
 from dyntrain.service.web.capacity import CapacityHistory, Sample

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from dyntrain.service.client import Client
-from dyntrain.service.web.screenshots import find_chromium
+from dyntrain.testing.screenshots import find_chromium
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +87,7 @@ def setup_jobs(url: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    from dyntrain.service.web.screenshots import chromium
+    from dyntrain.testing.screenshots import chromium
 
     tmp = tmp_path_factory.mktemp("browser")
     log = tmp / "server.log"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from dyntrain.service.allocation import FIFO
-from dyntrain.service.capacity import trace_from_points
-from dyntrain.service.goodput import Goodput
-from dyntrain.service.model import ValidationError
-from dyntrain.service.speedup import SpeedupModel
+from dyntrain.service.core.allocation import FIFO
+from dyntrain.service.core.capacity import trace_from_points
+from dyntrain.service.core.goodput import Goodput
+from dyntrain.service.core.model import ValidationError
+from dyntrain.service.core.speedup import SpeedupModel
 from dyntrain.sim.compare import StaticCluster, compare, parse_policies, run_policy
 from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation
 from dyntrain.sim.jobs import JobSpec, JobTrace, QueueSpec, builtin_jobs

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from dyntrain.service.capacity import parse_trace
-from dyntrain.service.model import ValidationError
-from dyntrain.service.speedup import SpeedupModel
-from dyntrain.service.trace_files import load_capacity, parse_json_trace, scale_time, to_csv
+from dyntrain.service.core.capacity import parse_trace
+from dyntrain.service.core.model import ValidationError
+from dyntrain.service.core.speedup import SpeedupModel
+from dyntrain.service.core.trace_files import load_capacity, parse_json_trace, scale_time, to_csv
 from dyntrain.sim.jobs import load_jobs, parse_jobs
 
 ROOT = Path(__file__).resolve().parents[2]

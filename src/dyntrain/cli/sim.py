@@ -63,7 +63,7 @@ def sim(capacity, jobs_file, count, days, seed, policies, spot_price, on_demand_
     Prints average and p95 job completion time, makespan, cost, utilisation and
     re-formations side by side; thousands of times faster than real time.
     """
-    from dyntrain.service.trace_files import load_capacity
+    from dyntrain.service.core.trace_files import load_capacity
     from dyntrain.sim.compare import (
         ON_DEMAND_PRICE,
         SPOT_PRICE,

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -22,11 +23,13 @@ POLL_SECONDS = 0.005
 
 
 class JobOver(Exception):
-    """The job finished (or failed) while this worker was not a member."""
+    """The job finished (or failed) while this worker was not a member. ``at_join``: it had
+    already ended at this worker's first look (it came too late to take part)."""
 
-    def __init__(self, state: str) -> None:
-        super().__init__(state)
-        self.state = state
+    def __init__(self, status: p.JobStatus, at_join: bool = False) -> None:
+        super().__init__(str(status))
+        self.status = status
+        self.at_join = at_join
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -87,8 +90,9 @@ class WorkerChannel:
     generation's group (which does not need the store) and trains on, while the watcher
     reconnects - to the same address, or to the one the host recorded in the run folder's
     ``coordinator.json`` - and checks that the store belongs to the same job (``job/info``).
-    Then the sender first delivers a ``reattach`` message (``position()``: the worker's state,
-    generation and applied step), then every message that was not delivered. Whatever needs the
+    Then the sender first delivers a ``Reattach`` message (``position()``: the worker's
+    ``Position``, its state, generation and applied step), then every message that was not
+    delivered. Whatever needs the
     coordinator meanwhile (a new generation, the final flush) waits for it. After
     ``reattach_seconds`` without it, ``CoordinatorGone`` is raised where the worker next asks.
 
@@ -100,13 +104,14 @@ class WorkerChannel:
 
     def __init__(self, address: str, worker_id: str | None = None, connect_timeout: float = 30.0,
                  heartbeat_interval: float = 0.5, watch_interval: float = 0.02,
-                 reattach_seconds: float = 0.0, position=None,
+                 reattach_seconds: float = 0.0,
+                 position: Callable[[], p.Position] = p.Position,
                  advertise: str | None = None, iface: str | None = None) -> None:
         self.address = address
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.connect_timeout = connect_timeout
         self.reattach_seconds = reattach_seconds
-        self.position = position or (lambda: {"state": "joining"})
+        self.position = position
         self._connect(address, connect_timeout)
         self.advertise = advertise_address(parse_address(address), advertise, iface)
         self.probe = ProbeListener(self.advertise)
@@ -119,8 +124,9 @@ class WorkerChannel:
         self.reattached = 0  # how many times this worker re-attached to a restarted coordinator
         self._online = threading.Event()
         self._online.set()
-        self._hello: dict | None = None
+        self._hello: p.Hello | None = None
         self._reattach_due = False
+        self._seen_running = False  # the job was running at one of this worker's looks
         self._seq = 0
         # Rows the coordinator may not have read when it died; replayed after a re-attach (the
         # coordinator keeps those above the last step it recorded).
@@ -128,7 +134,8 @@ class WorkerChannel:
         self._outbox: queue.Queue[p.Message] = queue.Queue()
         self._stop = threading.Event()
         self._watched: int | None = None
-        self._ctl: tuple[int, str, float] = (-1, p.CTL_RUN, 0.0)  # generation, value, when read
+        # the watched generation, its control word and when it was read
+        self._ctl: tuple[int, p.Control, float] = (-1, p.Control.RUN, 0.0)
         threading.Thread(target=self._send_loop, daemon=True, name="dyntrain-sender").start()
         self._watcher = threading.Thread(target=self._watch_loop, daemon=True,
                                          args=(heartbeat_interval, watch_interval),
@@ -227,7 +234,7 @@ class WorkerChannel:
                 if gen is not None:
                     key = p.ctl_key(gen, self.worker)
                     # a re-attached store holds no key until the coordinator has read our report
-                    value = (self._watch_store.get(key).decode()
+                    value = (p.Control(self._watch_store.get(key).decode())
                              if self._watch_store.check([key]) else self._ctl_value(gen))
                     self._ctl = (gen, value, time.monotonic())
             except Exception as exc:
@@ -237,9 +244,9 @@ class WorkerChannel:
                 continue
             self._stop.wait(interval)
 
-    def _ctl_value(self, generation: int) -> str:
+    def _ctl_value(self, generation: int) -> p.Control:
         gen, value, _ = self._ctl
-        return value if gen == generation else p.CTL_RUN
+        return value if gen == generation else p.Control.RUN
 
     def _send_loop(self) -> None:
         backlog: list[tuple[p.Message, int]] = []  # packed message, how many sends it carries
@@ -257,11 +264,9 @@ class WorkerChannel:
             epoch = self._epoch
             try:
                 if self._reattach_due:
-                    self._deliver(p.Message("reattach", self.worker,
-                                            {**(self._hello or {}), **self.position()}))
+                    self._deliver(p.Reattach(self._hello, self.position()))
                     if self._recent_rows:
-                        self._deliver(p.Message("metrics", self.worker, {
-                            "rows": list(self._recent_rows), "replay": True}))
+                        self._deliver(p.Metrics(tuple(self._recent_rows), replay=True))
                     self._send_store.append(p.ROSTER, self.worker + " ")
                     self._send_store.add(p.ROSTER_COUNT, 1)
                     self._reattach_due = False
@@ -284,10 +289,10 @@ class WorkerChannel:
     def _deliver(self, msg: p.Message) -> None:
         self._send_store.multi_set(
             [p.inbox_key(self.worker, self._seq), p.inbox_count_key(self.worker)],
-            [msg.to_json(), str(self._seq + 1)])
+            [p.encode(self.worker, msg), str(self._seq + 1)])
         self._seq += 1
-        if msg.kind == "metrics":
-            self._recent_rows.extend(msg.fields["rows"])
+        if isinstance(msg, p.Metrics):
+            self._recent_rows.extend(msg.rows)
 
     # ---- API ----------------------------------------------------------------------------------
 
@@ -301,9 +306,9 @@ class WorkerChannel:
         self._watcher.join(self.connect_timeout)  # a store call gives up within its timeout
         self.probe.close()
 
-    def send(self, kind: str, **fields) -> None:
+    def send(self, msg: p.Message) -> None:
         """Queue a message for this worker's inbox (in order; see ``flush``)."""
-        self._outbox.put(p.Message(kind, self.worker, fields))
+        self._outbox.put(msg)
 
     def flush(self, timeout: float = 10.0) -> None:
         """Wait until every queued message reached the store (before exiting, say); while the
@@ -317,7 +322,7 @@ class WorkerChannel:
         """Poll this generation's control key in the background from now on."""
         self._watched = generation
 
-    def ctl(self, generation: int) -> str:
+    def ctl(self, generation: int) -> p.Control:
         """The control word for this worker in ``generation`` (run/reform/drain/abort).
 
         While the coordinator is away it is the last word read: the generation trains on."""
@@ -330,7 +335,7 @@ class WorkerChannel:
         epoch = self._epoch
         try:
             key = p.ctl_key(generation, self.worker)
-            return self.store.get(key).decode() if self.store.check([key]) \
+            return p.Control(self.store.get(key).decode()) if self.store.check([key]) \
                 else self._ctl_value(generation)
         except Exception as exc:
             self._on_lost(exc, epoch)
@@ -350,30 +355,29 @@ class WorkerChannel:
         try:
             reply = p.reply_key(self.worker)
             if self.store.check([reply]) and \
-                    self.store.get(reply).decode().startswith(p.REPLY_DEAD):
+                    p.Reply.decode(self.store.get(reply)).kind is p.ReplyKind.DEAD:
                 return False
             if generation is None:
                 return True
             key = p.ctl_key(generation, self.worker)
             if not self.store.check([key]):
                 return None
-            return self.store.get(key).decode() != p.CTL_ABORT
+            return p.Control(self.store.get(key).decode()) is not p.Control.ABORT
         except Exception as exc:
             self._on_lost(exc, epoch)
             self._check_gone()
             return None
 
     def hello(self, fingerprint: str, config: dict) -> None:
-        self._hello = {"fingerprint": fingerprint, "config": config,
-                       "host": socket.gethostname(), "pid": os.getpid(),
-                       "address": self.advertise, "probe": self.probe.endpoint}
-        self.send("hello", **self._hello)
+        self._hello = p.Hello(fingerprint, config, host=socket.gethostname(), pid=os.getpid(),
+                              address=self.advertise, probe=self.probe.endpoint)
+        self.send(self._hello)
         self.flush()  # the roster entry must not overtake the hello message
         self.store.append(p.ROSTER, self.worker + " ")
         self.store.add(p.ROSTER_COUNT, 1)
 
-    def job_state(self) -> str:
-        return self.store.get(p.JOB_STATE).decode()
+    def job_state(self) -> p.JobStatus:
+        return p.JobStatus.decode(self.store.get(p.JOB_STATE))
 
     def wait_generation(self, after: int, should_stop) -> p.Generation | None:
         """Block until a generation numbered above ``after`` includes this worker.
@@ -399,23 +403,25 @@ class WorkerChannel:
                 continue
             if isinstance(found, p.Generation):
                 return found
-            if found == "leave" or should_stop():  # "leave": drained while its generation was
-                return None                        # being torn down
+            if found is None or should_stop():  # None: told to leave (drained while its
+                return None                      # generation was being torn down)
             scanned = found
             time.sleep(POLL_SECONDS)
 
-    def _scan(self, scanned: int) -> p.Generation | str | int:
-        """One look at the store: a generation with this worker, "leave", or the number seen."""
+    def _scan(self, scanned: int) -> p.Generation | int | None:
+        """One look at the store: a generation with this worker, the number seen, or None when
+        this worker is told to leave."""
         if self.store.check([p.reply_key(self.worker)]):
-            reply = self.store.get(p.reply_key(self.worker)).decode()
-            if reply == "leave":
-                return reply
-            if reply.startswith(p.REPLY_DEAD):
-                raise Fenced(f"declared dead ({reply[len(p.REPLY_DEAD):]})")
-            raise DyntrainError(f"the coordinator rejected this worker: {reply[7:]}")
-        state = self.job_state()
-        if state != "running":
-            raise JobOver(state)
+            reply = p.Reply.decode(self.store.get(p.reply_key(self.worker)))
+            if reply.kind is p.ReplyKind.LEAVE:
+                return None
+            if reply.kind is p.ReplyKind.DEAD:
+                raise Fenced(f"declared dead ({reply.reason})")
+            raise DyntrainError(f"the coordinator rejected this worker: {reply.reason}")
+        status = self.job_state()
+        if status.state is not p.JobState.RUNNING:
+            raise JobOver(status, at_join=not self._seen_running)
+        self._seen_running = True
         latest = int(self.store.get(p.GEN_LATEST))
         for number in range(scanned + 1, latest + 1):
             key = p.gen_key(number)
@@ -427,7 +433,7 @@ class WorkerChannel:
                 return gen
         return scanned
 
-    def wait_job_state(self, wanted: str) -> None:
+    def wait_job_state(self, wanted: p.JobState) -> None:
         """Wait (bounded like a flush) until the coordinator has recorded the job as ``wanted``;
         after a re-attach the report of our position says it again."""
         if not self.reattach_seconds:
@@ -436,7 +442,7 @@ class WorkerChannel:
         while time.monotonic() < deadline and not self.gave_up:
             epoch = self._epoch
             try:
-                if self._online.is_set() and self.job_state() == wanted:
+                if self._online.is_set() and self.job_state().state is wanted:
                     return
             except Exception as exc:
                 self._on_lost(exc, epoch)
@@ -453,11 +459,9 @@ def _pack_metrics(batch: list[p.Message]) -> list[tuple[p.Message, int]]:
     packed message comes with the number of queued messages it carries."""
     packed: list[tuple[p.Message, int]] = []
     for msg in batch:
-        if msg.kind == "metrics" and packed and packed[-1][0].kind == "metrics":
-            packed[-1][0].fields["rows"].append(msg.fields)
-            packed[-1] = (packed[-1][0], packed[-1][1] + 1)
-        elif msg.kind == "metrics":
-            packed.append((p.Message("metrics", msg.worker, {"rows": [msg.fields]}), 1))
+        if isinstance(msg, p.Metrics) and packed and isinstance(packed[-1][0], p.Metrics):
+            last, n = packed[-1]
+            packed[-1] = (p.Metrics(last.rows + msg.rows, last.replay), n + 1)
         else:
             packed.append((msg, 1))
     return packed

@@ -4,86 +4,50 @@ It runs on a stable host (the launcher, or the job service) next to the TCPStore
 driven one ``tick()`` at a time, with the clock and the output sink injected, so tests can step
 it. It never touches training state: it only decides who takes part from which step.
 
+The loop is thin: it reads the store (``board.CoordinatorBoard``), hands each typed message
+(``protocol``) to its handler, which updates the membership's named sets
+(``membership.Membership``) and the changes to report (``changes.ChangeLog``), and writes what
+the pure decisions (``membership.decide_forming``, ``formation.Formation``) say.
+
 When its host restarts (the service was killed), a new coordinator over a new store is rebuilt
-from what the workers report (``expect_reattach``, ``reattach`` messages): the workers trained on
-meanwhile, and the job goes on from the most advanced state any of them holds.
+from what the workers report (``expect_reattach``, ``Reattach`` messages): the workers trained
+on meanwhile, and the job goes on from the most advanced state any of them holds.
 """
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from dataclasses import replace
 
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.board import CoordinatorBoard
+from dyntrain.elastic.changes import Change, ChangeKind, ChangeLog
+from dyntrain.elastic.coordination import JobRecord, Phase, Sink
 from dyntrain.elastic.formation import Formation
-from dyntrain.elastic.membership import next_generation
+from dyntrain.elastic.membership import CoordinatorConfig, Membership, decide_forming
+
+__all__ = ["REATTACH_WAIT", "Coordinator", "CoordinatorConfig", "JobRecord", "Phase", "Sink"]
 
 #: seconds a worker of a previous coordinator has to re-attach (``expect_reattach``) when the
 #: failure timeout is shorter
 REATTACH_WAIT = 10.0
 
 
-class Phase(enum.Enum):
-    WAITING = "waiting"  # no generation runs: starting, or fewer than min workers
-    RUNNING = "running"
-    REFORMING = "reforming"  # the current generation ends; waiting for every member to report
-    DONE = "done"
-    FAILED = "failed"
-
-    def is_terminal(self) -> bool:
-        return self in (Phase.DONE, Phase.FAILED)
-
-
-class Sink(Protocol):
-    """Where the coordinator reports what happens (files, terminal, a service's database)."""
-
-    def event(self, record: dict) -> None: ...
-    def metrics(self, record: dict) -> None: ...
-    def log(self, line: str) -> None: ...
-    def result(self, record: dict) -> None: ...
-
-
-@dataclass
-class WorkerInfo:
-    host: str = ""
-    pid: int = 0
-    probe: str = ""  # "address:port" it advertised (dyntrain.elastic.reach)
-    inbox_read: int = 0
-    heartbeat: int = -1
-    heartbeat_seen: float = 0.0
-    silence: float = 0.0  # the longest it was seen unchanged since its last change
-    alive: bool = True
-    listed: bool = True  # on this store's roster (has an inbox); False: known from before a restart
-
-
-@dataclass
-class Change:
-    """One membership change, from request to the first step completed in the new world."""
-
-    kind: str  # start, join, leave, crash, resume, reattach
-    workers: list[str]
-    requested_at: float
-    detected_at: float
-    world_before: int
-    fields: dict = field(default_factory=dict)
-
-
-@dataclass
-class CoordinatorConfig:
-    min_workers: int
-    max_workers: int
-    expected_initial: int = 1
-    settle_seconds: float = 2.0
-    failure_timeout: float = p.FAILURE_TIMEOUT
-
-
 class Coordinator:
-    """Membership state machine over a TCPStore; call ``tick()`` in a loop."""
+    """Membership state machine over a TCPStore; call ``tick()`` in a loop.
+
+    Args:
+        store: The job's TCPStore (the coordinator writes its initial keys at once).
+        config: Worker counts and timeouts.
+        sink: Where events, metrics rows, log lines and results go.
+        find_checkpoint: Returns the newest valid checkpoint ``(step, where)``, or None; asked
+            only when no worker holds state. It may raise (a run folder that cannot be read);
+            the host then fails the job rather than start over.
+        clock: Seconds (``time.time`` by default; a fake one in tests).
+    """
 
     def __init__(
         self,
@@ -93,108 +57,106 @@ class Coordinator:
         find_checkpoint: Callable[[], tuple[int, str] | None],
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.store, self.config, self.sink, self.clock = store, config, sink, clock
+        self.config, self.sink, self.clock = config, sink, clock
         self.find_checkpoint = find_checkpoint
         self.phase = Phase.WAITING
-        self.current: p.Generation | None = None
-        self.workers: dict[str, WorkerInfo] = {}
-        self.joiners: list[str] = []
-        self.ready: dict[str, int | None] = {}
-        self.gone: set[str] = set()  # left gracefully or dead; never admitted again
-        self.dead: set[str] = set()  # declared dead (exit, exception, lost heartbeat)
-        self.last_error: str | None = None
-        self.errors: dict[str, str] = {}  # worker -> the exception it reported (it exits itself)
-        self.fingerprint: str | None = None
-        self.job_config: dict = {}
-        self.highest_step = 0
-        self.last_checkpoint: tuple[int, str] | None = None
-        self.failure: str | None = None
-        self._roster_len = 0
-        self._roster_count = 0
-        self._last_hello = 0.0
-        self._hello_at: dict[str, float] = {}
-        self._expected: set[str] = set()
-        self._expect_deadline = 0.0
-        self._draining: set[str] = set()  # asked to leave; never carried into a new generation
-        self._requests: dict[str, float] = {}  # worker -> when a leave/kill was requested
-        self._pending: list[Change] = []  # changes folded into the next generation
-        self._awaiting_first_step: list[Change] = []
-        self._reformed_at = 0.0
-        self._awaited: set[str] = set()  # workers of a previous coordinator not heard from yet
-        self._running: set[str] = set()  # re-attached while training in the current generation
-        self._reattach: Change | None = None  # set while rebuilding after a restart
+        self.membership = Membership()
+        self.changes = ChangeLog()
         self.formation = Formation()  # generations until their first step: retries, culprits
+        self.job = JobRecord()
         self.started_at = clock()
-        store.set(p.GEN_LATEST, "-1")
-        store.add(p.ROSTER_COUNT, 0)  # exists from the start: polled with the other keys
-        store.set(p.JOB_STATE, "running")
+        self.board = CoordinatorBoard(store)
+        self._last_poll, self._last_poll_known = 0.0, False  # for _own_stall
+        self._handlers: dict[type[p.Message], Callable] = {
+            p.Hello: self._on_hello, p.Reattach: self._on_reattach, p.Ready: self._on_ready,
+            p.Left: self._on_left, p.Metrics: self._on_metrics,
+            p.Checkpoint: self._on_checkpoint, p.Done: self._on_done,
+            p.Result: self._on_result, p.Error: self._on_error}
 
-    # ---- inputs from the launcher -------------------------------------------------------------
+    # ---- what the hosts read ------------------------------------------------------------------
 
-    def expect_reattach(self, workers: list[str], highest_step: int) -> None:
-        """Rebuild after the host restarted: ``workers`` were alive under the previous
-        coordinator and will report where they stand (``reattach``). Nothing is formed or
-        admitted until each has re-attached or is gone. ``highest_step``: the last step the
-        previous coordinator recorded (so that no re-sent metrics row counts as recomputed)."""
-        now = self.clock()
-        self.highest_step = highest_step
-        for worker in workers:
-            self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=now, listed=False))
-            self._awaited.add(worker)
-        self._reattach = Change("reattach", [], self.started_at, now, 0)
+    @property
+    def current(self) -> p.Generation | None:
+        """The current (last published, or adopted) generation."""
+        return self.membership.current
+
+    @property
+    def failure(self) -> str | None:
+        return self.job.failure
+
+    @property
+    def job_config(self) -> dict:
+        return self.job.config
+
+    def settled(self) -> bool:
+        """True when a generation runs and every change so far has completed a step in it."""
+        return self.phase is Phase.RUNNING and self.changes.settled()
+
+    def live_workers(self) -> list[str]:
+        return self.membership.live()
 
     def awaits(self, worker: str) -> bool:
         """True for a worker of the previous coordinator that has not re-attached yet."""
-        return worker in self._awaited
+        return worker in self.membership.awaited
+
+    # ---- inputs from the host -----------------------------------------------------------------
+
+    def expect_reattach(self, workers: list[str], highest_step: int) -> None:
+        """Rebuild after the host restarted: ``workers`` were alive under the previous
+        coordinator and will report where they stand (``Reattach``). Nothing is formed or
+        admitted until each has re-attached or is gone. ``highest_step``: the last step the
+        previous coordinator recorded (so that no re-sent metrics row counts as recomputed)."""
+        now = self.clock()
+        self.job.highest_step = highest_step
+        self.membership.await_reattach(workers, now)
+        self.changes.reattach = Change(ChangeKind.REATTACH, [], self.started_at, now, 0)
+
+    def expect_joiners(self, workers: list[str], within: float) -> None:
+        """Admit these soon-to-arrive workers together: hold joins until all said hello (or
+        ``within`` seconds passed), so that adding K workers re-forms the group once."""
+        self.membership.expected = set(workers)
+        self.membership.expect_deadline = self.clock() + within
 
     def note_request(self, worker: str, at: float | None = None) -> None:
         """Remember when a leave or kill of ``worker`` was requested (for latency records)."""
-        self._requests[worker] = self.clock() if at is None else at
+        self.membership.requested[worker] = self.clock() if at is None else at
 
     def request_drain(self, worker: str) -> None:
         """Ask a member to finish its current step and leave (for workers without a signal)."""
-        if self.current and worker in self.current.members and self.phase is Phase.RUNNING:
+        m = self.membership
+        if m.in_current(worker) and self.phase is Phase.RUNNING:
             self.note_request(worker)
-            self._draining.add(worker)
-            self.store.set(p.ctl_key(self.current.number, worker), p.CTL_DRAIN)
+            m.draining.add(worker)
+            self.board.tell(m.current.number, worker, p.Control.DRAIN)
+
+    def release(self, worker: str) -> None:
+        """Tell a worker that waits for a generation to leave instead."""
+        self.board.reply(worker, p.Reply(p.ReplyKind.LEAVE))
 
     def mark_dead(self, worker: str, reason: str) -> None:
         """A worker is gone without saying so (process exit, lost heartbeat)."""
-        info = self.workers.get(worker)
-        if info is None or not info.alive or worker in self.gone:
+        m = self.membership
+        if worker not in m.known or worker in m.gone:
             return
-        info.alive = False
-        self.gone.add(worker)
-        self.dead.add(worker)
-        self.formation.gone(worker)
         # Fence it: should a hung or cut-off worker come back, it must not act as a member
         # again. It is told so (its generation is aborted, its id is dead) and whatever it
         # sends is refused (``_handle``).
-        self.store.set(p.reply_key(worker), f"{p.REPLY_DEAD}{reason}")
-        if self.current and worker in self.current.members:
-            self.store.set(p.ctl_key(self.current.number, worker), p.CTL_ABORT)
+        m.fence(worker)
+        self.formation.gone(worker)
+        self.board.reply(worker, p.Reply(p.ReplyKind.DEAD, reason))
+        if m.in_current(worker):
+            self.board.tell(m.current.number, worker, p.Control.ABORT)
         now = self.clock()
         self.sink.log(f"worker {worker} lost: {reason}")
-        if worker in self.joiners:
-            self.joiners.remove(worker)
-        self.ready.pop(worker, None)
-        if self.current and worker in self.current.members and not self.phase.is_terminal():
-            requested = self._requests.get(worker, now)
-            crashes = [c for c in self._pending if c.kind == "crash"]
-            if crashes:  # the same failure (or a survivor's report of it): one event
-                change = crashes[0]
-                change.workers.append(worker)
-                change.requested_at = min(change.requested_at, requested)
-                change.fields["reason"] = reason
-            else:
-                self._pending.append(Change("crash", [worker], requested, now,
-                                            self.current.world_size, {"reason": reason}))
-            self._end_generation(p.CTL_ABORT)
+        if m.in_current(worker) and not self.phase.is_terminal():
+            self.changes.crash(worker, m.requested.get(worker, now), now,
+                               m.current.world_size, reason)
+            self._end_generation(p.Control.ABORT)
 
     def fail(self, message: str) -> None:
         self.phase = Phase.FAILED
-        self.failure = message
-        self.store.set(p.JOB_STATE, f"failed:{message}")
+        self.job.failure = message
+        self.board.set_job(p.JobStatus(p.JobState.FAILED, message))
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -203,11 +165,14 @@ class Coordinator:
         if self.phase.is_terminal():
             return self.phase
         self._poll_workers()
-        if self._reattach is not None:
+        if self.changes.reattach is not None:
             self._settle_reattach()
-            if self._reattach is not None or self.phase.is_terminal():
+            if self.changes.reattach is not None or self.phase.is_terminal():
                 return self.phase
-        self._admit_joiners()
+        if self.phase is Phase.RUNNING and \
+                self.membership.admission_due(self.config.max_workers, self.clock()):
+            self.membership.expected = set()
+            self._end_generation(p.Control.REFORM)
         if self.phase in (Phase.WAITING, Phase.REFORMING):
             self._maybe_form()
         return self.phase
@@ -215,351 +180,277 @@ class Coordinator:
     def drain(self) -> None:
         """Read what workers sent after the job ended (final results, last metrics)."""
         self._read_roster()
-        for worker in list(self.workers):
-            info = self.workers[worker]
-            key = p.inbox_count_key(worker)
-            if not self.store.check([key]):
+        for worker, info in list(self.membership.known.items()):
+            count = self.board.inbox_count(worker)
+            if count is None:
                 continue
-            count = int(self.store.get(key))
             for seq in range(info.inbox_read, count):
-                msg = p.Message.from_json(self.store.get(p.inbox_key(worker, seq)))
-                if msg.kind in ("result", "metrics"):
-                    self._handle(msg)
+                self._receive(worker, self.board.message(worker, seq), (p.Result, p.Metrics))
             info.inbox_read = count
 
-    def settled(self) -> bool:
-        """True when a generation runs and every change so far has completed a step in it."""
-        return self.phase is Phase.RUNNING and not self._pending and not self._awaiting_first_step
-
-    def live_workers(self) -> list[str]:
-        return [w for w, info in self.workers.items() if info.alive and w not in self.gone]
-
-    # ---- internals ------------------------------------------------------------------------------
+    # ---- reading the store ----------------------------------------------------------------------
 
     def _read_roster(self) -> None:
-        if not self.store.check([p.ROSTER]):
-            return
-        names = self.store.get(p.ROSTER).decode().split()
-        for worker in names[self._roster_len :]:
-            info = self.workers.get(worker)
-            if info is None or not info.listed:
-                # polled from now on with the others (multi_get waits for missing keys)
-                self.store.add(p.heartbeat_key(worker), 0)
-                if info is None:
-                    self.workers[worker] = WorkerInfo(heartbeat_seen=self.clock())
-                info = self.workers[worker]
-                info.listed = True
-        self._roster_len = len(names)
+        for worker in self.board.new_on_roster():
+            if self.membership.list_worker(worker, self.clock()):
+                self.board.watch(worker)
 
     def _poll_workers(self) -> None:
         """One round trip for the roster count and every live worker's inbox count and
         heartbeat (the steady state's only store traffic), then new messages. Workers of a
         previous coordinator that have not re-attached yet have no keys here: they are only
         timed out."""
-        while True:
-            watched = [w for w in self.live_workers() if self.workers[w].listed]
-            keys = [p.ROSTER_COUNT, *(p.inbox_count_key(w) for w in watched),
-                    *(p.heartbeat_key(w) for w in watched)]
-            values = self.store.multi_get(keys)
-            if int(values[0]) == self._roster_count:
-                break
-            self._roster_count = int(values[0])
+        m, timeout = self.membership, self.config.failure_timeout
+        while (polled := self.board.poll(watched := m.watched())) is None:
             self._read_roster()  # newcomers: poll again with them
-        counts = dict(zip(watched, values[1 : len(watched) + 1], strict=True))
+        counts, beats = polled
         now = self.clock()
-        for worker, raw in zip(watched, values[len(watched) + 1 :], strict=True):
-            info = self.workers[worker]
-            if int(raw) != info.heartbeat:
-                if info.heartbeat >= 0 and info.silence > self.config.failure_timeout / 2:
-                    # a near miss: the timeout is close to what this machine needs
-                    self.sink.log(f"worker {worker} was silent for {info.silence:.1f} s (lost "
-                                  f"after {self.config.failure_timeout:g} s)")
-                info.heartbeat, info.heartbeat_seen, info.silence = int(raw), now, 0.0
-            else:  # (measured where it is compared: a late poll finds the counter moved)
-                info.silence = max(info.silence, now - info.heartbeat_seen)
-        for worker in watched:
-            self._read_inbox(worker, int(counts[worker]))
+        self._own_stall(now)
+        for worker, counter in zip(watched, beats, strict=True):
+            silence = m.known[worker].beat(counter, now, timeout)
+            if silence is not None:
+                self.sink.log(f"worker {worker} was silent for {silence:.1f} s (lost after "
+                              f"{timeout:g} s)")
+        for worker, count in zip(watched, counts, strict=True):
+            self._read_inbox(worker, count)
             if self.phase.is_terminal():
                 return
-        for worker in self.live_workers():
-            info = self.workers[worker]
-            # a worker of a previous coordinator must first notice the loss and reconnect
-            limit = self.config.failure_timeout if info.listed else \
-                max(self.config.failure_timeout, REATTACH_WAIT)
-            if info.alive and now - info.heartbeat_seen > limit:
+        for worker in m.live():
+            limit = m.known[worker].overdue(now, timeout, REATTACH_WAIT)
+            if limit is not None:
                 self.mark_dead(worker, f"no heartbeat for {limit:g} s")
 
+    def _own_stall(self, now: float) -> None:
+        """A gap between two polls longer than ``stall_gap`` is the coordinator's own stall (a
+        frozen host): its workers' beats could not be seen then, so it is not their silence."""
+        gap, self._last_poll = now - self._last_poll, now
+        if self._last_poll_known and gap > self.config.own_stall():
+            self.membership.pause(gap)
+            self.sink.log(f"the coordinator did not run for {gap:.1f} s: its workers' silence "
+                          f"in that time is not counted")
+        self._last_poll_known = True
+
     def _read_inbox(self, worker: str, count: int) -> None:
-        info = self.workers[worker]
+        info = self.membership.known[worker]
         if count <= info.inbox_read:
             return
-        keys = [p.inbox_key(worker, seq) for seq in range(info.inbox_read, count)]
-        for seq, raw in zip(range(info.inbox_read, count), self.store.multi_get(keys),
-                            strict=True):
-            self.store.delete_key(p.inbox_key(worker, seq))
+        for seq, raw in self.board.take(worker, info.inbox_read, count):
             info.inbox_read = seq + 1
-            self._handle(p.Message.from_json(raw))
+            self._receive(worker, raw)
             if self.phase.is_terminal():
                 return
 
-    def _handle(self, msg: p.Message) -> None:
-        handler = getattr(self, f"_on_{msg.kind}", None)
-        if handler is None:
-            self.sink.log(f"ignored unknown message {msg.kind!r} from {msg.worker}")
+    def _receive(self, worker: str, raw: bytes, only: tuple[type, ...] = (p.Message,)) -> None:
+        """Decode one message of ``worker``'s inbox and handle it if it is of the kinds
+        ``only``; a message the protocol does not know is refused, and logged."""
+        try:
+            msg = p.decode(raw, worker)
+        except p.ProtocolError as exc:
+            self.sink.log(f"refused a message from {worker}: {exc}")
             return
-        if msg.worker in self.dead:
+        if isinstance(msg, only):
+            self._handle(worker, msg)
+
+    def _handle(self, worker: str, msg: p.Message) -> None:
+        if worker in self.membership.dead:
             # fenced: a worker declared dead that came back (a frozen process, a partition
             # that healed) acts for a generation that was abandoned
-            self.sink.log(f"refused {msg.kind!r} from {msg.worker}: it was declared dead")
+            self.sink.log(f"refused {msg.kind!r} from {worker}: it was declared dead")
             return
-        handler(msg.worker, msg.fields)
+        self._handlers[type(msg)](worker, msg)
 
-    def _of_current(self, worker: str, kind: str, f: dict) -> bool:
-        """Whether a message that acts for a generation (``gen``) acts for the current one;
-        a refusal is logged."""
-        if self.current is not None and f.get("gen") == self.current.number:
+    def _of_current(self, worker: str, kind: str, generation: int | None) -> bool:
+        """Whether a message that acts for ``generation`` acts for the current one; a refusal
+        is logged."""
+        if self.membership.is_current(generation):
             return True
         now = self.current.number if self.current else None
-        self.sink.log(f"refused {kind!r} from {worker}: it is for generation {f.get('gen')}, "
+        self.sink.log(f"refused {kind!r} from {worker}: it is for generation {generation}, "
                       f"the current one is {now}")
         return False
 
-    def _greet(self, worker: str, f: dict) -> bool:
+    # ---- the messages -----------------------------------------------------------------------
+
+    def _greet(self, worker: str, hello: p.Hello) -> bool:
         """Register a worker that said hello or re-attached; False if its settings differ."""
-        info = self.workers.setdefault(worker, WorkerInfo())
-        info.host, info.pid, info.heartbeat_seen = f.get("host", ""), f.get("pid", 0), self.clock()
-        info.probe = f.get("probe", "")
-        self._awaited.discard(worker)
-        if self.fingerprint is None:
-            self.fingerprint, self.job_config = f["fingerprint"], f.get("config", {})
-        elif f["fingerprint"] != self.fingerprint:
-            self.store.set(p.reply_key(worker), "reject:its training settings differ from the "
-                           f"job's ({f.get('config')} vs {self.job_config})")
-            info.alive = False
-            self.gone.add(worker)
+        self.membership.greet(worker, hello, self.clock())
+        if self.job.fingerprint is None:
+            self.job.fingerprint, self.job.config = hello.fingerprint, hello.config
+        elif hello.fingerprint != self.job.fingerprint:
+            self.board.reply(worker, p.Reply(p.ReplyKind.REJECT, "its training settings differ "
+                                             f"from the job's ({hello.config} vs "
+                                             f"{self.job.config})"))
+            self.membership.gone.add(worker)
             self.sink.log(f"rejected worker {worker}: settings differ from the job's")
             return False
         return True
 
-    def _on_hello(self, worker: str, f: dict) -> None:
-        if self._greet(worker, f):
+    def _on_hello(self, worker: str, msg: p.Hello) -> None:
+        if self._greet(worker, msg):
             self._join(worker)
 
     def _join(self, worker: str) -> None:
-        info = self.workers[worker]
-        self.joiners.append(worker)
-        self._last_hello = self._hello_at[worker] = self.clock()
+        m = self.membership
+        info = m.known[worker]
+        m.joining.append(worker)
+        m.last_hello = m.hello_at[worker] = self.clock()
         self.sink.log(f"worker {worker} ({info.host} pid {info.pid}) wants to join")
 
-    def _on_reattach(self, worker: str, f: dict) -> None:
+    def _on_reattach(self, worker: str, msg: p.Reattach) -> None:
         """A worker of the previous coordinator reports its state, generation and step."""
-        if not self._greet(worker, f):
+        if not self._greet(worker, msg.hello):
             return
-        if self._reattach is None:  # not announced by the host: rebuild from the reports alone
-            self._reattach = Change("reattach", [], self.started_at, self.clock(), 0)
-        self._reattach.workers.append(worker)
-        self.sink.log(f"worker {worker} re-attached: {f['state']} at step {f.get('step')}")
-        if f["state"] == "done":
-            self._finish(f)
+        m, where = self.membership, msg.position
+        if self.changes.reattach is None:  # not announced by the host: rebuild from reports
+            self.changes.reattach = Change(ChangeKind.REATTACH, [], self.started_at,
+                                           self.clock(), 0)
+        self.changes.reattach.workers.append(worker)
+        self.sink.log(f"worker {worker} re-attached: {where.state} at step {where.step}")
+        if where.state is p.WorkerState.DONE:
+            self._finish(where.step)
             return
-        gen = p.Generation.from_json(f["generation"]) if f.get("generation") else None
+        gen = where.generation
         if gen is None:
             self._join(worker)
             return
-        if self.current is None or gen.number > self.current.number:
-            self._adopt(gen)
-        if f["state"] == "running" and gen.number == self.current.number:
-            self._running.add(worker)
-            fields = self._reattach.fields
-            fields["start_step"] = max(fields.get("start_step", 0), f.get("step") or 0)
-            return
-        self.ready[worker] = f.get("step")
-        if f["state"] == "running":  # still in an older generation: it must stop there
-            self.store.set(p.ctl_key(gen.number, worker), p.CTL_ABORT)
-
-    def _adopt(self, gen: p.Generation) -> None:
-        """Take over the newest generation a re-attaching worker reports; it trains on."""
-        now = self.clock()
-        self.current, self.phase = gen, Phase.REFORMING
-        self._reattach.world_before = gen.world_size
-        for worker in gen.members:
-            self.workers.setdefault(worker, WorkerInfo(heartbeat_seen=now, listed=False))
-            self.store.set(p.ctl_key(gen.number, worker), p.CTL_RUN)
+        if m.current is None or gen.number > m.current.number:
+            # the newest generation a re-attaching worker reports: take it over, it trains on
+            m.adopt(gen, self.clock())
+            self.phase = Phase.REFORMING
+            self.changes.reattach.world_before = gen.world_size
+            for member in gen.members:
+                self.board.tell(gen.number, member, p.Control.RUN)
+        if m.rejoined(worker, where):
+            fields = self.changes.reattach.fields
+            fields["start_step"] = max(fields.get("start_step", 0), where.step or 0)
+        elif where.state is p.WorkerState.RUNNING:  # still in an older generation: stop there
+            self.board.tell(gen.number, worker, p.Control.ABORT)
 
     def _settle_reattach(self) -> None:
         """Once every worker of the previous coordinator re-attached or is gone, go on: with the
         same generation if all its members still train in it, else with the next one."""
-        if self._awaited - self.gone or self.phase.is_terminal():
+        m = self.membership
+        if m.awaited - m.gone or self.phase.is_terminal():
             return
-        change, self._reattach = self._reattach, None
-        gen, now = self.current, self.clock()
-        if gen is not None and all(w in self._running for w in gen.members):
+        change, self.changes.reattach = self.changes.reattach, None
+        if m.survived():
             self.phase = Phase.RUNNING
-            change.fields.update(generation=gen.number, reformed_at=now,
-                                 world_after=gen.world_size, steps_redone=0, origin="members")
-            self._awaiting_first_step.append(change)
+            self.changes.went_on(change, m.current, self.clock())
         else:
-            self._pending.append(change)
-            if gen is not None:
-                self._end_generation(p.CTL_ABORT)
+            self.changes.add(change)
+            if m.current is not None:
+                self._end_generation(p.Control.ABORT)
             else:
                 self.phase = Phase.WAITING
-        self._running.clear()
+        m.still_running.clear()
 
-    def expect_joiners(self, workers: list[str], within: float) -> None:
-        """Admit these soon-to-arrive workers together: hold joins until all said hello (or
-        ``within`` seconds passed), so that adding K workers re-forms the group once."""
-        self._expected = set(workers)
-        self._expect_deadline = self.clock() + within
-
-    def _admit_joiners(self) -> None:
-        if self.phase is not Phase.RUNNING or not self.joiners:
-            return
-        if self.current.world_size >= self.config.max_workers:
-            return
-        missing = [w for w in self._expected if w not in self._hello_at and w not in self.gone]
-        if missing and self.clock() < self._expect_deadline:
-            return
-        self._expected = set()
-        self._end_generation(p.CTL_REFORM)
-
-    def _on_ready(self, worker: str, f: dict) -> None:
-        self.formation.reported(worker, f["gen"], f)
-        if self.current is None or f["gen"] != self.current.number:
-            # a stale report from a generation that is already over: the worker is waiting anyway
-            if worker not in self.joiners and worker not in self.gone and worker not in self.ready:
-                self.ready[worker] = f.get("step")
-            return
-        self.ready[worker] = f.get("step")
-        self._running.discard(worker)
-        if self.phase is Phase.RUNNING and f.get("reason") == "boundary":
+    def _on_ready(self, worker: str, msg: p.Ready) -> None:
+        m = self.membership
+        self.formation.reported(worker, msg)
+        if not m.reported(worker, msg):
+            return  # a stale report from a generation that is over: the worker waits anyway
+        if self.phase is Phase.RUNNING and msg.reason is p.ReadyReason.BOUNDARY:
             # the members agreed (through the step's all-reduce) to re-form after this step
             self.phase = Phase.REFORMING
         elif self.phase is Phase.RUNNING:
             # a member left the generation on its own: a collective failed under it, or it
             # could not reach a peer (that one is removed once all have reported: _remove)
             now = self.clock()
-            if f.get("reason") != "unreachable":
-                self._pending.append(Change("crash", [], now, now, self.current.world_size,
-                                            {"reason": f.get("reason", "")}))
-            self._end_generation(p.CTL_ABORT)
+            if msg.reason is not p.ReadyReason.UNREACHABLE:
+                self.changes.add(Change(ChangeKind.CRASH, [], now, now, m.current.world_size,
+                                        {"reason": msg.describe()}))
+            self._end_generation(p.Control.ABORT)
 
-    def _on_left(self, worker: str, f: dict) -> None:
-        self.gone.add(worker)
+    def _on_left(self, worker: str, msg: p.Left) -> None:
+        m = self.membership
+        m.leave(worker)
         self.formation.gone(worker)
-        self.ready.pop(worker, None)
-        if worker in self.joiners:
-            self.joiners.remove(worker)
         now = self.clock()
-        if self.current and worker in self.current.members:
-            change = Change("leave", [worker], self._requests.get(worker, now), now,
-                            self.current.world_size, {"step": f.get("step")})
-            self._pending.append(change)
-            if f.get("gen") != self.current.number:
+        if m.in_current(worker):
+            self.changes.add(Change(ChangeKind.LEAVE, [worker], m.requested.get(worker, now),
+                                    now, m.current.world_size, {"step": msg.step}))
+            if msg.gen != m.current.number:
                 # It left while waiting for this generation (told to leave before it found it):
                 # the other members wait for it in the group's creation. Abort it.
-                self._end_generation(p.CTL_ABORT)
+                self._end_generation(p.Control.ABORT)
             elif self.phase is Phase.RUNNING:
                 self.phase = Phase.REFORMING
-        self.sink.log(f"worker {worker} left after step {f.get('step')}")
+        self.sink.log(f"worker {worker} left after step {msg.step}")
 
-    def _on_metrics(self, worker: str, f: dict) -> None:
-        for row in f.get("rows", [f]):
-            if f.get("replay"):  # re-sent after a re-attach: see channel
-                if row["step"] > self.highest_step:
+    def _on_metrics(self, worker: str, msg: p.Metrics) -> None:
+        for row in msg.rows:
+            if msg.replay:  # re-sent after a re-attach: see channel
+                if row["step"] > self.job.highest_step:
                     self._on_metrics_row(row)
-            elif self._of_current(worker, "metrics", row):
+            elif self._of_current(worker, p.Metrics.kind, row.get("gen")):
                 self._on_metrics_row(row)
 
-    def _on_metrics_row(self, f: dict) -> None:
-        f["recomputed"] = f["step"] <= self.highest_step
-        self.highest_step = max(self.highest_step, f["step"])
-        f["time"] = f.get("time", self.clock())
-        self.sink.metrics(f)
-        if self.current is not None and f.get("gen") == self.current.number:
+    def _on_metrics_row(self, row: dict) -> None:
+        self.job.stepped(row, self.clock())
+        self.sink.metrics(row)
+        if self.membership.is_current(row.get("gen")):
             self.formation.stepped(self.current.number)
-            # (a re-attached generation's rows from while its coordinator was away come first)
-            due = [c for c in self._awaiting_first_step
-                   if c.kind != "reattach" or f["time"] >= c.fields["reformed_at"]]
-            for change in due:
-                change.fields["first_step_at"] = f["time"]
-                if "state_sync_s" in f:  # the leader's time in this generation's hand-over
-                    change.fields["state_sync_s"] = f["state_sync_s"]
-                self._emit(change)
-            self._awaiting_first_step = [c for c in self._awaiting_first_step if c not in due]
+            # the leader's time in this generation's hand-over comes with its first step
+            extra = {"state_sync_s": row["state_sync_s"]} if "state_sync_s" in row else {}
+            for change in self.changes.stepped(row["time"], extra):
+                self.sink.event(change.record(self.started_at))
 
-    def _on_checkpoint(self, worker: str, f: dict) -> None:
+    def _on_checkpoint(self, worker: str, msg: p.Checkpoint) -> None:
         # (no generation: written between generations, of the state the worker holds)
-        if f.get("gen") is None or self._of_current(worker, "checkpoint", f):
-            self.last_checkpoint = (f["step"], f["path"])
+        if msg.gen is None or self._of_current(worker, msg.kind, msg.gen):
+            self.job.last_checkpoint = (msg.step, msg.path)
 
-    def _on_result(self, worker: str, f: dict) -> None:
-        if self._of_current(worker, "result", f):
-            self.sink.result({k: v for k, v in f.items() if k != "gen"})
+    def _on_result(self, worker: str, msg: p.Result) -> None:
+        if self._of_current(worker, msg.kind, msg.gen):
+            self.sink.result(dict(msg.values))
 
-    def _on_done(self, worker: str, f: dict) -> None:
-        if self._of_current(worker, "done", f):
-            self._finish(f)
+    def _on_done(self, worker: str, msg: p.Done) -> None:
+        if self._of_current(worker, msg.kind, msg.gen):
+            self._finish(msg.step)
 
-    def _finish(self, f: dict) -> None:
+    def _finish(self, step: int | None) -> None:
         self.phase = Phase.DONE
-        self.store.set(p.JOB_STATE, "done")
-        self.sink.log(f"job finished at step {f.get('step')}")
+        self.board.set_job(p.JobStatus(p.JobState.DONE))
+        self.sink.log(f"job finished at step {step}")
 
-    def _on_error(self, worker: str, f: dict) -> None:
+    def _on_error(self, worker: str, msg: p.Error) -> None:
         # An exception is one worker's crash (a bad GPU, an OOM): the others carry on. A bug that
         # fails everywhere ends the job once every worker is gone; last_error then says why.
-        self.last_error = f"{worker}: {f.get('message')}"
-        self.errors[worker] = str(f.get("message"))
-        self.mark_dead(worker, f"raised {f.get('message')}")
+        self.job.last_error = f"{worker}: {msg.message}"
+        self.job.errors[worker] = msg.message
+        self.mark_dead(worker, f"raised {msg.message}")
 
-    def _end_generation(self, ctl: str) -> None:
+    # ---- generations ------------------------------------------------------------------------
+
+    def _end_generation(self, word: p.Control) -> None:
         """Tell every member of the current generation to stop at the next boundary (or now)."""
-        if self.phase is Phase.REFORMING and ctl != p.CTL_ABORT:
+        if self.phase is Phase.REFORMING and word is not p.Control.ABORT:
             return
         self.phase = Phase.REFORMING
-        for worker in self.current.members:
-            if worker in self.gone or (ctl == p.CTL_REFORM and worker in self._draining):
+        m = self.membership
+        for worker in m.current.members:
+            if worker in m.gone or (word is p.Control.REFORM and worker in m.draining):
                 continue  # a drained member leaves at the boundary (its leave flag re-forms)
-            self.store.set(p.ctl_key(self.current.number, worker), ctl)
-
-    def _accounted(self) -> bool:
-        members = self.current.members if self.current else ()
-        return all(w in self.ready or w in self.gone for w in members)
+            self.board.tell(m.current.number, worker, word)
 
     def _maybe_form(self) -> None:
-        if not self._accounted():
+        m = self.membership
+        if not m.accounted():
             return
-        cfg, now = self.config, self.clock()
+        now = self.clock()
         if not self._formation_allows(now):
             return
-        if self.current is None:
-            enough = len(self.joiners) >= min(cfg.expected_initial, cfg.max_workers)
-            settled = (len(self.joiners) >= cfg.min_workers
-                       and now - self._last_hello >= cfg.settle_seconds)
-            if not (enough or settled):
-                return
-        for worker in self._draining & set(self.ready):
+        forming = decide_forming(m, self.config, now, self.find_checkpoint)
+        for worker in forming.release:
             # drained, but the generation was aborted before its boundary: leave now
-            self.store.set(p.reply_key(worker), "leave")
-            self.ready.pop(worker)
-        ready = {w: s for w, s in self.ready.items() if w not in self.gone}
-        missing = [w for w in self._expected if w not in self._hello_at and w not in self.gone]
-        if not ready and missing and now < self._expect_deadline:
-            return  # nothing runs anyway: start the announced workers together
-        if len(ready) + len(self.joiners) < cfg.min_workers:
-            if self.phase is Phase.REFORMING:
-                self.phase = Phase.WAITING
-                self.sink.log(f"waiting for workers: {len(ready) + len(self.joiners)} available, "
-                              f"need {cfg.min_workers}")
-            return
-        holders = [s for s in ready.values() if s is not None]
-        checkpoint = None if holders else self.find_checkpoint()
-        number = self.current.number + 1 if self.current else 0
-        gen = next_generation(number, self.current.members if self.current else (), ready,
-                              self.joiners, cfg.min_workers, cfg.max_workers, checkpoint)
-        if gen is not None:  # enough workers were checked above
-            self._publish(gen, now)
+            self.release(worker)
+            m.ready.pop(worker)
+        if forming.short is not None and self.phase is Phase.REFORMING:
+            self.phase = Phase.WAITING
+            self.sink.log(f"waiting for workers: {forming.short} available, "
+                          f"need {self.config.min_workers}")
+        if forming.generation is not None:
+            self._publish(forming.generation, now)
 
     def _formation_allows(self, now: float) -> bool:
         """Settle an ended generation that never stepped (remove whom its peers cannot reach,
@@ -576,73 +467,34 @@ class Coordinator:
 
     def _remove(self, worker: str, why: str) -> None:
         """Take a worker out of a generation that never stepped with it, and tell it why."""
-        info = self.workers.get(worker)
-        if info is None or worker in self.gone:
+        m = self.membership
+        if worker not in m.known or worker in m.gone:
             return
-        info.alive = False
-        self.gone.add(worker)
-        self.store.set(p.reply_key(worker), f"reject:{why}")
+        m.leave(worker)
+        self.board.reply(worker, p.Reply(p.ReplyKind.REJECT, why))
         self.sink.log(f"worker {worker} removed: {why}")
-        self.ready.pop(worker, None)
-        if worker in self.joiners:
-            self.joiners.remove(worker)
-        changes = self._pending + self._awaiting_first_step
-        for change in changes:  # a join it was part of never happened for it
-            if change.kind in ("join", "start") and worker in change.workers:
-                change.workers.remove(worker)
-        self._pending = [c for c in self._pending if c.workers or c.kind != "join"]
-        self._awaiting_first_step = [c for c in self._awaiting_first_step
-                                     if c.workers or c.kind != "join"]
-        now = self.clock()
-        self._pending.append(Change("removed", [worker], now, now,
-                                    len(self.formation.trained), {"reason": why}))
+        self.changes.removed(worker, self.clock(), len(self.formation.trained), why)
 
     def _publish(self, gen: p.Generation, now: float) -> None:
-        gen = replace(gen, probes=tuple(self.workers[w].probe if w in self.workers else ""
+        m = self.membership
+        gen = replace(gen, probes=tuple(m.known[w].probe if w in m.known else ""
                                         for w in gen.members))
         self.formation.published(gen.number, gen.members, gen.probes)
-        for worker in gen.members:
-            self.store.set(p.ctl_key(gen.number, worker), p.CTL_RUN)
-        self.store.set(p.gen_key(gen.number), gen.to_json())
-        self.store.set(p.GEN_LATEST, str(gen.number))
-        self.joiners = [w for w in self.joiners if w not in gen.members]
-        self.ready = {w: s for w, s in self.ready.items() if w not in gen.members}
+        self.board.publish(gen)
+        redone = max(0, self.job.highest_step - gen.start_step) if m.current else 0
+        admitted = m.install(gen)
         if gen.checkpoint or gen.fresh:
-            kind = "resume" if gen.checkpoint else "start"
-            self._pending.append(Change(kind, list(gen.members), now, now, 0))
-            self._expected = set()
-        else:
-            previous = self.current.members if self.current else ()
-            admitted = [w for w in gen.members if w in self._hello_at and w not in previous]
-            if admitted:
-                asked = max(self._hello_at[w] for w in admitted)
-                survivors = gen.world_size - len(admitted)
-                self._pending.append(Change("join", admitted, asked, asked, survivors))
-        redone = max(0, self.highest_step - gen.start_step) if self.current else 0
-        # changes whose world never completed a step are reported with this one
-        self._awaiting_first_step += self._pending
+            kind = ChangeKind.RESUME if gen.checkpoint else ChangeKind.START
+            self.changes.add(Change(kind, list(gen.members), now, now, 0))
+            m.expected = set()
+        elif admitted:
+            asked = max(m.hello_at[w] for w in admitted)
+            self.changes.add(Change(ChangeKind.JOIN, admitted, asked, asked,
+                                    gen.world_size - len(admitted)))
         origin = "checkpoint" if gen.checkpoint else "fresh" if gen.fresh else "members"
-        for change in self._awaiting_first_step:
-            change.fields.update(generation=gen.number, reformed_at=now, world_after=gen.world_size,
-                                 start_step=gen.start_step, steps_redone=redone, origin=origin)
-        self._pending = []
-        self.current, self.phase = gen, Phase.RUNNING
-        origin = (f"checkpoint {gen.checkpoint}" if gen.checkpoint
+        self.changes.published(gen, now, redone, origin)
+        self.phase = Phase.RUNNING
+        source = (f"checkpoint {gen.checkpoint}" if gen.checkpoint
                   else "fresh start" if gen.fresh else f"state of {gen.source}")
         self.sink.log(f"generation {gen.number}: {gen.world_size} worker(s) {list(gen.members)} "
-                      f"from step {gen.start_step} ({origin})")
-
-    def _emit(self, change: Change) -> None:
-        t0 = self.started_at
-        record = {
-            "event": change.kind,
-            "workers": change.workers,
-            "world_before": change.world_before,
-            "requested_at": round(change.requested_at - t0, 4),
-            "detected_at": round(change.detected_at - t0, 4),
-            **{k: v for k, v in change.fields.items() if not k.endswith("_at")},
-            "reformed_at": round(change.fields["reformed_at"] - t0, 4),
-            "first_step_at": round(change.fields["first_step_at"] - t0, 4),
-        }
-        record["latency_s"] = round(change.fields["first_step_at"] - change.requested_at, 4)
-        self.sink.event(record)
+                      f"from step {gen.start_step} ({source})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dyntrain.elastic.protocol import Ready, ReadyReason
 from dyntrain.elastic.reach import unreachable_members
 
 FIRST_BACKOFF = 0.25
@@ -67,14 +68,14 @@ class Formation:
         if worker in self._members:
             self._explained = True
 
-    def reported(self, worker: str, number: int, fields: dict) -> None:
-        """A member's ``ready`` report of generation ``number`` (why it left it)."""
-        if number != self._gen or self._stepped:
+    def reported(self, worker: str, ready: Ready) -> None:
+        """A member's ``Ready`` report of its generation (why it left it)."""
+        if ready.gen != self._gen or self._stepped:
             return
-        if fields.get("reason") == "unreachable":
-            self._unreachable[worker] = list(fields.get("unreachable", []))
-        elif str(fields.get("reason", "")).startswith("error"):
-            self._errors[worker] = str(fields["reason"])[len("error: "):]
+        if ready.reason is ReadyReason.UNREACHABLE:
+            self._unreachable[worker] = [u.to_dict() for u in ready.unreachable]
+        elif ready.reason is ReadyReason.ERROR:
+            self._errors[worker] = ready.error
 
     def conclude(self, now: float) -> Verdict:
         """Once per ended generation, when all its members reported or are gone."""

@@ -11,10 +11,12 @@ import sys
 import time
 from typing import TextIO
 
-from dyntrain.elastic.linelog import LineWriter, open_lines
+from dyntrain.elastic.runlog import METRICS_FILE, MetricsRow, RowWriter, open_metrics
 from dyntrain.elastic.storage import RunStore
 
-METRICS_FILE = "metrics.jsonl"
+__all__ = ["METRICS_FILE", "RESULT_FILE", "AloneOutput", "progress_line", "result_line",
+           "write_result"]
+
 RESULT_FILE = "result.json"
 
 
@@ -43,16 +45,18 @@ class AloneOutput:
         self.store, self.stream, self.every = store, stream or sys.stdout, every
         self.last_print = 0.0
         self.results: dict = {}
-        self._metrics: LineWriter | None = None
+        self._metrics: RowWriter | None = None
 
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
     def metrics(self, row: dict, last: bool = False) -> None:
+        """Record the row of the step just applied (a ``MetricsRow``'s fields); print it as a
+        progress line when one is due (and for the ``last`` step)."""
         if self.store is not None:
             if self._metrics is None:
-                self._metrics = open_lines(self.store, METRICS_FILE, on_error=self.say)
-            self._metrics.write(json.dumps(row))
+                self._metrics = open_metrics(self.store, on_error=self.say)
+            self._metrics.write(MetricsRow.from_json(row))
         now = time.monotonic()
         if last or now - self.last_print >= self.every:
             self.last_print = now

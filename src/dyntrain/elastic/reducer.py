@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from dyntrain.elastic.comm import Group
+from dyntrain.elastic.tail import TailLayout
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def plan_buckets(numels: Sequence[int], cap: int) -> list[Bucket]:
 
 class StepReduction:
     """One step's reduction: gradient buckets launched in order as they become final, then the
-    small tail (BatchNorm rows, noise-scale slots, loss, flags) once the worker set its flags.
+    small tail (``layout``: BatchNorm rows, noise-scale slots, the caller's slots, loss, flags)
+    once the worker set its flags.
 
     ``wire(b)`` returns bucket ``b``'s pair (what this worker adds, where the rounded sum goes),
     called once, when the bucket is final. With ``ring`` the pair goes to the exact ring sum
@@ -67,15 +69,14 @@ class StepReduction:
 
     def __init__(self, group: Group | None, buckets: Sequence[Bucket],
                  wire: Callable[[int], tuple[torch.Tensor, torch.Tensor]], overlap: bool,
-                 ring: bool = False) -> None:
+                 ring: bool = False, layout: TailLayout | None = None) -> None:
         self.group, self.buckets, self._wire, self.overlap = group, buckets, wire, overlap
-        self.ring = ring
+        self.ring, self.layout = ring, layout
         self.wires: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(buckets)
         self._missing = [len(b.params) for b in buckets]
         self._next = 0
         self._works: list = []
-        self.meta: torch.Tensor | None = None
-        self.slots = 0  # numbers in the tail besides the step's own (ChunkStepper.finish)
+        self.meta: torch.Tensor | None = None  # the tail (``layout``), set once computed
 
     @property
     def sends(self) -> bool:

@@ -38,14 +38,13 @@ from dyntrain.elastic.plan import assign_chunks
 from dyntrain.elastic.reducer import StepReduction, plan_buckets
 from dyntrain.elastic.sampler import BatchOrder, chunk_indices, chunk_seed
 from dyntrain.elastic.state import TrainingParts
+from dyntrain.elastic.tail import SCALARS, TailLayout, set_flags
 from dyntrain.errors import ConfigError
 
 LossFn = Callable[[torch.nn.Module, object], torch.Tensor]
 
-# The flat buffer ends with three scalars: the loss and two control flags. Right before them come
-# the caller's slots (``start``'s ``slots``: the balancer's chunk times) and, with the noise scale
-# on, before those ``num_chunks`` slots: the norm of what each chunk added to the gradient.
-TAIL = 3
+#: the flat buffer ends with the tail's scalars (the loss and two flags: ``dyntrain.elastic.tail``)
+TAIL = len(SCALARS)
 
 
 @dataclass
@@ -178,8 +177,10 @@ class ChunkStepper:
                 total[part] += self._grads[part]
             return total[part], self._grads[part]
 
-        red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap, ring=ring)
-        red.slots = slots
+        layout = TailLayout(self.bn.width * cfg.num_chunks, cfg.num_chunks if measure else 0,
+                            slots)
+        red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap, ring=ring,
+                            layout=layout)
         if self.loader is not None:
             self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
@@ -215,15 +216,14 @@ class ChunkStepper:
         red.launch_all()
         if norms is not None and chunks:
             norms.append(_norm(torch.stack(bucket_norms)).view(1))
-        tail = torch.zeros(TAIL, device=self.device, dtype=self.reduce_dtype)
-        tail[0] = loss_sum
+        # the tail, part by part (``TailLayout``)
         pieces = [table.reshape(-1)]
         if norms is not None:
             pieces += self._norm_slots(chunks, norms)
         if slots:
             pieces.append(torch.zeros(slots, device=self.device, dtype=self.reduce_dtype))
         # only float64 parameters with a float32 reduction make the norms wider
-        red.meta = torch.cat([*pieces, tail]).to(self.reduce_dtype)
+        red.meta = torch.cat([*pieces, layout.scalars(loss_sum)]).to(self.reduce_dtype)
         return red
 
     def finish(self, red: StepReduction, reform: bool, leave: bool,
@@ -231,12 +231,12 @@ class ChunkStepper:
                slot: tuple[int, float] | None = None) -> StepResult:
         """Set this worker's flags (and its ``(index, value)`` slot: the others add zeros),
         wait for every sum of the step and take the optimizer step."""
-        self.set_flags(red.meta, reform, leave)
+        set_flags(red.meta, reform, leave)
         if slot is not None:
-            red.meta[red.meta.numel() - TAIL - red.slots + slot[0]] = slot[1]
+            red.meta[red.layout.caller_slots.start + slot[0]] = slot[1]
         meta = red.finish(red.meta, should_abort)
         self._attach_grads()
-        return self._apply_meta(meta, red.slots)
+        return self._apply_meta(meta, red.layout)
 
     def _bucketed_norm(self, grads: torch.Tensor) -> torch.Tensor:
         """|grads| from its per-bucket norms (the same numbers however a chunk's norm is taken)."""
@@ -307,28 +307,30 @@ class ChunkStepper:
 
     @staticmethod
     def set_flags(flat: torch.Tensor, reform: bool, leave: bool) -> None:
-        flat[-2] = float(reform)
-        flat[-1] = float(leave)
+        """Set this worker's flags in a flat buffer of ``compute`` (its tail's last numbers)."""
+        set_flags(flat, reform, leave)
 
     def apply(self, flat: torch.Tensor) -> StepResult:
         """Unpack the summed flat buffer, replay BatchNorm updates and take the optimizer step."""
         self._attach_grads()
         offset = self._grads.numel()
         self._grads.copy_(flat[:offset])  # the one rounding back to the parameters' dtype
-        return self._apply_meta(flat[offset:])
+        meta = flat[offset:]
+        # a measuring step's buffer has the norm slots (compute's ``measures``, same on all)
+        width, k = self.bn.width * self.config.num_chunks, self.config.num_chunks
+        layout = (TailLayout.of_size(meta.numel(), width, k) if self.noise is not None
+                  else TailLayout(width))
+        return self._apply_meta(meta, layout)
 
-    def _apply_meta(self, meta: torch.Tensor, slots: int = 0) -> StepResult:
+    def _apply_meta(self, meta: torch.Tensor, layout: TailLayout) -> StepResult:
         """With the summed gradient in place: replay BatchNorm, step, read the summed tail."""
         opt, scaler, sched = self.parts.optimizer, self.parts.scaler, self.parts.lr_scheduler
-        # a measuring step's buffer has the norm slots (compute's ``measures``, same on all)
-        width = self.bn.width * self.config.num_chunks
-        measured = (self.noise is not None
-                    and meta.numel() == width + self.config.num_chunks + slots + TAIL)
+        measured = layout.norms > 0
         # the loss scale this step's chunks were computed with (before the scaler's update)
         loss_scale = scaler.get_scale() if scaler is not None and measured else 1.0
         # Before the optimizer step: the scaler unscales the gradients in place.
         big = _row_norm(self._grads_row) if measured else None
-        self.bn.finish_step(meta[:width].view(self.config.num_chunks, -1))
+        self.bn.finish_step(meta[layout.bn].view(self.config.num_chunks, -1))
         grad_norm = None
         if self.config.grad_clip_norm is not None:
             if scaler is not None:
@@ -341,14 +343,12 @@ class ChunkStepper:
             opt.step()
         if sched is not None:
             sched.step()
-        tail = meta[-TAIL - slots - (self.config.num_chunks if measured else 0) :].tolist()
-        loss, reform, leavers = tail[-TAIL:]
-        extra = tail[len(tail) - TAIL - slots : len(tail) - TAIL]
+        tail = layout.read(meta)
         noise = None
         if big is not None:
-            noise = self._update_noise(tail[: self.config.num_chunks], big.item(), loss_scale)
-        return StepResult(loss=loss, reform=reform > 0, leavers=round(leavers), noise=noise,
-                          grad_norm=grad_norm, slots=extra)
+            noise = self._update_noise(tail.norms, big.item(), loss_scale)
+        return StepResult(loss=tail.loss, reform=tail.reform, leavers=tail.leavers, noise=noise,
+                          grad_norm=grad_norm, slots=tail.slots)
 
     def _update_noise(self, chunk_norms: list[float], big_norm: float,
                       loss_scale: float) -> NoiseScale | None:

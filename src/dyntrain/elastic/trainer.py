@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import enum
-import logging
-import math
 import os
 import signal
+import sys
 import time
 from datetime import timedelta
 
@@ -17,13 +16,7 @@ from torch.utils.data import Dataset
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.balance import ChunkBalancer
 from dyntrain.elastic.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
-from dyntrain.elastic.checkpoint import dumps
-from dyntrain.elastic.ckptstore import (
-    latest_valid_checkpoint,
-    newest_step,
-    read_ref,
-    save_checkpoint,
-)
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint, read_ref
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group, run_abortable
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.progress import AloneOutput
@@ -42,17 +35,19 @@ from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
+from dyntrain.elastic.steprow import StepRows
 from dyntrain.elastic.storage import RunStore, open_store
 from dyntrain.elastic.transfer import broadcast_state
 from dyntrain.elastic.validation import Validation
+from dyntrain.elastic.writer import RunWriter
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
-
-log = logging.getLogger("dyntrain.trainer")
 
 END_POLL_SECONDS = 0.02  # how often a member that finished waits for the leader's end
 
 
 class Outcome(enum.Enum):
+    """How a worker's part in one generation ended."""
+
     DONE = "done"
     LEFT = "left"
     REFORM = "reform"
@@ -155,8 +150,9 @@ class ElasticTrainer:
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
                                                self.total_steps, config.seed, self.device)
-        self.validation = validation
-        self.validations: list[dict] = []  # this worker's validation results, with their step
+        self.rows = StepRows(config, model, self.total_steps, self.stepper.steps_per_epoch,
+                             self.stepper.noise, validation)
+        self.writer = RunWriter(self.store, config, self.parts, self.stepper.steps_per_epoch)
         self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
         self.collective_timeout = timedelta(seconds=collective_timeout)
@@ -164,10 +160,9 @@ class ElasticTrainer:
         self.has_state = False
         self.generation: p.Generation | None = None
         self.rank = 0
-        self._state = "joining"  # then running / waiting (for a generation) / done (the leader)
+        self._state = p.WorkerState.JOINING
         self._leave_requested = False
         self._channel: WorkerChannel | None = None
-        self._last_checkpoint = time.monotonic()
         self.last_result: StepResult | None = None  # of the last step this worker applied
         self._alone = AloneOutput(self.store)  # terminal and files of a world of one
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
@@ -180,6 +175,11 @@ class ElasticTrainer:
     def world_size(self) -> int:
         """The number of workers in the current generation (1 when training alone)."""
         return self.generation.world_size if self.generation else 1
+
+    @property
+    def validations(self) -> list[dict]:
+        """This worker's validation results, each with its ``step``."""
+        return self.rows.validations
 
     @property
     def is_leader(self) -> bool:
@@ -217,6 +217,7 @@ class ElasticTrainer:
             reattach_seconds=float(os.environ.get(ENV_REATTACH, "0")), position=self._position,
             advertise=os.environ.get(ENV_ADVERTISE), iface=os.environ.get(ENV_IFACE))
         self.worker_id = self._channel.worker
+        self.writer.confirm_with(self._channel, self.worker_id)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         try:
             self._fit_elastic()
@@ -227,8 +228,7 @@ class ElasticTrainer:
         except Exception as exc:
             # the runtime's own errors (job over, coordinator lost) are known to the launcher
             if not isinstance(exc, DyntrainError) or isinstance(exc, DataError):
-                self._channel.send("error",
-                                   message=f"{type(exc).__name__}: {exc}".splitlines()[0])
+                self._channel.send(p.Error(f"{type(exc).__name__}: {exc}".splitlines()[0]))
             raise
         finally:
             signal.signal(signal.SIGTERM, previous)
@@ -249,7 +249,7 @@ class ElasticTrainer:
             # fit() has returned and the process may exit right after this call: the message
             # must reach the store before (the sender thread dies with the process), and the
             # launcher reads it once this worker has exited.
-            self._channel.send("result", gen=self.generation.number, **values)
+            self._channel.send(p.Result(self.generation.number, values))
             self._channel.flush()
         elif self._channel is None:
             self._alone.result(values)
@@ -273,25 +273,25 @@ class ElasticTrainer:
                 red = self.stepper.start(self.step, self.stepper.my_chunks(0, 1), group)
                 result = self.last_result = self.stepper.finish(red, False, False, lambda: False)
                 self.step += 1
-                self._maybe_checkpoint(force=self.step == self.total_steps)
+                self.writer.maybe_checkpoint(self.step, force=self.step == self.total_steps)
                 now = time.perf_counter()
-                out.metrics(self._metrics_row(result, 1, now - last),
+                out.metrics(self.rows.row(self.step, result, 1, now - last),
                             last=self.step == self.total_steps)
                 last = time.perf_counter()  # validation time is not step time
         finally:
             out.close()
-        self._write_final()
+        self.writer.write_final()
         if self.store is not None:
             out.say(f"trained to step {self.step}; model in {self.store.where('final.pt')}")
 
     # ---- elastic -------------------------------------------------------------------------------
 
-    def _position(self) -> dict:
+    def _position(self) -> p.Position:
         """Where this worker stands, for the report that re-attaches it to a restarted
         coordinator: its state, its last generation and the last step it applied."""
-        joined = self._state != "joining" and self.generation is not None
-        return {"state": self._state, "generation": self.generation.to_json() if joined else None,
-                "step": self.step if self.has_state else None}
+        joined = self._state is not p.WorkerState.JOINING and self.generation is not None
+        return p.Position(self._state, self.generation if joined else None,
+                          self.step if self.has_state else None)
 
     def _on_sigterm(self, signum, frame) -> None:
         # A preemption notice: finish the current step, hand over, leave.
@@ -307,20 +307,26 @@ class ElasticTrainer:
             try:
                 gen = ch.wait_generation(after, lambda: self._leave_requested)
             except JobOver as over:
-                if over.state == "done":
+                if over.status.state is p.JobState.DONE and over.at_join:
+                    raise DyntrainError("the job had already finished when this worker joined "
+                                        "it: it trained nothing") from None
+                if over.status.state is p.JobState.DONE:
+                    if after < 0:
+                        print(f"dyntrain: worker {self.worker_id}: the job finished before "
+                              "this worker was admitted", file=sys.stderr, flush=True)
                     raise SystemExit(0) from None
-                raise DyntrainError(f"the job {over.state}") from None
+                raise DyntrainError(f"the job {over.status}") from None
             if gen is None:  # asked to leave while waiting for a generation
                 # Its peers may be leaving too (Ctrl-C, a suspended job): keep the state it
                 # holds unless a checkpoint already does.
-                if self.has_state and self.step > self._newest_checkpoint_step():
-                    self._maybe_checkpoint(force=True, generation=None)
-                ch.send("left", gen=after, step=self.step if self.has_state else None)
+                if self.has_state and self.step > self.writer.newest_checkpoint_step():
+                    self.writer.maybe_checkpoint(self.step, force=True, generation=None)
+                ch.send(p.Left(after, self.step if self.has_state else None))
                 raise SystemExit(0)
             after = gen.number
             outcome = self._run_generation(gen)
             if outcome is Outcome.REFORM:
-                self._state = "waiting"
+                self._state = p.WorkerState.WAITING
             if outcome is Outcome.DONE:
                 return
             if outcome is Outcome.LEFT:
@@ -328,7 +334,7 @@ class ElasticTrainer:
 
     def _run_generation(self, gen: p.Generation) -> Outcome:
         self.generation, self.rank = gen, gen.rank_of(self.worker_id)
-        self._state = "running"
+        self._state = p.WorkerState.RUNNING
         ch = self._channel
         ch.watch(gen.number)
         aborted = _AbortCheck(ch, gen.number)
@@ -339,8 +345,8 @@ class ElasticTrainer:
             peers = gen.peer_probes(self.worker_id)
             failed = run_abortable(lambda: probe_peers(peers), aborted) if peers else []
             if failed:
-                ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
-                        reason="unreachable", unreachable=[f.to_dict() for f in failed])
+                ch.send(p.Ready(gen.number, self.step if self.has_state else None,
+                                p.ReadyReason.UNREACHABLE, unreachable=tuple(failed)))
                 return Outcome.REFORM
             # a connection per generation: see WorkerChannel.group_store
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
@@ -351,9 +357,9 @@ class ElasticTrainer:
             clean = True
             return outcome
         except (Aborted, CollectiveFailed) as exc:
-            reason = "abort" if isinstance(exc, Aborted) else f"error: {exc}"
-            ch.send("ready", gen=gen.number, step=self.step if self.has_state else None,
-                    reason=reason)
+            step = self.step if self.has_state else None
+            ch.send(p.Ready(gen.number, step, p.ReadyReason.ABORT) if isinstance(exc, Aborted)
+                    else p.Ready(gen.number, step, p.ReadyReason.ERROR, error=str(exc)))
             return Outcome.REFORM
         finally:
             if group is not None:
@@ -392,41 +398,42 @@ class ElasticTrainer:
             red = stepper.start(self.step, chunks, group, max(map(len, plan)),
                                 self.balancer.slots)
             own = self.balancer.measured(time.perf_counter() - began, len(chunks))
-            ctl = ch.ctl(gen.number)
-            if ctl == p.CTL_ABORT:
+            word = ch.ctl(gen.number)
+            if word is p.Control.ABORT:
                 raise Aborted()
-            leave = self._leave_requested or ctl == p.CTL_DRAIN
+            leave = self._leave_requested or word is p.Control.DRAIN
             result = self.last_result = stepper.finish(
-                red, reform=leave or ctl == p.CTL_REFORM, leave=leave, should_abort=aborted,
+                red, reform=leave or word is p.Control.REFORM, leave=leave, should_abort=aborted,
                 slot=(self.rank, own) if self.balancer.slots else None)
             self.balancer.observe(self.step, result.slots)
             self.step += 1
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
-                self._maybe_checkpoint(force=result.leavers == gen.world_size
-                                       or self.step == self.total_steps, generation=gen.number)
+                self.writer.maybe_checkpoint(self.step, force=result.leavers == gen.world_size
+                                             or self.step == self.total_steps,
+                                             generation=gen.number)
                 now = time.perf_counter()
                 sync = {}
                 if self._state_sync_s is not None:  # reported with the generation's first step
                     sync, self._state_sync_s = {"state_sync_s": round(self._state_sync_s, 4)}, None
-                ch.send("metrics", gen=gen.number, chunks=counts, **sync,
-                        **self._metrics_row(result, gen.world_size, now - last))
+                row = self.rows.row(self.step, result, gen.world_size, now - last)
+                ch.send(p.Metrics(({"gen": gen.number, "chunks": counts, **sync, **row},)))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break
             if result.reform:
                 if leave:
-                    ch.send("left", gen=gen.number, step=self.step)
+                    ch.send(p.Left(gen.number, self.step))
                     return Outcome.LEFT
-                ch.send("ready", gen=gen.number, step=self.step, reason="boundary")
+                ch.send(p.Ready(gen.number, self.step, p.ReadyReason.BOUNDARY))
                 return Outcome.REFORM
         if self.is_leader:
-            if not self._may_write(gen.number, wait=True):
+            if not self.writer.may_write(gen.number, wait=True):
                 raise Aborted()  # the generation was abandoned: another one finishes the job
-            self._write_final()
-            ch.send("done", gen=gen.number, step=self.step)
-            self._state = "done"
-            ch.wait_job_state("done")  # a coordinator restarted meanwhile learns it from us
+            self.writer.write_final()
+            ch.send(p.Done(gen.number, self.step))
+            self._state = p.WorkerState.DONE
+            ch.wait_job_state(p.JobState.DONE)  # a coordinator restarted meanwhile learns it
             return Outcome.DONE
         return self._await_end(aborted)
 
@@ -438,83 +445,12 @@ class ElasticTrainer:
             if aborted():
                 raise Aborted()
             try:
-                state = self._channel.job_state()
+                status = self._channel.job_state()
             except Exception:  # the coordinator is gone: nothing left to wait for
                 return Outcome.DONE
-            if state != "running":
+            if status.state is not p.JobState.RUNNING:
                 return Outcome.DONE
             time.sleep(END_POLL_SECONDS)
-
-    def _metrics_row(self, result: StepResult, world_size: int, seconds: float) -> dict:
-        """The leader's row of ``metrics.jsonl`` for the step just applied (runs validation
-        when it is due)."""
-        extra = self._noise_metrics(result)
-        if result.grad_norm is not None:
-            extra["grad_norm"] = _metric(result.grad_norm)
-        return dict(step=self.step, epoch=(self.step - 1) // self.stepper.steps_per_epoch,
-                    world_size=world_size, total_steps=self.total_steps,
-                    loss=round(result.loss, 6),
-                    samples_per_s=round(self.config.global_batch / seconds, 1),
-                    time=time.time(), **extra, **self._maybe_validate())
-
-    def _noise_metrics(self, result: StepResult) -> dict:
-        """The gradient noise scale fields of a metrics row (none when it is off)."""
-        tracker = self.stepper.noise
-        if tracker is None:
-            return {}
-        raw = result.noise.b_simple if result.noise is not None else None
-        return {"b_simple": _metric(tracker.b_simple), "b_simple_raw": _metric(raw),
-                "g2": _metric(tracker.g2_ema), "trace_sigma": _metric(tracker.trace_ema)}
-
-    def _maybe_validate(self) -> dict:
-        """Run the validation hook if it is due after this step; its ``val_*`` fields."""
-        v = self.validation
-        if v is None or not v.due(self.step, self.stepper.steps_per_epoch, self.total_steps):
-            return {}
-        fields = v.run(self.parts.model)
-        self.validations.append({"step": self.step, **fields})
-        log.info("validation after step %d: %s", self.step, fields)
-        return fields
-
-    # ---- files ---------------------------------------------------------------------------------
-
-    def _maybe_checkpoint(self, force: bool = False, generation: int | None = None) -> None:
-        """Write a checkpoint if one is due; in a job, only while the coordinator confirms that
-        ``generation`` (None: the worker, between generations) still counts."""
-        cfg = self.config
-        due = force or (cfg.checkpoint_every_steps and self.step % cfg.checkpoint_every_steps == 0)
-        due = due or (cfg.checkpoint_every_seconds is not None and
-                      time.monotonic() - self._last_checkpoint >= cfg.checkpoint_every_seconds)
-        if not due or self.store is None or not self._may_write(generation, wait=force):
-            return
-        state = capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
-        where = save_checkpoint(self.store, self.step, state, keep=cfg.keep_checkpoints)
-        self._last_checkpoint = time.monotonic()
-        if self._channel is not None:
-            self._channel.send("checkpoint", gen=generation, step=self.step, path=where)
-
-    def _may_write(self, generation: int | None, wait: bool) -> bool:
-        """Whether this worker may write the run folder for ``generation``: alone always; in a
-        job unless the coordinator, asked now, says that the generation was abandoned or this
-        worker declared dead (a worker cut off and back writes nothing). While the coordinator
-        cannot say (it is away: a restarted service), a periodic write goes ahead as the
-        training does - the worker presumes its generation goes on until it re-attaches - and
-        a forced one (``wait``: the last step's, ``final.pt``) waits for the answer."""
-        if self._channel is None:
-            return True
-        while (answer := self._channel.confirm(generation)) is None and wait:
-            time.sleep(END_POLL_SECONDS)
-        if answer is False:
-            log.warning("worker %s writes nothing more: generation %s was abandoned",
-                        self.worker_id, generation)
-        return answer is not False
-
-    def _newest_checkpoint_step(self) -> int:
-        return 0 if self.store is None else newest_step(self.store)
-
-    def _write_final(self) -> None:
-        if self.store is not None:
-            self.store.put("final.pt", dumps(self.parts.model.state_dict()))
 
 
 class _AbortCheck:
@@ -524,14 +460,7 @@ class _AbortCheck:
         self.channel, self.generation = channel, generation
 
     def __call__(self) -> bool:
-        return self.channel.ctl(self.generation) == p.CTL_ABORT
-
-
-def _metric(value: float | None) -> float | None:
-    """Six significant digits, or None (JSON null) for a missing or non-finite value."""
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.6g}")
+        return self.channel.ctl(self.generation) is p.Control.ABORT
 
 
 def _default_device(config: TrainConfig) -> torch.device:

@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from dyntrain.lab.analysis import WorkloadReport, by_dataset_model
 from dyntrain.lab.fit import DIMINISHING, MAXIMAL, PERFECT
-from dyntrain.lab.report import NoiseSeries, WorkloadReport, by_dataset_model, fmt, plot_key
+from dyntrain.lab.noise import NoiseSeries
+from dyntrain.lab.render import fmt, plot_key
 
 __all__ = ["plot_best_lr", "plot_noise", "plot_steps_vs_batch", "render"]
 

@@ -18,6 +18,11 @@ evaluation interval, search ranges, seed) must match the sweep already in ``OUT`
 Trials run inline in a pool of ``jobs`` processes, or as one array job on a dyntrain service
 (``service``): each array child runs ``python -m dyntrain.lab.sweep PLAN`` and picks its trial by
 ``AWS_BATCH_JOB_ARRAY_INDEX``.
+
+The plan is :mod:`dyntrain.lab.sweep_plan`, the folder :mod:`dyntrain.lab.sweep_files`, the
+service side :mod:`dyntrain.lab.sweep_service`; this module runs trials inline and holds the
+command's body (:func:`run_sweep`) and the array child (:func:`child_main`). The public names of
+those modules are importable from here as well.
 """
 
 from __future__ import annotations
@@ -25,268 +30,39 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dyntrain.lab.results import LabError, read_measurements
-from dyntrain.lab.search import OPTIMIZERS, search_space, trial_points
-from dyntrain.lab.trial import TrialOutcome, TrialSpec, run_trial
+from dyntrain.lab.results import LabError
+from dyntrain.lab.sweep_files import (
+    PLANS_DIR,
+    SWEEP_FILE,
+    prepare,
+    read_outcome,
+    write_trial,
+)
+from dyntrain.lab.sweep_plan import (
+    PRESETS,
+    Sweep,
+    SweepConfig,
+    TrialTask,
+    config_from,
+    geometric_grid,
+    parse_batch_sizes,
+    plan,
+    trial_id,
+)
+from dyntrain.lab.sweep_service import pick_queue, run_on_service, service_url
+from dyntrain.lab.trial import TrialOutcome, run_trial
 from dyntrain.lab.workload import LabWorkload, load_workload
-from dyntrain.outdir import make_out_dir
 
-SWEEP_FILE = "sweep.json"
-PLANS_DIR = ".plans"
-
-
-@dataclass(frozen=True)
-class SweepConfig:
-    """A sweep's settings; see the module docstring."""
-
-    batch_sizes: tuple[int, ...]
-    workload: str = "digits-mlp"
-    workload_args: tuple[tuple[str, str], ...] = ()
-    optimizers: tuple[str, ...] = ("sgd", "nesterov")
-    trials: int = 16
-    budget_steps: int = 1500
-    eval_every: int = 1
-    target: float | None = None  # None: the workload's default target
-    lr_range: tuple[float, float] = (1e-3, 3.0)
-    momentum_range: tuple[float, float] = (0.5, 0.999)
-    seed: int = 0
-    stop_at_target: bool = True
-    divergence_factor: float = 20.0
-
-    def __post_init__(self) -> None:
-        if not self.batch_sizes:
-            raise LabError("the batch-size grid is empty: give at least one batch size")
-        if any(not isinstance(b, int) or b <= 0 for b in self.batch_sizes):
-            raise LabError(f"batch sizes must be positive integers, got {list(self.batch_sizes)}")
-        object.__setattr__(self, "batch_sizes", tuple(sorted(set(self.batch_sizes))))
-        if not self.optimizers:
-            raise LabError("no optimizers: give at least one of " + ", ".join(OPTIMIZERS))
-        for opt in self.optimizers:
-            if opt not in OPTIMIZERS:
-                raise LabError(f"unknown optimizer {opt!r}; choose from {', '.join(OPTIMIZERS)}")
-        object.__setattr__(self, "optimizers", tuple(dict.fromkeys(self.optimizers)))
-        if self.trials <= 0:
-            raise LabError(f"trials must be positive, got {self.trials}")
-        if self.budget_steps <= 0:
-            raise LabError(f"budget_steps must be positive, got {self.budget_steps}")
-        if not 0 < self.eval_every <= self.budget_steps:
-            raise LabError(f"eval_every must be between 1 and the budget ({self.budget_steps}), "
-                           f"got {self.eval_every}")
-        if self.target is not None and not math.isfinite(self.target):
-            raise LabError(f"target must be a finite number, got {self.target}")
-        if not self.divergence_factor > 1:
-            raise LabError(f"divergence_factor must be above 1, got {self.divergence_factor}")
-        for opt in self.optimizers:  # validates the ranges
-            search_space(opt, self.lr_range, self.momentum_range)
-
-    def fixed(self) -> dict[str, Any]:
-        """Settings every run into the same folder must share."""
-        return {"workload": self.workload, "workload_args": dict(self.workload_args),
-                "budget_steps": self.budget_steps, "eval_every": self.eval_every,
-                "target": self.target, "lr_range": list(self.lr_range),
-                "momentum_range": list(self.momentum_range), "seed": self.seed,
-                "stop_at_target": self.stop_at_target,
-                "divergence_factor": self.divergence_factor}
-
-
-def geometric_grid(low: int, high: int, factor: int = 2) -> tuple[int, ...]:
-    """``low, low*factor, ...`` up to ``high``."""
-    if low <= 0 or high < low or factor < 2:
-        raise LabError(f"need 0 < LOW <= HIGH for a batch-size grid, got {low}:{high}")
-    out, b = [], low
-    while b <= high:
-        out.append(b)
-        b *= factor
-    return tuple(out)
-
-
-def parse_batch_sizes(text: str) -> tuple[int, ...]:
-    """``"4,8,16"`` or ``"4:1024"`` (doubling) -> batch sizes, with one-line errors."""
-    text = text.strip()
-    if not text:
-        raise LabError("the batch-size grid is empty: give e.g. --batch-sizes 8:1024")
-    try:
-        if ":" in text:
-            low, high = (int(p) for p in text.split(":"))
-            return geometric_grid(low, high)
-        return tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise LabError(f"batch sizes must be LOW:HIGH or a comma-separated list of integers, "
-                       f"got {text!r}") from None
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    # about 2-5 minutes on 2 cores: 2 optimizers x 9 batch sizes x 32 trials
-    "quick": {"workload": "digits-mlp", "optimizers": ("sgd", "nesterov"),
-              "batch_sizes": geometric_grid(4, 1024), "trials": 32, "budget_steps": 1000,
-              "eval_every": 1},
-    # for a bigger machine: 3 optimizers x 10 batch sizes x 100 trials, longer budget
-    "full": {"workload": "digits-mlp", "optimizers": ("sgd", "momentum", "nesterov"),
-             "batch_sizes": geometric_grid(2, 1024), "trials": 100, "budget_steps": 3000,
-             "eval_every": 1},
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# planning
-
-
-@dataclass(frozen=True)
-class TrialTask:
-    """One trial to run, and where its folder goes."""
-
-    study_dir: str
-    trial_id: str
-    spec: TrialSpec
-
-    def folder(self) -> Path:
-        return Path(self.study_dir) / self.trial_id
-
-    def done(self) -> bool:
-        return (self.folder() / "metadata.json").is_file()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"study_dir": self.study_dir, "trial_id": self.trial_id, "spec": asdict(self.spec)}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrialTask:
-        return cls(data["study_dir"], data["trial_id"], TrialSpec(**data["spec"]))
-
-
-@dataclass
-class Sweep:
-    """A prepared sweep: its folder, settings, workload facts and every trial."""
-
-    root: Path
-    config: SweepConfig
-    dataset: str
-    model: str
-    metric: str
-    higher_is_better: bool
-    target: float
-    tasks: list[TrialTask] = field(default_factory=list)
-
-    def pending(self) -> list[TrialTask]:
-        return [t for t in self.tasks if not t.done()]
-
-
-def trial_id(index: int) -> str:
-    return f"trial_{index:04d}"
-
-
-def plan(root: Path, config: SweepConfig, workload: LabWorkload) -> Sweep:
-    """Every trial of the sweep (pure: nothing is written)."""
-    target = config.target if config.target is not None else workload.default_target
-    if target is None:
-        raise LabError(f"workload {config.workload!r} has no default target; pass --target")
-    too_big = [b for b in config.batch_sizes if b > len(workload.train_set)]
-    if too_big:
-        raise LabError(f"batch sizes {too_big} exceed the training set "
-                       f"({len(workload.train_set)} samples)")
-    sweep = Sweep(Path(root), config, workload.dataset, workload.model, workload.metric,
-                  workload.higher_is_better, float(target))
-    for opt_index, opt in enumerate(config.optimizers):
-        space = search_space(opt, config.lr_range, config.momentum_range)
-        # one Sobol sequence per optimizer, shared by all batch sizes
-        points = trial_points(space, config.trials, seed=config.seed * 1009 + opt_index)
-        for b in config.batch_sizes:
-            study_dir = sweep.root / workload.dataset / workload.model / opt / str(b)
-            for i, hp in enumerate(points):
-                spec = TrialSpec(optimizer=opt, batch_size=b, hyperparameters=hp,
-                                 seed=config.seed + i, budget_steps=config.budget_steps,
-                                 eval_every=config.eval_every, target=float(target),
-                                 higher_is_better=workload.higher_is_better,
-                                 stop_at_target=config.stop_at_target,
-                                 divergence_factor=config.divergence_factor)
-                sweep.tasks.append(TrialTask(str(study_dir), trial_id(i), spec))
-    return sweep
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def prepare(sweep: Sweep) -> None:
-    """Create the folders, check an existing sweep is compatible, write settings files."""
-    root, config = sweep.root, sweep.config
-    make_out_dir(root, "--out")
-    path = root / SWEEP_FILE
-    if path.exists():
-        try:
-            old = json.loads(path.read_text())["fixed"]
-        except (ValueError, KeyError, TypeError):
-            raise LabError(f"{path} is not a dyntrain sweep file; use another --out") from None
-        new = config.fixed()
-        diff = [f"{k} {old.get(k)!r} -> {new[k]!r}" for k in new if old.get(k) != new[k]]
-        if diff:
-            raise LabError(f"{root} holds a sweep with other settings ({'; '.join(diff)}); "
-                           "use another --out (batch sizes, optimizers and trial counts may "
-                           "change)")
-    _write_json(path, {"fixed": config.fixed(), "config": asdict(config),
-                       "workload": {"dataset": sweep.dataset, "model": sweep.model,
-                                    "metric": sweep.metric,
-                                    "higher_is_better": sweep.higher_is_better,
-                                    "target": sweep.target}})
-    for opt in config.optimizers:
-        space = search_space(opt, config.lr_range, config.momentum_range)
-        for b in config.batch_sizes:
-            d = root / sweep.dataset / sweep.model / opt / str(b)
-            d.mkdir(parents=True, exist_ok=True)
-            _write_json(d / "study.json", {
-                "dataset": sweep.dataset, "model": sweep.model, "optimizer": opt,
-                "batch_size": b, "metric": sweep.metric, "target": sweep.target,
-                "higher_is_better": sweep.higher_is_better, "eval_every": config.eval_every,
-                "budget_steps": config.budget_steps,
-                "search_space": {p.name: p.to_json() for p in space},
-                "learning_rate_schedule": "constant", "search": "scrambled Sobol",
-            })
-
-
-def write_trial(task: TrialTask, outcome: TrialOutcome, metric: str) -> Path:
-    """Write a finished trial's folder atomically (aside, then renamed into place)."""
-    final = task.folder()
-    tmp = final.with_name(f".{task.trial_id}.{os.getpid()}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.mkdir(parents=True)
-    with open(tmp / "measurements.csv", "w") as f:
-        f.write(f"step,{metric},train_loss\n")
-        for m in outcome.measurements:
-            f.write(f"{m.step},{float(m.metric_value)!r},{float(m.extras['train_loss'])!r}\n")
-    meta = {"trial_id": task.trial_id, "hyperparameters": task.spec.hyperparameters,
-            "status": "diverged" if outcome.diverged else "ok", "reason": outcome.reason,
-            "seed": task.spec.seed, "steps_run": outcome.steps_run,
-            "steps_to_result": outcome.steps_to_result, "seconds": round(outcome.seconds, 3)}
-    (tmp / "metadata.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    if final.exists():  # finished meanwhile by another runner: keep the first result
-        shutil.rmtree(tmp)
-        return final
-    os.rename(tmp, final)
-    return final
-
-
-def read_outcome(task: TrialTask, metric: str | None = None) -> TrialOutcome | None:
-    """A finished trial's summary from its metadata.json, with its measurements when
-    ``metric`` names their column; None while the trial has not finished."""
-    try:
-        meta = json.loads((task.folder() / "metadata.json").read_text())
-    except (OSError, ValueError):
-        return None
-    measurements = (read_measurements(task.folder() / "measurements.csv", metric)
-                    if metric is not None else [])
-    return TrialOutcome(measurements=measurements, diverged=meta.get("status") == "diverged",
-                        reason=meta.get("reason", ""), steps_run=meta.get("steps_run", 0),
-                        steps_to_result=meta.get("steps_to_result"),
-                        seconds=meta.get("seconds", 0.0))
+__all__ = ["PLANS_DIR", "PRESETS", "SWEEP_FILE", "Sweep", "SweepConfig", "TrialTask",
+           "best_so_far", "child_main", "config_from", "describe", "geometric_grid",
+           "parse_batch_sizes", "pick_queue", "plan", "prepare", "read_outcome", "run_inline",
+           "run_on_service", "run_sweep", "service_url", "trial_id", "write_trial"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,103 +179,6 @@ def run_inline(sweep: Sweep, tasks: list[TrialTask], jobs: int, workload: LabWor
         pool.join()
 
 
-# ---------------------------------------------------------------------------------------------
-# running on a dyntrain service
-
-
-def service_url(choice: str) -> str | None:
-    """The service to use: ``none`` -> None; ``auto`` -> $DYNTRAIN_URL or the default URL if a
-    service answers there, else None; anything else is a URL that must answer."""
-    from dyntrain.service.client import DEFAULT_URL, ApiError, Client
-
-    if choice == "none":
-        return None
-    url = (os.environ.get("DYNTRAIN_URL") or DEFAULT_URL) if choice == "auto" else choice
-    try:
-        with Client(url, timeout=2) as client:
-            client.health()
-    except ApiError as e:
-        if choice == "auto":
-            return None
-        raise LabError(str(e)) from None
-    return url
-
-
-def pick_queue(client: Any, queue: str | None) -> str:
-    queues = client.list_job_queues()
-    if queue is not None:
-        if not any(q["name"] == queue for q in queues):
-            raise LabError(f"the service has no job queue {queue!r} (it has: "
-                           f"{', '.join(q['name'] for q in queues) or 'none'})")
-        return queue
-    enabled = [q for q in queues if q.get("state", "ENABLED") == "ENABLED"]
-    if not enabled:
-        raise LabError("the service has no enabled job queue: create one, pass --queue, "
-                       "or run the sweep inline with --service none")
-    return max(enabled, key=lambda q: q.get("priority", 0))["name"]
-
-
-def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | None,
-                   cpus: float, memory_mib: int,
-                   progress: Callable[[TrialTask, TrialOutcome | None], None],
-                   poll: float = 1.0) -> str:
-    """Submit ``tasks`` as one array job (one child per trial) and wait; returns the job id."""
-    from dyntrain.service.client import Client
-
-    plans = sweep.root / PLANS_DIR
-    plans.mkdir(exist_ok=True)
-    plan_path = plans / f"plan-{uuid.uuid4().hex[:8]}.json"
-    _write_json(plan_path, {"workload": sweep.config.workload,
-                            "workload_args": dict(sweep.config.workload_args),
-                            "metric": sweep.metric,
-                            "tasks": [t.to_json() for t in tasks]})
-    from dyntrain.service.submitter import exported
-
-    command = [sys.executable, "-m", "dyntrain.lab.sweep", str(plan_path.resolve())]
-    with Client(url) as client:
-        queue = pick_queue(client, queue)
-        # as `dyntrain submit` does: this directory (a workload given as a relative path) and
-        # this shell's environment; a queue whose slots are too small refuses the job here
-        fields: dict[str, Any] = {"queue": queue, "command": command,
-                                  "name": f"sweep-{sweep.model}",
-                                  "environment": {"OMP_NUM_THREADS": "1"},
-                                  "workdir": os.getcwd(),
-                                  "exported_environment": exported(os.environ),
-                                  "resources": {"cpus": cpus, "gpus": 0,
-                                                "memory_mib": memory_mib}}
-        if len(tasks) > 1:
-            fields["array_size"] = len(tasks)
-        else:
-            fields["environment"]["AWS_BATCH_JOB_ARRAY_INDEX"] = "0"
-        job = client.submit(**fields)
-        job_id = job["id"]
-        print(f"submitted {len(tasks)} trials as job {job_id} to queue {queue} at {url}",
-              file=sys.stderr, flush=True)
-        waiting, said = list(tasks), ""
-        while True:
-            status = client.get_job(job_id)["status"]
-            if status == "RUNNABLE":  # why no trial runs, as soon as the scheduler knows
-                said = _say_why_waiting(client, job_id, said)
-            for task in [t for t in waiting if t.done()]:
-                waiting.remove(task)
-                progress(task, read_outcome(task, sweep.metric))
-            if status in ("SUCCEEDED", "FAILED"):
-                break
-            time.sleep(poll)
-    return job_id
-
-
-def _say_why_waiting(client: Any, job_id: str, said: str) -> str:
-    """Print why the array's first waiting child waits, when that reason is new."""
-    children = client.list_jobs(parent=job_id, status="RUNNABLE", limit=1)
-    waiting = children[0].get("waiting") if children else None
-    reason = waiting.get("reason", "") if isinstance(waiting, dict) else ""
-    if reason and reason != said:
-        print(f"waiting: {reason}", file=sys.stderr, flush=True)
-        return reason
-    return said
-
-
 def child_main(argv: list[str] | None = None) -> int:
     """An array child: run the trial at ``$AWS_BATCH_JOB_ARRAY_INDEX`` of a plan file."""
     argv = sys.argv[1:] if argv is None else argv
@@ -588,22 +267,6 @@ def run_sweep(root: str | Path, config: SweepConfig, *, jobs: int = 1, service: 
         say(f"  {opt:<8} B={b:<5} {got:<24} {finished}/{n} trials")
     return sweep
 
-
-def config_from(preset: str | None, **overrides: Any) -> SweepConfig:
-    """A preset's settings with the given (non-None) overrides."""
-    base: dict[str, Any] = {}
-    if preset is not None:
-        if preset not in PRESETS:
-            raise LabError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
-        base = dict(PRESETS[preset])
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    if "batch_sizes" not in base:
-        raise LabError("give --batch-sizes (e.g. 8:1024) or a --preset")
-    return SweepConfig(**base)
-
-
-__all__ = ["PRESETS", "Sweep", "SweepConfig", "TrialTask", "config_from", "geometric_grid",
-           "parse_batch_sizes", "plan", "prepare", "run_sweep", "write_trial"]
 
 
 if __name__ == "__main__":

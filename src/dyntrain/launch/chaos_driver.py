@@ -41,14 +41,14 @@ class ChaosDriver:
         # a worker already sent SIGKILL or SIGSTOP is not struck again (it has not been reaped
         # yet); one that was told to leave can still be killed, but not told again
         live = tuple(w for w in self.workers.alive()
-                     if sent.get(w) not in ("kill", "hang") and w not in coord.dead)
+                     if sent.get(w) not in ("kill", "hang") and w not in coord.membership.dead)
         gen = coord.current
         handing = (gen is not None and coord.phase is Phase.RUNNING and bool(gen.receivers)
                    and not coord.settled())
         return Situation(
             now=time.monotonic(), live=live,
             members=tuple(w for w in gen.members if sent.get(w) != "leave") if gen else (),
-            known=tuple(w for w in live if w in coord.workers),
+            known=tuple(w for w in live if w in coord.membership.known),
             reforming=coord.phase is Phase.REFORMING,
             sender=gen.source if handing else None,
             receivers=gen.receivers if handing else (),
@@ -87,7 +87,7 @@ class ChaosDriver:
         record = {"n": self.made, "action": strike.action, "workers": targets,
                   "aim": strike.aim, "time": time.time(), "phase": self.coord.phase.value,
                   "generation": self.coord.current.number if self.coord.current else None,
-                  "step": self.coord.highest_step}
+                  "step": self.coord.job.highest_step}
         self.log.write(json.dumps(record))
 
     def close(self) -> None:

@@ -15,7 +15,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dyntrain.elastic import protocol as p
 from dyntrain.elastic.coordinator import Coordinator
 from dyntrain.launch.local import LocalWorkers
 
@@ -70,7 +69,7 @@ def stop_workers(coord: Coordinator, workers: LocalWorkers, signals: StopSignals
     for worker_id in coord.live_workers():
         if worker_id not in local:  # a remote worker: drain it (members) or release it (standby)
             coord.request_drain(worker_id)
-            coord.store.set(p.reply_key(worker_id), "leave")
+            coord.release(worker_id)
     log(f"interrupted ({signals.name}): asking {len(local)} worker(s) to stop at their next "
         "step boundary (the leader writes a checkpoint); Ctrl-C again to kill them now")
     seen, deadline = signals.count, time.monotonic() + grace_seconds

@@ -287,7 +287,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
     errored_at: dict[str, float] = {}
     while not signals.count:
         for worker_id, code in workers.reap():
-            if code != 0 and worker_id not in coord.workers and code > 0:
+            if code != 0 and worker_id not in coord.membership.known and code > 0:
                 # it never reached the coordinator: its own error is the most useful thing to say
                 said = workers.last_line(worker_id).removeprefix("dyntrain: error: ")
                 startup_failure = (f"{said or f'exit code {code}'} "
@@ -296,7 +296,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
                          f"{startup_failure}")
             elif code != 0:
                 coord.mark_dead(worker_id, f"exit code {code}")
-                if worker_id in coord.errors:
+                if worker_id in coord.job.errors:
                     sink.log(f"worker {worker_id} exited with code {code}; its traceback is in "
                              f"{workers.log_path(worker_id)}")
         try:
@@ -305,8 +305,8 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             coord.fail(f"the run folder cannot be read: {exc}")
             phase = coord.phase
         now = time.monotonic()
-        for worker_id in coord.dead & set(workers.alive()):
-            if worker_id in coord.errors and \
+        for worker_id in coord.membership.dead & set(workers.alive()):
+            if worker_id in coord.job.errors and \
                     now - errored_at.setdefault(worker_id, now) < ERROR_EXIT_SECONDS:
                 continue  # it is writing its traceback and exiting
             workers.signal(worker_id, "kill")  # declared dead (e.g. hung): make sure it is
@@ -319,28 +319,28 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             sink.log(f"job failed: {coord.failure}")
             return 1
         elapsed = time.time() - coord.started_at
-        event = schedule.pop_next(coord.highest_step, elapsed) if _settled(coord, last_fired) \
+        event = schedule.pop_next(coord.job.highest_step, elapsed) if _settled(coord, last_fired) \
             else None
         if event is not None:
-            sink.fired(event, coord.highest_step)
+            sink.fired(event, coord.job.highest_step)
             last_fired = (event.action, _fire(event, coord, workers, sink))
         if chaos is not None:
             chaos.tick()
         # every local worker exited and was reaped above (so a startup failure is known), no
         # remote one is alive, and one ever started or joined (--nproc 0 waits for the first)
         if (not workers.workers and not coord.live_workers()
-                and (workers.started or coord.workers)
-                and not schedule.can_add_workers(coord.highest_step)
+                and (workers.started or coord.membership.known)
+                and not schedule.can_add_workers(coord.job.highest_step)
                 and not (chaos is not None and chaos.pending)):
             ckpt = coord.find_checkpoint()
             hint = (f"; the newest checkpoint is at step {ckpt[0]}: run the same command again "
                     "to resume" if ckpt else "")
             last = ""
-            if coord.last_error:
-                culprit = list(coord.errors)[-1]
+            if coord.job.last_error:
+                culprit = list(coord.job.errors)[-1]
                 log_file = workers.log_path(culprit)
                 where = f"; its traceback: {log_file}" if log_file.is_file() else ""
-                last = f" (last error: {coord.last_error}{where})"
+                last = f" (last error: {coord.job.last_error}{where})"
             reason = f"every worker is gone{last}{hint}"
             if startup_failure and coord.current is None:
                 reason = f"no worker could start: {startup_failure}"
@@ -357,7 +357,7 @@ def _report_unfired(schedule: EventSchedule, scheduled: int, coord: Coordinator,
     pending = schedule.pending
     if not pending:
         return
-    first, step = pending[0], coord.highest_step
+    first, step = pending[0], coord.job.highest_step
     if first.trigger == "step" and first.at > step:
         why = f"the job ended at step {step}, before step {first.at:g}"
     elif first.trigger == "t" and first.at > coord.clock() - coord.started_at:
@@ -378,9 +378,9 @@ def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
     if action == "join":
         members = coord.current.members if coord.current else ()
         full = coord.current is not None and coord.current.world_size >= coord.config.max_workers
-        placed = all(w in members or w in coord.gone or full for w in workers)
+        placed = all(w in members or w in coord.membership.gone or full for w in workers)
         return placed and coord.settled()
-    if not all(w in coord.gone for w in workers):
+    if not all(w in coord.membership.gone for w in workers):
         return False
     return coord.settled() or coord.phase is Phase.WAITING
 

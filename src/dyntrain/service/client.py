@@ -20,9 +20,10 @@ from urllib.parse import quote
 import httpx
 
 from dyntrain.errors import DyntrainError, Unreachable
+from dyntrain.service.core.model import DEFAULT_PORT, TERMINAL_STATUSES
 
-DEFAULT_URL = "http://127.0.0.1:8642"
-TERMINAL = frozenset({"SUCCEEDED", "FAILED"})
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+TERMINAL = frozenset(TERMINAL_STATUSES)
 
 
 class ApiError(DyntrainError):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from dyntrain.service.allocation import FIFO, policy_by_name
-from dyntrain.service.capacity import trace_from_points
-from dyntrain.service.model import CapacityType, ValidationError
+from dyntrain.service.core.allocation import FIFO, policy_by_name
+from dyntrain.service.core.capacity import trace_from_points
+from dyntrain.service.core.model import CapacityType, ValidationError
 from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation
 from dyntrain.sim.jobs import JobTrace
 from dyntrain.sim.results import SimResult

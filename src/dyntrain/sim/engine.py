@@ -2,8 +2,8 @@
 clock.
 
 Every pass builds the scheduler's ``Snapshot`` as the service's controller does and asks
-``schedule(snapshot, policy)`` (``dyntrain.service.scheduler``) for a ``Plan``; the simulator only
-plays the plan out. Nothing of the scheduling rules is copied here. What the simulator adds is
+``schedule(snapshot, policy)`` (``dyntrain.service.core.scheduler``) for a ``Plan``; the simulator
+only plays the plan out. Nothing of the scheduling rules is copied here. What the simulator adds is
 the world the controller would observe:
 
 * **capacity**: each environment's slots (and price) follow its trace; a worker told to leave
@@ -28,11 +28,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from dyntrain.service.allocation import AllocationPolicy
-from dyntrain.service.capacity import CapacityTrace
-from dyntrain.service.model import CapacityType, JobStatus, Resources, ValidationError
-from dyntrain.service.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
-from dyntrain.service.speedup import JobProfile, ThroughputPoint, fit_speedup
+from dyntrain.service.core.allocation import AllocationPolicy
+from dyntrain.service.core.capacity import CapacityTrace
+from dyntrain.service.core.model import CapacityType, JobStatus, Resources, ValidationError
+from dyntrain.service.core.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
+from dyntrain.service.core.speedup import JobProfile, ThroughputPoint, fit_speedup
 from dyntrain.sim.jobs import JobSpec, JobTrace
 from dyntrain.sim.results import JobRecord, SimResult
 

@@ -14,7 +14,7 @@ A job trace is a JSON file::
 step), ``reform_s`` the seconds of training one membership change costs. ``curve`` is one of:
 
 * ``{"serial": S, "parallel": P, "comm": C, "chunks": K}``: a speed-up model's parts
-  (``dyntrain.service.speedup``; seconds per sample);
+  (``dyntrain.service.core.speedup``; seconds per sample);
 * ``{"points": [[workers, samples_per_s], ...], "chunks": K}``: measured throughputs, fitted;
 * ``{"one_worker": T, "efficiency": E, "at": N}``: Amdahl's law through a published figure;
 * ``{"lab": "throughput.json", "mode": "strong"}``: a ``dyntrain lab throughput`` result;
@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dyntrain.service.model import ValidationError
-from dyntrain.service.speedup import (
+from dyntrain.service.core.model import ValidationError
+from dyntrain.service.core.speedup import (
     SpeedupModel,
     ThroughputPoint,
     fit_speedup,

@@ -27,10 +27,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.service.allocation import policy_by_name
-from dyntrain.service.capacity import parse_trace, trace_from_points
-from dyntrain.service.model import CapacityType
-from dyntrain.service.speedup import SpeedupModel
+from dyntrain.service.core.allocation import policy_by_name
+from dyntrain.service.core.capacity import parse_trace, trace_from_points
+from dyntrain.service.core.model import CapacityType
+from dyntrain.service.core.speedup import SpeedupModel
 from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation
 from dyntrain.sim.jobs import JobSpec, JobTrace, QueueSpec
 

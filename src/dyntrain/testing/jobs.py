@@ -9,7 +9,6 @@ needs may come from there.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -19,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from dyntrain.elastic.runlog import read_events, read_metrics
 from dyntrain.testing.hosts import Host
 
 CLI = [sys.executable, "-m", "dyntrain.cli.main"]
@@ -111,10 +111,13 @@ class HostJob:
         return worker
 
     def events(self) -> list[dict]:
-        return _jsonl(self.out / "events.jsonl")
+        """The rows of the run's events.jsonl so far, as JSON objects (read and checked as
+        ``dyntrain.elastic.runlog`` reads them: a line still being written waits)."""
+        return [row.to_json() for row in read_events(self.out)]
 
     def metrics(self) -> list[dict]:
-        return _jsonl(self.out / "metrics.jsonl")
+        """The rows of the run's metrics.jsonl so far, as JSON objects (as ``events``)."""
+        return [row.to_json() for row in read_metrics(self.out)]
 
     def world(self) -> int:
         """The world size of the newest step (0 before the first)."""
@@ -125,16 +128,3 @@ class HostJob:
         """The launcher's exit code once it has ended."""
         return self.launcher.wait(timeout)
 
-
-def _jsonl(path: Path) -> list[dict]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a line being written
-            continue
-    return rows

@@ -24,6 +24,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dyntrain.procstat import all_pids, read_stat
+
 REGISTRY = Path("/run/dyntrain-hostbed")
 #: beds take /24 subnets of this range, one each
 SUBNETS = ipaddress.ip_network("10.213.0.0/16")
@@ -71,28 +73,21 @@ def netns_inode(pid: int) -> int | None:
 
 def pids_in(inodes: Iterable[int], exclude: Iterable[int] = ()) -> list[int]:
     """Every live process whose network namespace is one of ``inodes`` (from /proc)."""
-    wanted, skip, found = set(inodes), set(exclude), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in skip and netns_inode(int(entry)) in wanted \
-                and not _zombie(int(entry)):
-            found.append(int(entry))
-    return found
+    wanted, skip = set(inodes), set(exclude)
+    return [pid for pid in all_pids()
+            if pid not in skip and netns_inode(pid) in wanted and not _ended(pid)]
 
 
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
-        return True
+def _ended(pid: int) -> bool:
+    """Gone, or a zombie (a process that has exited)."""
+    stat = read_stat(pid)
+    return stat is None or stat.state.ended
 
 
 def stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return True
+    """Stopped by a signal, or gone (nothing left to stop)."""
+    stat = read_stat(pid)
+    return stat is None or stat.state.stopped
 
 
 def signal_all(inodes: Iterable[int], sig: int, exclude: Iterable[int] = (),
@@ -118,11 +113,8 @@ def signal_all(inodes: Iterable[int], sig: int, exclude: Iterable[int] = (),
 
 def process_start(pid: int) -> int | None:
     """A process's start time (clock ticks after boot): with the pid, it names one process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+    stat = read_stat(pid)
+    return None if stat is None else stat.start_ticks
 
 
 @dataclass

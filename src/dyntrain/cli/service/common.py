@@ -12,13 +12,22 @@ import click
 
 from dyntrain.errors import DyntrainError, Unreachable
 from dyntrain.launch.events import parse_workers
+from dyntrain.service.core.model import (
+    DEFAULT_PORT,
+    TERMINAL_STATUSES,
+    CapacityType,
+    DependencyType,
+    JobStatus,
+    State,
+    values,
+)
 
-DEFAULT_PORT = 8642
-TERMINAL = ("SUCCEEDED", "FAILED")
-DEPENDENCY_TYPES = ("STANDARD", "N_TO_N", "SEQUENTIAL")
-CAPACITY_TYPES = ("ON_DEMAND", "RESERVED", "SPOT")
-STATES = ("ENABLED", "DISABLED")
-JOB_STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+# the service's own vocabulary (its enums' values), as the REST API and these commands say it
+TERMINAL = TERMINAL_STATUSES
+DEPENDENCY_TYPES = values(DependencyType)
+CAPACITY_TYPES = values(CapacityType)
+STATES = values(State)
+JOB_STATUSES = values(JobStatus)
 POLL_SECONDS = 0.5
 MAX_ATTEMPTS = 10
 _CHILD_FOLDER = re.compile(r"^(.+)_(\d+)$")  # an array child as its run folder names it
@@ -159,7 +168,7 @@ def parse_dependency(text: str) -> dict[str, str]:
         return {"job_id": job_id, "type": kind.upper()}
     if not text:
         raise DyntrainError("--depends-on must be ID[:TYPE], got ''")
-    return {"job_id": text, "type": "STANDARD"}
+    return {"job_id": text, "type": DependencyType.STANDARD.value}
 
 
 def attempts_from_flags(attempts: int | None, retries: int | None) -> int | None:

@@ -159,7 +159,7 @@ def ce_delete(name, url, token):
 @friendly
 def ce_trace(name, csv_file, loop, clear, url, token):
     """Replay FILE.csv as NAME's capacity from now (offset_s,slots[,price]), or --clear it."""
-    from dyntrain.service.capacity import load_trace
+    from dyntrain.service.core.capacity import load_trace
 
     if clear:
         if csv_file or loop:

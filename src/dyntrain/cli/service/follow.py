@@ -22,7 +22,8 @@ from dyntrain.cli.service.common import (
     resolve_job,
 )
 from dyntrain.cli.service.output import list_items, reason_text, short_id
-from dyntrain.service.jobtext import attempt_text, progress_text
+from dyntrain.service.core.jobtext import attempt_text, progress_text
+from dyntrain.service.core.model import JobStatus
 
 PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
 FAILED_SHOWN = 5  # failed children listed under an array job's summary
@@ -120,12 +121,12 @@ def array_summary(client, job: dict[str, Any]) -> list[str]:
     size = (job.get("array") or {}).get("size") or job.get("array_size")
     lines = [f"array job {job['id']} ({job.get('status')}): {size} children: "
              + (", ".join(f"{n} {s}" for s, n in counts.items() if n) or "none yet")]
-    if counts.get("FAILED"):
-        failed = list_items(client.list_jobs(parent=job["id"], status="FAILED",
+    if counts.get(JobStatus.FAILED.value):
+        failed = list_items(client.list_jobs(parent=job["id"], status=JobStatus.FAILED.value,
                                              limit=FAILED_SHOWN), "jobs", "items")
         for child in failed:
             lines.append(f"  {child['id']}  FAILED: {child.get('status_reason') or ''}".rstrip())
-        if counts["FAILED"] > len(failed):
+        if counts[JobStatus.FAILED.value] > len(failed):
             lines.append(f"  ... and {counts['FAILED'] - len(failed)} more failed")
     lines.append(f"a child's log: dyntrain logs {job['id']}:INDEX (INDEX 0-{int(size) - 1}); "
                  f"its files: the service's state folder, runs/jobs/{job['id']}_INDEX/")

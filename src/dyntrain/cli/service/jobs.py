@@ -24,13 +24,14 @@ from dyntrain.cli.service.output import (
     short_id,
     workers_text,
 )
-from dyntrain.service.jobtext import (
+from dyntrain.service.core.jobtext import (
     attempt_text,
     attempts_text,
     progress_text,
     result_text,
     short_worker,
 )
+from dyntrain.service.core.model import CapacityType
 
 
 def _jobs_table(jobs: list[dict[str, Any]]):
@@ -44,9 +45,7 @@ def _jobs_table(jobs: list[dict[str, Any]]):
 
 def _job_cost_lines(answer: Any) -> list[str] | None:
     """``format_cost`` of a ``cost`` answer; None when it is not a full cost record."""
-    from dyntrain.service.cost import JobCost, StaticBaseline, format_cost
-    from dyntrain.service.model import CapacityType
-
+    from dyntrain.service.core.cost import JobCost, StaticBaseline, format_cost
     if not isinstance(answer, dict):
         return None
     if isinstance(answer.get("lines"), list):
@@ -137,7 +136,7 @@ def _price_hint(client, answer: Any) -> list[str]:
         return []
     names = [ce.get("name") for ce in list_items(client.list_compute_environments(),
                                                  "compute_environments", "items")
-             if ce.get("capacity_type") == "ON_DEMAND"]
+             if ce.get("capacity_type") == CapacityType.ON_DEMAND.value]
     where = names[0] if names else "NAME"
     return [f"  (saving n/a: the on-demand price is 0; set the price of an ON_DEMAND "
             f"environment, e.g. `dyntrain ce update {where} --price 1.0`)"]

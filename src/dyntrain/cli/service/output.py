@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from dyntrain.service.core.model import JobStatus
+
 
 def make_console():
     from rich.console import Console
@@ -58,7 +60,7 @@ def workers_text(job: dict[str, Any]) -> str:
 
 def reason_text(job: dict[str, Any]) -> str:
     waiting = job.get("waiting")
-    if job.get("status") == "RUNNABLE" and isinstance(waiting, dict):
+    if job.get("status") == JobStatus.RUNNABLE.value and isinstance(waiting, dict):
         pos = waiting.get("position")
         reason = waiting.get("reason") or ""
         return f"waiting: #{pos} {reason}".rstrip() if pos is not None else \

@@ -91,11 +91,9 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
-    from dyntrain.service.api.app import create_app
-    from dyntrain.service.aws.app import with_aws
     from dyntrain.service.aws.sigv4 import load_credentials
-    from dyntrain.service.server import Service, ServiceConfig
-    from dyntrain.service.statelock import StateDirLock
+    from dyntrain.service.engine.statelock import StateDirLock
+    from dyntrain.service.server import Service, ServiceConfig, create_server_app
 
     if not 0 <= port <= 65535:
         raise DyntrainError(f"--port must be 0-65535, got {port}")
@@ -139,7 +137,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
             state_lock.release()
             raise DyntrainError(f"cannot start the service: {one_line(e)[:300]}") from None
         try:
-            app = with_aws(create_app(service), service, aws_keys)
+            app = create_server_app(service, aws_keys)
             userver = uvicorn.Server(uvicorn.Config(
                 app, log_level="warning", access_log=False, timeout_graceful_shutdown=5))
             service.start()

@@ -1,8 +1,8 @@
 """``dyntrain submit``: a job from flags and/or a YAML file of the REST body's fields.
 
 The job runs in this shell's working directory with this shell's environment unless told
-otherwise (``--workdir``, ``--export``; see ``dyntrain.service.submitter``). ``--wait`` follows it
-to its end; interrupting the wait leaves the job running and says how to stop it.
+otherwise (``--workdir``, ``--export``; see ``dyntrain.service.core.submitter``). ``--wait``
+follows it to its end; interrupting the wait leaves the job running and says how to stop it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from dyntrain.cli.service.common import (
+    TERMINAL,
     attempts_from_flags,
     conn_options,
     friendly,
@@ -28,6 +29,7 @@ from dyntrain.cli.service.common import (
 )
 from dyntrain.cli.service.follow import follow
 from dyntrain.errors import DyntrainError
+from dyntrain.service.core.model import JobStatus
 
 MAX_ARRAY_SIZE = 10_000
 
@@ -117,7 +119,7 @@ def submit(path, queue, name, definition, workers, array_size, depends_on, attem
         final = follow(client, job["id"], announce=True)
     except KeyboardInterrupt:
         _left_running(client, job["id"])
-    sys.exit(0 if final["status"] == "SUCCEEDED" else 1)
+    sys.exit(0 if final["status"] == JobStatus.SUCCEEDED.value else 1)
 
 
 def _array_size(size: int | None) -> int | None:
@@ -129,7 +131,7 @@ def _array_size(size: int | None) -> int | None:
 
 def _add_submitter(body: dict[str, Any], export: str, workdir: str | None) -> None:
     """This shell's working directory and exported variables (unless the file gives them)."""
-    from dyntrain.service.submitter import exported, parse_export
+    from dyntrain.service.core.submitter import exported, parse_export
 
     if workdir is not None:
         body["workdir"] = os.path.abspath(os.path.expanduser(workdir))
@@ -159,7 +161,7 @@ def _left_running(client, job_id: str) -> NoReturn:
         status = client.get_job(job_id).get("status", "")
     except Exception:  # the service may be gone too; the hint still holds
         status = ""
-    if status in ("SUCCEEDED", "FAILED"):
+    if status in TERMINAL:
         click.echo(f"\ndyntrain: stopped waiting; job {job_id} already ended {status}", err=True)
     else:
         click.echo(f"\ndyntrain: stopped waiting; job {job_id} goes on running on the service"

@@ -1,4 +1,4 @@
-"""The REST API of the job service: ``create_app(service)`` returns the FastAPI application.
+"""The REST API of the job service: ``create_api(service)`` returns the FastAPI application.
 
 JSON in and out; OpenAPI at ``/openapi.json``, interactive docs at ``/docs``. Every error answer
 is ``{"detail": "<one line>"}`` with the status chosen in ``dyntrain.service.api.errors``:
@@ -6,12 +6,14 @@ is ``{"detail": "<one line>"}`` with the status chosen in ``dyntrain.service.api
 409 a conflict with the current state, 422 a body or query that does not match the schema.
 
 Auth: when ``service.config.token`` is set, every request needs ``Authorization: Bearer
-<token>`` (compared in constant time) or the dashboard's session cookie, except ``/health``, the
-API description (``/docs``, ``/redoc``, ``/openapi.json``), the dashboard's login page and static
-assets, which reveal nothing about the service's state.
+<token>`` (compared in constant time), except ``/health`` and the API description (``/docs``,
+``/redoc``, ``/openapi.json``), which reveal nothing about the service's state. A
+``BrowserSession`` handed to ``create_api`` (the dashboard's session cookie) counts as the token
+too, and keeps its own pages open.
 
-The web dashboard (``/``, ``/ui/...``) and ``/metrics`` are mounted on the same app
-(``dyntrain.service.web``), outside the OpenAPI document.
+The web dashboard (``/``, ``/ui/...``) and ``/metrics`` are another front end
+(``dyntrain.service.web``), mounted on this app by ``dyntrain.service.server.create_app``,
+outside the OpenAPI document.
 
 Locking: every write but a submit (and every call into the controller) holds ``service.lock``,
 so it lands between two controller steps; a step reads the environments and queues several times
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from typing import Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -36,9 +39,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api import compute, definitions, jobs, queues
 from dyntrain.service.api.errors import describe_request_errors, errors, one_line, status_for
-from dyntrain.service.server import Service
-from dyntrain.service.web import auth as web_auth
-from dyntrain.service.web.mount import mount_dashboard
+from dyntrain.service.engine.service import Service
 
 log = logging.getLogger("dyntrain.service.api")
 
@@ -48,22 +49,36 @@ OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs", "/docs/oauth2-redir
 _bearer = HTTPBearer(auto_error=False, description="the service's token (--token)")
 
 
+class BrowserSession(Protocol):
+    """Another way for a browser to hold the token (the dashboard's session cookie: the module
+    ``dyntrain.service.web.auth`` is one): the paths it keeps open (its login page), whether a
+    request's cookie grants the token, and where a browser that asked for a page without
+    credentials is sent instead of a 401."""
+
+    def is_open(self, path: str) -> bool: ...
+
+    def cookie_grants(self, scope: Scope, token: str) -> bool: ...
+
+    def login_redirect(self, scope: Scope) -> str | None: ...
+
+
 class BearerAuth:
     """ASGI middleware: refuse (401) any request but OPEN_PATHS without the right bearer token.
 
     A middleware rather than a dependency, so a request without the token learns nothing, not
-    even whether its body would have been valid. The dashboard's session cookie counts as the
-    token (``dyntrain.service.web.auth``), and a dashboard page asked for without either
-    redirects to the login page.
+    even whether its body would have been valid. A ``session`` (the dashboard's) may hold the
+    token instead, and a page it serves asked for without either redirects to its login page.
     """
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, session: BrowserSession | None = None) -> None:
         self.app = app
         self.token = token.encode()
+        self.session = session
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or web_auth.is_open(
-                scope["path"]):
+        session = self.session
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or (
+                session is not None and session.is_open(scope["path"])):
             await self.app(scope, receive, send)
             return
         header = b""
@@ -73,10 +88,10 @@ class BearerAuth:
                 break
         scheme, _, credentials = header.partition(b" ")
         if (scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.token)
-                or web_auth.cookie_grants(scope, self.token.decode())):
+                or session is not None and session.cookie_grants(scope, self.token.decode())):
             await self.app(scope, receive, send)
             return
-        login = web_auth.login_redirect(scope)
+        login = session.login_redirect(scope) if session is not None else None
         if login is not None:
             await RedirectResponse(login, status_code=303)(scope, receive, send)
             return
@@ -97,7 +112,14 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> str:
     return ", ".join(sorted(methods - {"HEAD"}))
 
 
-def create_app(service: Service) -> FastAPI:
+def create_api(service: Service, session: BrowserSession | None = None) -> FastAPI:
+    """The REST API over ``service``.
+
+    Args:
+        service: what the routes read and change.
+        session: what else holds the token for a browser (see ``BearerAuth``); None: only the
+            bearer token does.
+    """
     app = FastAPI(
         title="dyntrain job service",
         version="1",
@@ -106,7 +128,7 @@ def create_app(service: Service) -> FastAPI:
     )
     app.state.service = service
     if service.config.token:
-        app.add_middleware(BearerAuth, token=service.config.token)
+        app.add_middleware(BearerAuth, token=service.config.token, session=session)
 
     @app.exception_handler(DyntrainError)
     async def _dyntrain_error(_: Request, exc: DyntrainError) -> JSONResponse:
@@ -137,5 +159,4 @@ def create_app(service: Service) -> FastAPI:
     secured = [Depends(_bearer)]
     for module in (compute, queues, definitions, jobs):
         app.include_router(module.router, dependencies=secured, responses=errors(401))
-    mount_dashboard(app, service)
     return app

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from fastapi import APIRouter
 
-from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import ComputeEnvironmentIn, ComputeEnvironmentPatch, TraceIn
-from dyntrain.service.capacity import parse_trace
-from dyntrain.service.model import ComputeEnvironmentSpec
-from dyntrain.service.server import Service
-from dyntrain.service.store import ComputeEnvironment
+from dyntrain.service.core.capacity import parse_trace
+from dyntrain.service.core.model import ComputeEnvironmentSpec
+from dyntrain.service.engine.reads import environment_views
+from dyntrain.service.engine.service import Service
 
 router = APIRouter(prefix="/compute-environments", tags=["compute environments"])
-
-
-def environment_views(service: Service, envs: list[ComputeEnvironment]) -> list[dict[str, Any]]:
-    """With the slots each offers now (traces included) and how many active workers use."""
-    with service.lock:
-        available = service.controller.available_slots(service.store.clock())
-    in_use = Counter(w.compute_environment for w in service.store.list_workers(active=True))
-    traces = service.store.capacity_traces()
-    return [views.compute_environment(ce, available, in_use, traces) for ce in envs]
 
 
 def _one(service: Service, name: str) -> dict[str, Any]:

@@ -6,16 +6,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import errors, lookup
 from dyntrain.service.api.schemas import MAX_INT32, JobDefinitionIn
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     ElasticSettings,
     JobDefinitionSpec,
     RetryRule,
     RetryStrategy,
 )
+from dyntrain.service.engine import views
 
 router = APIRouter(prefix="/job-definitions", tags=["job definitions"])
 Revision = Annotated[int, Path(ge=1, le=MAX_INT32)]

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 
 
 def get_service(request: Request) -> Service:

@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.model import ValidationError
+from dyntrain.service.core.jobtext import one_line
+from dyntrain.service.core.model import ValidationError
 
 T = TypeVar("T")
 
@@ -61,11 +62,6 @@ _MEANINGS = {
 def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI ``responses`` for these error codes, each with the one error body shape."""
     return {code: {"model": ErrorBody, "description": _MEANINGS[code]} for code in codes}
-
-
-def one_line(text: Any) -> str:
-    """Collapse whitespace (newlines included) so a message always fits on one line."""
-    return " ".join(str(text).split()) or "error"
 
 
 def status_for(exc: DyntrainError) -> int:

@@ -6,25 +6,22 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import JobIn
-from dyntrain.service.cost import JobCost, UsageRow, job_cost
-from dyntrain.service.jobindex import wait_info
-from dyntrain.service.model import (
-    MAX_ARRAY_SIZE,
-    CapacityType,
+from dyntrain.service.core.model import (
     Dependency,
     JobStatus,
 )
-from dyntrain.service.server import Service
+from dyntrain.service.engine import views
+from dyntrain.service.engine.jobindex import wait_info
+from dyntrain.service.engine.reads import cost_of
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 MAX_OFFSET = 2**53
-DEFAULT_ON_DEMAND_PRICE = 1.0  # the cost baseline's price when no ON_DEMAND environment exists
 After = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
 Limit = Annotated[int, Query(ge=1, le=10_000)]
 _STATUS = "|".join(s.value for s in JobStatus)
@@ -156,22 +153,3 @@ def cost(job_id: str, service: ServiceDep) -> dict[str, Any]:
     environments, or at 1.0 per slot-hour when there is none. The wall time runs from the
     job's start to its stop (or to now while it runs)."""
     return views.job_cost(job_id, cost_of(service, _job(service, job_id)))
-
-
-def cost_of(service: Service, job: Job) -> JobCost:
-    """The job's cost and its static on-demand baseline (the rule is in ``cost``'s docstring)."""
-    ids = [job.id]
-    if job.is_array_parent:
-        ids += [c.id for c in service.store.list_jobs(parent=job.id, limit=MAX_ARRAY_SIZE)]
-    rows = [UsageRow(u.compute_environment, u.capacity_type, u.worker_seconds,
-                     u.price_per_slot_hour, u.wasted)
-            for jid in ids for u in service.store.job_usage(jid)]
-    max_workers = (job.max_workers or 1) * (job.array_size if job.is_array_parent else 1)
-    now = service.store.clock()
-    wall = 0.0 if job.started_at is None else max(
-        0.0, (job.stopped_at or now) - job.started_at)
-    prices = [ce.spec.price_per_slot_hour for ce in service.store.list_compute_environments()
-              if ce.spec.capacity_type is CapacityType.ON_DEMAND]
-    price = max(prices) if prices else DEFAULT_ON_DEMAND_PRICE
-    return job_cost(rows, max_workers=max_workers, wall_seconds=wall,
-                    on_demand_price_per_slot_hour=price)

@@ -6,11 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from dyntrain.service.api import views
 from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import errors, lookup
 from dyntrain.service.api.schemas import JobQueueIn, JobQueuePatch
-from dyntrain.service.model import JobQueueSpec
+from dyntrain.service.core.model import JobQueueSpec
+from dyntrain.service.engine import views
 
 router = APIRouter(prefix="/job-queues", tags=["job queues"])
 

@@ -1,7 +1,7 @@
 """Request bodies. Unknown fields are refused, every number is bounded and every string rule (a
 name's spelling, no NUL, an absolute path) is checked here and stated in the OpenAPI schema as a
 pattern, so garbage gets a 422 with a one-line message before it reaches the store; the specs in
-``dyntrain.service.model`` then check what relates several fields (min <= desired <= max) or
+``dyntrain.service.core.model`` then check what relates several fields (min <= desired <= max) or
 names other resources (an unknown queue) with a 400."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     MAX_ARRAY_SIZE,
     MAX_ATTEMPTS,
     CapacityType,

@@ -33,7 +33,7 @@ from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import AwsError, client_error, invalid_parameter
 from dyntrain.service.aws.shapes import DEFAULT_REGION, Arns, unknown_operation
 from dyntrain.service.aws.sigv4 import Verifier, parse_authorization
-from dyntrain.service.server import Service, is_loopback
+from dyntrain.service.engine.service import Service, is_loopback
 
 log = logging.getLogger("dyntrain.service.aws")
 

@@ -14,7 +14,7 @@ from dyntrain.service.aws.batch_resources import definition_of
 from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of, page_offset, page_token
-from dyntrain.service.model import JobStatus, ValidationError
+from dyntrain.service.core.model import JobStatus, ValidationError
 
 MAX_DESCRIBE = 100
 _FILTERS = ("JOB_NAME", "JOB_DEFINITION", "BEFORE_CREATED_AT", "AFTER_CREATED_AT")

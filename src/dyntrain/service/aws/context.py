@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dyntrain.service.aws.shapes import Arns
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 
 
 @dataclass(frozen=True)

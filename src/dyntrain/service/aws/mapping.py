@@ -24,7 +24,7 @@ from typing import Any
 
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
     Dependency,

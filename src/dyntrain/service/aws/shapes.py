@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from dyntrain.service.aws.errors import AwsError, client_error
-from dyntrain.service.model import CapacityType, JobStatus, RetryStrategy
+from dyntrain.service.core.model import CapacityType, JobStatus, RetryStrategy
 from dyntrain.service.store import (
-    Attempt,
+    AttemptRecord,
     ComputeEnvironment,
     Job,
     JobDefinition,
@@ -248,7 +248,7 @@ def _definition_arn(job: Job, arns: Arns) -> str:
     return arns.job_definition(job.definition_name or "inline", job.definition_revision or 0)
 
 
-def job_detail(job: Job, attempts: list[Attempt], arns: Arns,
+def job_detail(job: Job, attempts: list[AttemptRecord], arns: Arns,
                children: list[JobStatus] | None = None) -> dict[str, Any]:
     """DescribeJobs' entry; ``children`` are an array parent's child statuses."""
     aws = job.aws

@@ -1,6 +1,6 @@
 """Executors: where the worker processes of jobs run (``local`` now; cluster engines later)."""
 
-from dyntrain.service.executors.base import (
+from dyntrain.service.core.executor import (
     Executor,
     ExecutorError,
     StartError,

@@ -24,7 +24,6 @@ is released from really are free.
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal as _signal
@@ -35,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.service.executors.base import (
+from dyntrain.service.core.executor import (
     SIGNALS,
     Executor,
     ExecutorError,
@@ -48,63 +47,15 @@ from dyntrain.service.executors.base import (
     exit_from_record,
     make_resources,
 )
+from dyntrain.service.core.model import Resources
+from dyntrain.service.executors.journal import journal_entry, read_status
+from dyntrain.service.executors.machine import detect_gpus, mem_total_mib, proc_stat
 from dyntrain.service.executors.runnable import start_problem
 from dyntrain.service.executors.supervisor import GONE, SupervisorLink
 from dyntrain.service.executors.warm import eligible
-from dyntrain.service.model import Resources
 
 _EPS = 1e-9
 PREDECESSOR_WAIT_S = 30.0  # how long a restarted service waits for an old supervisor to read on
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start time)`` of a process from ``/proc/<pid>/stat``, None if there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        rest = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
-        return rest[0].decode(), int(rest[19])  # fields 3 and 22
-    except (ValueError, IndexError):
-        return None
-
-
-def _mem_total_mib() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) // 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
-
-
-def detect_gpus() -> list[int]:
-    """CUDA device indices usable here: none unless torch imports and sees CUDA (without an
-    NVIDIA driver or ``CUDA_VISIBLE_DEVICES``, none, and torch is not imported).
-
-    Indices are those of ``CUDA_VISIBLE_DEVICES`` when it already restricts this process to
-    numbered devices, so that a worker's own ``CUDA_VISIBLE_DEVICES`` names the same devices.
-    """
-    if not os.path.isdir("/proc/driver/nvidia/gpus") and not os.environ.get(
-            "CUDA_VISIBLE_DEVICES", "").strip():
-        return []  # no NVIDIA driver: spare the service a torch import (seconds) at start
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return []
-        n = torch.cuda.device_count()
-    except Exception:  # a broken CUDA setup means no GPUs, not a dead service
-        return []
-    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-               if v.strip()]
-    if len(visible) >= n and all(v.isdigit() for v in visible[:n]):
-        return [int(v) for v in visible[:n]]
-    return list(range(n))
 
 
 @dataclass
@@ -134,7 +85,7 @@ class LocalExecutor(Executor):
         ``warm_workers``: Python processes with torch imported kept ready for workers that can
         use one (``warm.py``; each costs the memory of a process that imported torch)."""
         self._cpus = float(os.cpu_count() or 1) if cpus is None else float(cpus)
-        self._memory = _mem_total_mib() if memory_mib is None else int(memory_mib)
+        self._memory = mem_total_mib() if memory_mib is None else int(memory_mib)
         if gpus is None:
             gpu_list = detect_gpus()
         elif isinstance(gpus, int):
@@ -337,7 +288,7 @@ class LocalExecutor(Executor):
         # Only when the pid is not someone else's by now; a live group keeps its id unused.
         if st is None or st[1] == w.start_time:
             _killpg(w.pid, _signal.SIGKILL)
-        record = _read_status(self.status_path(w.spec.worker_id))
+        record = read_status(self.status_path(w.spec.worker_id))
         if record is not None and record.get("start_time") not in (None, w.start_time):
             record = None  # the file of another worker under this id
         found = exit_from_record(w.spec.worker_id, record)
@@ -448,9 +399,9 @@ class LocalExecutor(Executor):
         with self._lock:
             check_worker_id(worker_id)
             self._settle_predecessors()
-            record = _read_status(self.status_path(worker_id))
+            record = read_status(self.status_path(worker_id))
             if record is None:
-                record = _journal_entry(self._dir, worker_id)
+                record = journal_entry(self._dir, worker_id)
             if record is None or record.get("pid") is None:
                 return None
             return WorkerHandle(worker_id, self.name,
@@ -508,31 +459,3 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except OSError:
         pass
-
-
-def _journal_entry(directory: Path, worker_id: str) -> dict | None:
-    """Where the supervisors' journals say ``worker_id`` was started, if they say so."""
-    needle = json.dumps(worker_id)
-    for journal in directory.glob("supervisor-*.started"):
-        try:
-            lines = journal.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            if needle in line:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                if entry.get("id") == worker_id:
-                    return entry
-    return None
-
-
-def _read_status(path: Path) -> dict | None:
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None

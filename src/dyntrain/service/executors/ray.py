@@ -25,16 +25,14 @@ worker id, and ``sweep`` ends the actors in the namespace that nobody adopted.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.service.executors.base import (
+from dyntrain.service.core.executor import (
     SIGNALS,
     Executor,
     ExecutorError,
@@ -43,76 +41,28 @@ from dyntrain.service.executors.base import (
     WorkerHandle,
     WorkerSpec,
     check_worker_id,
-    describe,
     exit_from_record,
     make_resources,
 )
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.ray_actor import WorkerProcess
 from dyntrain.service.executors.ray_address import coordinator_address, probe_cluster
-from dyntrain.service.model import Resources
+from dyntrain.service.executors.ray_nodes import (
+    actor_name,
+    default_namespace,
+    import_ray,
+    needs,
+    node_slots,
+    resource_name,
+)
+from dyntrain.service.executors.ray_worker import CALL_S, RayWorker, first_line, mirror_output
 
-RESOURCE_PREFIX = "dyntrain_ce_"
-EXTRA = "pip install 'dyntrain[ray]'"
 WAIT_S = 20.0  # one wait_exit call blocks this long in the actor (a dead caller's call ends)
-LOG_CHUNK = 1 << 20
 MIRROR_S = 0.25
 NODES_S = 1.0  # how often the node list is read again
-CALL_S = 30.0  # bound on one call that the service waits for
 START_WAIT_S = 2.0  # how long start_many waits for the actors' replies before returning
 FENCE_S = 10.0  # an actor cut off from the GCS this long kills its command
 FENCE_MARGIN_S = 5.0  # + the actor's probe period and timeout, and scheduling delays
-
-
-def import_ray():
-    """The ``ray`` module, or a one-line error naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError:
-        raise ExecutorError(f"--executor ray needs Ray: {EXTRA}") from None
-    return ray
-
-
-def resource_name(environment: str) -> str:
-    """The custom resource that marks a Ray node as capacity of ``environment``."""
-    return f"{RESOURCE_PREFIX}{environment}"
-
-
-def actor_name(spec: WorkerSpec) -> str:
-    return f"dyntrain:{spec.job_id}:{spec.attempt}:{spec.worker_id}"
-
-
-def default_namespace(state_dir: str | os.PathLike) -> str:
-    """A namespace of this service: one per state dir, so two services never share actors."""
-    digest = hashlib.sha1(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]
-    return f"dyntrain-{digest}"
-
-
-def node_slots(resources: dict[str, float], environment: str, slot: Resources) -> int:
-    """Slots of ``environment`` one node offers: its units of the environment's resource, bounded
-    by how many slots its CPUs, GPUs and memory hold."""
-    bounds = [int(resources.get(resource_name(environment), 0))]
-    if slot.cpus > 0:
-        bounds.append(int(resources.get("CPU", 0) / slot.cpus + 1e-9))
-    if slot.gpus > 0:
-        bounds.append(int(resources.get("GPU", 0) // slot.gpus))
-    if slot.memory_mib > 0 and "memory" in resources:
-        bounds.append(int(resources["memory"] // (slot.memory_mib * 2**20)))
-    return max(0, min(bounds))
-
-
-@dataclass
-class _Worker:
-    spec: WorkerSpec
-    handle: WorkerHandle
-    actor: object
-    node: str | None
-    mirrored: int = 0  # bytes of its output already copied to spec.log_path
-    waiting: object | None = None  # the outstanding wait_exit call
-    retry_at: float = 0.0  # when to ask again after the actor was unavailable
-    starting: object | None = None  # the outstanding start call
-    start_by: float = 0.0  # when a worker no node took is given up
-    exit: WorkerExit | None = None  # known, output copied, not reported yet
-    report_at: float = 0.0  # not reported before (monotonic): a lost worker's fence
 
 
 class RayExecutor(Executor):
@@ -153,7 +103,7 @@ class RayExecutor(Executor):
         self.coordinator_host = coordinator_address(ray.util.get_node_ip_address(),
                                                     ray.get_runtime_context().gcs_address)
         self._cls = ray.remote(WorkerProcess)
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, RayWorker] = {}
         self._unreleased: dict[str, object] = {}  # reported, exit not yet stored: its actor
         self._nodes: list[dict] = []
         self._nodes_at = 0.0
@@ -272,7 +222,7 @@ class RayExecutor(Executor):
 
     def _started(self, spec: WorkerSpec, actor, ref) -> WorkerHandle | ExecutorError:
         wid = spec.worker_id
-        w = _Worker(spec, WorkerHandle(wid, self.name, actor_name(spec)), actor, None,
+        w = RayWorker(spec, WorkerHandle(wid, self.name, actor_name(spec)), actor, None,
                     starting=ref, start_by=time.monotonic() + self.start_timeout)
         if self._ray.wait([ref], timeout=0)[0]:
             error = self._on_start(w)
@@ -282,7 +232,7 @@ class RayExecutor(Executor):
             self._workers[wid] = w
         return w.handle
 
-    def _on_start(self, w: _Worker) -> ExecutorError | None:
+    def _on_start(self, w: RayWorker) -> ExecutorError | None:
         """Take the reply of the worker's ``start`` call: its node, or why it did not start."""
         ray, wid, ref = self._ray, w.spec.worker_id, w.starting
         w.starting = None
@@ -290,7 +240,7 @@ class RayExecutor(Executor):
             reply = ray.get(ref)
         except Exception as exc:
             error: ExecutorError = ExecutorError(
-                f"worker {wid}: its Ray actor failed while starting: {_first_line(exc)}")
+                f"worker {wid}: its Ray actor failed while starting: {first_line(exc)}")
         else:
             if "error" not in reply:
                 w.node = reply.get("node")
@@ -300,7 +250,7 @@ class RayExecutor(Executor):
         self._kill(w.actor)
         return error
 
-    def _fail_start(self, w: _Worker, error: ExecutorError) -> None:
+    def _fail_start(self, w: RayWorker, error: ExecutorError) -> None:
         """A worker that did not start: its cause in its log (where the service reads a
         worker's error line), exit code 127 for a command that cannot run, else lost."""
         path = Path(w.spec.log_path)
@@ -312,11 +262,6 @@ class RayExecutor(Executor):
                                          time.time()))
         else:
             self._lost(w, str(error))
-
-    @staticmethod
-    def _needs(spec: WorkerSpec) -> str:
-        where = f" and 1 {resource_name(spec.environment)}" if spec.environment else ""
-        return f"{describe(spec.resources)}{where}"
 
     def _kill(self, actor) -> None:
         try:
@@ -339,7 +284,7 @@ class RayExecutor(Executor):
                         self._kill(w.actor)
                         self._fail_start(w, ExecutorError(
                             f"worker {w.spec.worker_id}: no Ray node took it within "
-                            f"{self.start_timeout:g} s (it needs {self._needs(w.spec)})"))
+                            f"{self.start_timeout:g} s (it needs {needs(w.spec)})"))
                     elif w.starting is None and w.waiting is None and now >= w.retry_at:
                         w.waiting = w.actor.wait_exit.remote(WAIT_S)
                 live = [w for w in live if w.exit is None]
@@ -359,14 +304,14 @@ class RayExecutor(Executor):
                             self._on_wait(w, ref)
                 else:
                     self._stop.wait(MIRROR_S)
-                self._mirror([w for w in live if w.exit is None and w.starting is None])
+                mirror_output(self._ray, [w for w in live if w.exit is None and w.starting is None])
                 self._alive_nodes()
                 self._wake_when_due()
             except Exception:  # a passing GCS hiccup must not end the watch
                 logging.getLogger("dyntrain.service").exception("ray executor watch")
                 self._stop.wait(MIRROR_S)
 
-    def _on_wait(self, w: _Worker, ref) -> None:
+    def _on_wait(self, w: RayWorker, ref) -> None:
         ray = self._ray
         w.waiting = None
         try:
@@ -375,28 +320,28 @@ class RayExecutor(Executor):
             w.retry_at = time.monotonic() + 1.0  # its node may be coming back, or be declared dead
             return
         except Exception as exc:  # ActorDiedError: its node (or its process) is gone
-            self._lost(w, f"its Ray actor died: {_first_line(exc)}")
+            self._lost(w, f"its Ray actor died: {first_line(exc)}")
             return
         if record is None:
             return  # still running; asked again on the next round
-        self._mirror([w], drain=True)
+        mirror_output(self._ray, [w], drain=True)
         self._set_recorded(w, record)
 
-    def _set_recorded(self, w: _Worker, record: dict) -> None:
+    def _set_recorded(self, w: RayWorker, record: dict) -> None:
         """The exit an actor recorded: lost when it killed the command for being cut off."""
         if record.get("lost"):
             self._lost(w, record["lost"], fenced=True)
         else:
             self._set_exit(w, exit_from_record(w.spec.worker_id, record))
 
-    def _set_exit(self, w: _Worker, exit_: WorkerExit) -> None:
+    def _set_exit(self, w: RayWorker, exit_: WorkerExit) -> None:
         with self._lock:
             if w.exit is None:
                 w.exit = exit_
         if time.monotonic() >= w.report_at:
             self._exited.set()
 
-    def _lost(self, w: _Worker, why: str, fenced: bool = False) -> None:
+    def _lost(self, w: RayWorker, why: str, fenced: bool = False) -> None:
         """Capacity taken away. Unless its command is known to be dead (``fenced``), it is
         reported once its actor, if cut off rather than dead, has surely killed it."""
         if not fenced and w.exit is None:
@@ -417,28 +362,6 @@ class RayExecutor(Executor):
         for w in self._workers.values():
             if w.exit is None and w.node is not None and w.node not in alive:
                 self._lost(w, f"its Ray node {w.node[:12]} is gone")
-
-    def _mirror(self, workers: list[_Worker], drain: bool = False) -> None:
-        """Copy new output of ``workers`` into their log files (all of it with ``drain``)."""
-        ray = self._ray
-        while workers:
-            refs = [w.actor.read_log.remote(w.mirrored, LOG_CHUNK) for w in workers]
-            ray.wait(refs, num_returns=len(refs), timeout=CALL_S if drain else 2.0)
-            more = []
-            for w, ref in zip(workers, refs, strict=True):
-                try:
-                    data = ray.get(ref, timeout=0)
-                except Exception:
-                    continue  # unreachable now: the next round (or its exit) tells
-                if data:
-                    path = Path(w.spec.log_path)
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    with open(path, "ab") as f:
-                        f.write(data)
-                    w.mirrored += len(data)
-                if drain and len(data) == LOG_CHUNK:
-                    more.append(w)
-            workers = more
 
     def poll(self) -> list[WorkerExit]:
         now = time.monotonic()
@@ -496,7 +419,7 @@ class RayExecutor(Executor):
         try:
             return actor, ray.get(actor.status.remote(), timeout=CALL_S)
         except Exception as exc:
-            return None, f"its Ray actor {name} does not answer: {_first_line(exc)}"
+            return None, f"its Ray actor {name} does not answer: {first_line(exc)}"
 
     def adopt(self, handle: WorkerHandle, spec: WorkerSpec) -> bool:
         self._check_open()
@@ -514,7 +437,7 @@ class RayExecutor(Executor):
             mirrored = os.path.getsize(spec.log_path)
         except OSError:
             mirrored = 0
-        w = _Worker(spec, handle, actor, None, mirrored)
+        w = RayWorker(spec, handle, actor, None, mirrored)
         with self._lock:
             self._workers[wid] = w
         if actor is None or "running" not in status and "ended_at" not in status:
@@ -523,7 +446,8 @@ class RayExecutor(Executor):
         if "running" in status:
             w.waiting = actor.wait_exit.remote(WAIT_S)
             return True
-        self._mirror([w], drain=True)  # ended meanwhile: its output first, then its exit
+        # ended meanwhile: its output first, then its exit
+        mirror_output(self._ray, [w], drain=True)
         self._set_recorded(w, status)
         return False
 
@@ -571,8 +495,3 @@ class RayExecutor(Executor):
     def _check_open(self) -> None:
         if self._stop.is_set():
             raise ExecutorError("ray executor is shut down")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:300]

@@ -8,7 +8,7 @@ import socket
 
 from dyntrain.elastic.address import route_address
 from dyntrain.errors import DyntrainError
-from dyntrain.service.executors.base import ExecutorError
+from dyntrain.service.core.executor import ExecutorError
 
 
 def probe_cluster(address: str, timeout: float) -> None:

@@ -31,7 +31,7 @@ from dyntrain.service.store.records import (
     WORKER_EXITED,
     WORKER_LEAVING,
     WORKER_RUNNING,
-    Attempt,
+    AttemptRecord,
     ComputeEnvironment,
     Event,
     Job,
@@ -57,6 +57,6 @@ class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, Worker
 
 __all__ = [
     "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "WORKER_EXITED", "WORKER_LEAVING",
-    "WORKER_RUNNING", "Attempt", "ComputeEnvironment", "Event", "Job", "JobDefinition", "JobEntry",
-    "JobQueue", "LogLine", "LogStream", "Store", "Usage", "WorkerRecord", "metadata",
+    "WORKER_RUNNING", "AttemptRecord", "ComputeEnvironment", "Event", "Job", "JobDefinition",
+    "JobEntry", "JobQueue", "LogLine", "LogStream", "Store", "Usage", "WorkerRecord", "metadata",
 ]

@@ -13,7 +13,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from dyntrain.service.model import JobStatus, ValidationError
+from dyntrain.service.core.model import JobStatus, ValidationError
 from dyntrain.service.store.schema import upgrade
 
 _UNSET: Any = object()

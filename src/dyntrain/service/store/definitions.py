@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from dyntrain.service.model import JobDefinitionSpec, Resources, ValidationError
+from dyntrain.service.core.model import JobDefinitionSpec, Resources, ValidationError
 from dyntrain.service.store.base import StoreBase, _one, known_names
 from dyntrain.service.store.records import (
     ACTIVE,

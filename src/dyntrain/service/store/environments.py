@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     CapacityType,
     CEStatus,
     ComputeEnvironmentSpec,
@@ -171,7 +171,8 @@ class EnvironmentStore(StoreBase):
 
     def set_capacity_trace(self, compute_environment: str, csv: str, started_at: float,
                            loop: bool = False) -> None:
-        """Replay ``csv`` (see dyntrain.service.capacity) as this environment's slots from now."""
+        """Replay ``csv`` (see ``dyntrain.service.core.capacity``) as this environment's slots
+        from now."""
         with self._tx() as conn:
             _one(conn, compute_environments, "compute environment", name=compute_environment)
             conn.execute(capacity_traces.delete().where(

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
     ElasticSettings,
@@ -27,12 +27,13 @@ from dyntrain.service.model import (
     never_fits,
     substitute,
 )
+from dyntrain.service.core.submitter import check_run_folder, clean
 from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
 from dyntrain.service.store.definitions import _definition_from_row, _find_definition
 from dyntrain.service.store.records import (
     ACTIVE,
     MUTABLE_JOB_FIELDS,
-    Attempt,
+    AttemptRecord,
     Job,
     _retry_from_json,
     _retry_to_json,
@@ -45,7 +46,6 @@ from dyntrain.service.store.schema import (
     jobs,
     queue_environments,
 )
-from dyntrain.service.submitter import check_run_folder, clean
 
 MAX_NODES = 1000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -74,7 +74,7 @@ class JobStore(StoreBase):
         resolved now. ``workers=(min, max)`` makes the job elastic. A ``SEQUENTIAL`` dependency
         names the job itself (``job_id`` or ``""``). ``workdir`` (absolute) is where its workers
         start; ``exported_environment`` is the submitter's environment, under the job's own
-        (see ``dyntrain.service.submitter``). A job whose workers fit no slot of the queue's
+        (see ``dyntrain.service.core.submitter``). A job whose workers fit no slot of the queue's
         environments is refused: it could never run. ``retry_strategy`` replaces the
         definition's (``retry_attempts`` then sets its attempts). ``num_nodes`` makes a
         multi-node job: without ``workers``, that many plain workers start together and node 0
@@ -304,17 +304,17 @@ class JobStore(StoreBase):
 
     # -------------------------------------------------------------------------------- attempts
 
-    def add_attempt(self, job_id: str, attempt_no: int, started_at: float) -> Attempt:
+    def add_attempt(self, job_id: str, attempt_no: int, started_at: float) -> AttemptRecord:
         with self._tx() as conn:
             _one(conn, jobs, "job", id=job_id)
             if _exists(conn, attempts, job_id=job_id, attempt_no=attempt_no):
                 raise ValidationError(f"job {job_id!r} already has attempt {attempt_no}")
             conn.execute(attempts.insert().values(job_id=job_id, attempt_no=attempt_no,
                                                   started_at=started_at))
-        return Attempt(job_id, attempt_no, started_at, None, None, None)
+        return AttemptRecord(job_id, attempt_no, started_at, None, None, None)
 
     def finish_attempt(self, job_id: str, attempt_no: int, exit_code: int | None,
-                       reason: str | None, stopped_at: float) -> Attempt:
+                       reason: str | None, stopped_at: float) -> AttemptRecord:
         with self._tx() as conn:
             _one(conn, jobs, "job", id=job_id)
             row = conn.execute(sa.select(attempts).where(
@@ -326,14 +326,14 @@ class JobStore(StoreBase):
             conn.execute(attempts.update().where(attempts.c.job_id == job_id,
                                                  attempts.c.attempt_no == attempt_no)
                          .values(exit_code=exit_code, reason=reason, stopped_at=stopped_at))
-        return Attempt(job_id, attempt_no, row.started_at, stopped_at, exit_code, reason)
+        return AttemptRecord(job_id, attempt_no, row.started_at, stopped_at, exit_code, reason)
 
-    def list_attempts(self, job_id: str) -> list[Attempt]:
+    def list_attempts(self, job_id: str) -> list[AttemptRecord]:
         with self._tx(write=False) as conn:
             _one(conn, jobs, "job", id=job_id)
             rows = conn.execute(sa.select(attempts).where(attempts.c.job_id == job_id)
                                 .order_by(attempts.c.attempt_no))
-            return [Attempt(r.job_id, r.attempt_no, r.started_at, r.stopped_at, r.exit_code,
+            return [AttemptRecord(r.job_id, r.attempt_no, r.started_at, r.stopped_at, r.exit_code,
                             r.reason) for r in rows]
 
 

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from dyntrain.service.model import (
+from dyntrain.service.core.model import (
     CapacityType,
     CEStatus,
     ComputeEnvironmentSpec,
@@ -183,7 +183,10 @@ _WORKER_FIELDS = [f.name for f in dataclasses.fields(WorkerRecord)]
 
 
 @dataclass(frozen=True)
-class Attempt:
+class AttemptRecord:
+    """One attempt of a job as the store keeps it: when it ran and how it ended (the running
+    attempt the controller keeps in memory is ``dyntrain.service.engine.attempts.Attempt``)."""
+
     job_id: str
     attempt_no: int
     started_at: float

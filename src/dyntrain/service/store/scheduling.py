@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy import bindparam
 
-from dyntrain.service.model import JobStatus, Resources, ValidationError
+from dyntrain.service.core.model import JobStatus, Resources, ValidationError
 from dyntrain.service.store.base import _TERMINAL, StoreBase, _enum
 from dyntrain.service.store.jobs import _deps_of, _job_from_row
 from dyntrain.service.store.records import (

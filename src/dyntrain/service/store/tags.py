@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dyntrain.service.model import ValidationError
+from dyntrain.service.core.model import ValidationError
 from dyntrain.service.store.base import StoreBase, _one
 from dyntrain.service.store.schema import compute_environments, job_definitions, job_queues, jobs
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dyntrain.service.model import CapacityType, ValidationError
+from dyntrain.service.core.model import CapacityType, ValidationError
 from dyntrain.service.store.base import StoreBase, _enum, _one
 from dyntrain.service.store.records import _WORKER_FIELDS, WORKER_EXITED, Usage, WorkerRecord
 from dyntrain.service.store.schema import jobs, usage, workers

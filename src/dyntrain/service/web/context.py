@@ -1,8 +1,9 @@
 """What the dashboard's pages show, read from the store, the controller and the run folders.
 
 Each function returns plain dicts for the templates (and for the JSON the charts poll); none
-writes anything. The native API's own views (``api.views``) and cost rule (``api.jobs.cost_of``)
-are reused, so a page and ``GET /jobs/{id}`` never disagree.
+writes anything. The native API's own views (``engine.views``) and reads (``engine.reads``:
+environments with their slots, a job's cost) are reused, so a page and ``GET /jobs/{id}`` never
+disagree.
 """
 
 from __future__ import annotations
@@ -11,12 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from dyntrain.service.api import views
-from dyntrain.service.api.compute import environment_views
-from dyntrain.service.api.jobs import cost_of
-from dyntrain.service.jobindex import wait_info
-from dyntrain.service.model import JobStatus, ValidationError
-from dyntrain.service.server import Service
+from dyntrain.service.core.model import JobStatus, ValidationError
+from dyntrain.service.engine import views
+from dyntrain.service.engine.jobindex import wait_info
+from dyntrain.service.engine.reads import cost_of, environment_views
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.speedup import speedup_chart

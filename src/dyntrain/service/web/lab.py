@@ -3,23 +3,27 @@
 A sweep submits its pending trials as one array job running ``python -m dyntrain.lab.sweep
 ROOT/.plans/plan-*.json``, so the sweep's folder is found from the job's command, and its report
 is the lab's own analysis (``dyntrain.lab.report``) of what that folder holds now: a sweep still
-running shows the batch sizes it has finished. The lab is imported lazily: it sits above the
-service, and only this page reads it.
+running shows the batch sizes it has finished. The dashboard does not import the lab (it sits
+above the service): the report is made by a ``LabReport`` handed to it when the application is
+assembled (``dyntrain.service.server.lab_report``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dyntrain.errors import DyntrainError
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import Job
 
 SWEEP_MODULE = "dyntrain.lab.sweep"
 PLANS_DIR = ".plans"  # dyntrain.lab.sweep.PLANS_DIR, named here to keep the lab unimported
 MAX_SWEEP_JOBS = 500
+
+# a sweep folder -> the lab's report of it as JSON ({"error": ..., "workloads": []} without one)
+LabReport = Callable[[Path], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -55,12 +59,6 @@ def sweeps(service: Service) -> list[SweepRun]:
     return [SweepRun(root, tuple(js)) for root, js in found.items()]
 
 
-def report(run: SweepRun) -> dict[str, Any]:
-    """The lab's report of the sweep folder as JSON (``{"error": ...}`` when it has none yet)."""
-    from dyntrain.lab.report import analyse, to_json
-    from dyntrain.lab.results import read_studies
-
-    try:
-        return to_json(analyse(read_studies(run.root)))
-    except DyntrainError as e:
-        return {"error": str(e).splitlines()[0], "workloads": []}
+def no_report(root: Path) -> dict[str, Any]:
+    """The lab page's report when the application was assembled without the lab's."""
+    return {"error": "the lab's reports are not available on this service", "workloads": []}

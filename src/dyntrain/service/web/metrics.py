@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dyntrain.service.model import JobStatus
-from dyntrain.service.server import Service
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import WORKER_RUNNING
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.context import environments

@@ -14,10 +14,11 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dyntrain.service.server import Service
+from dyntrain.service.engine.service import Service
 from dyntrain.service.web import context
 from dyntrain.service.web.auth import STATIC_PREFIX
 from dyntrain.service.web.capacity import CapacityHistory, Sample
+from dyntrain.service.web.lab import LabReport, no_report
 from dyntrain.service.web.metrics import service_registry
 from dyntrain.service.web.pages import build_router
 from dyntrain.service.web.render import make_environment
@@ -51,12 +52,19 @@ def capacity_sampler(service: Service, history: CapacityHistory,
     return observe
 
 
-def mount_dashboard(app: FastAPI, service: Service) -> None:
-    """Add the dashboard's pages, its static files and ``/metrics`` to ``app``."""
+def mount_dashboard(app: FastAPI, service: Service, lab_report: LabReport = no_report) -> None:
+    """Add the dashboard's pages, its static files and ``/metrics`` to ``app``.
+
+    Args:
+        app: the application the dashboard shares (the REST API's, whose auth middleware
+            covers its pages).
+        service: what the pages show; a pass observer samples its capacity.
+        lab_report: what reports a lab sweep's folder (the lab page).
+    """
     history = CapacityHistory()
     service.controller.pass_observers.append(capacity_sampler(service, history))
     registry = service_registry(service)
-    app.include_router(build_router(service, make_environment(), history))
+    app.include_router(build_router(service, make_environment(), history, lab_report))
     app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=STATIC_DIR), name="dashboard")
 
     @app.get("/metrics", include_in_schema=False)

@@ -19,8 +19,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from jinja2 import Environment
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.api.errors import one_line
-from dyntrain.service.server import Service
+from dyntrain.service.core.jobtext import one_line
+from dyntrain.service.engine.service import Service
 from dyntrain.service.store import Job
 from dyntrain.service.web import auth, context, lab
 from dyntrain.service.web.capacity import CapacityHistory
@@ -35,7 +35,16 @@ Page = Annotated[int, Query(ge=0, le=1_000_000)]
 Offset = Annotated[int, Query(ge=0, le=2**53)]
 
 
-def build_router(service: Service, env: Environment, history: CapacityHistory) -> APIRouter:
+def build_router(service: Service, env: Environment, history: CapacityHistory,
+                 lab_report: lab.LabReport = lab.no_report) -> APIRouter:
+    """The dashboard's routes over ``service``.
+
+    Args:
+        service: what the pages show.
+        env: the templates (``render.make_environment``).
+        history: the environments' capacity over time (the overview's chart).
+        lab_report: what reports a lab sweep's folder (the lab page).
+    """
     router = APIRouter(include_in_schema=False)
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -132,7 +141,7 @@ def build_router(service: Service, env: Environment, history: CapacityHistory) -
     @router.get("/ui/lab", response_class=HTMLResponse)
     def lab_page() -> HTMLResponse:
         runs = lab.sweeps(service)
-        return page("lab.html", sweeps=[(run, lab.report(run)) for run in runs])
+        return page("lab.html", sweeps=[(run, lab_report(run.root)) for run in runs])
 
     @router.get(auth.LOGIN_PATH, response_class=HTMLResponse)
     def login_form(next: Text = "/") -> HTMLResponse:

@@ -8,7 +8,7 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from dyntrain.service.jobtext import attempts_text, progress_text, result_text
+from dyntrain.service.core.jobtext import attempts_text, progress_text, result_text
 
 _HEX_ID = re.compile(r"^([0-9a-f]{32})(.*)$", re.DOTALL)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dyntrain.elastic.storage import RunStore
-from dyntrain.service.speedup import profile_from_rows
+from dyntrain.service.core.speedup import profile_from_rows
 from dyntrain.service.web import runfiles
 
 ROWS = 1000  # the latest metrics rows the points are measured over
@@ -14,7 +14,7 @@ WINDOW_BYTES = 256 << 10
 
 def speedup_chart(files: RunStore, max_workers: int) -> dict[str, Any] | None:
     """The points (world size, median samples/s) of the job's latest steps and the model the
-    service fits to them (``dyntrain.service.speedup``) from 1 to the job's max workers; None
+    service fits to them (``dyntrain.service.core.speedup``) from 1 to the job's max workers; None
     before any world size has two consecutive steps."""
     profile = profile_from_rows(runfiles.tail_rows(files, ROWS, WINDOW_BYTES))
     if profile is None:

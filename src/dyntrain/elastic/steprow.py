@@ -1,0 +1,73 @@
+"""The leader's ``metrics.jsonl`` row for each step it applied (and the validation due then)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from torch import nn
+
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.noise import NoiseScaleTracker
+from dyntrain.elastic.stepper import StepResult
+from dyntrain.elastic.validation import Validation
+
+log = logging.getLogger("dyntrain.trainer")
+
+
+class StepRows:
+    """Builds the metrics rows of one worker's applied steps, running validation when due.
+
+    Args:
+        config: The job's settings (the global batch gives the samples per second).
+        model: What validation evaluates.
+        total_steps: The run's length (validation is due at the end).
+        steps_per_epoch: Steps in one epoch (validation may be due per epoch).
+        noise: The stepper's noise-scale tracker, or None when it is off.
+        validation: The validation hook, or None.
+    """
+
+    def __init__(self, config: TrainConfig, model: nn.Module, total_steps: int,
+                 steps_per_epoch: int, noise: NoiseScaleTracker | None,
+                 validation: Validation | None) -> None:
+        self.config, self.model, self.noise, self.validation = config, model, noise, validation
+        self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
+        self.validations: list[dict] = []  # this worker's validation results, with their step
+
+    def row(self, step: int, result: StepResult, world_size: int, seconds: float) -> dict:
+        """The row of ``step`` (just applied, in ``seconds``); runs validation when it is due."""
+        extra = noise_fields(self.noise, result)
+        if result.grad_norm is not None:
+            extra["grad_norm"] = metric(result.grad_norm)
+        return dict(step=step, epoch=(step - 1) // self.steps_per_epoch,
+                    world_size=world_size, total_steps=self.total_steps,
+                    loss=round(result.loss, 6),
+                    samples_per_s=round(self.config.global_batch / seconds, 1),
+                    time=time.time(), **extra, **self._maybe_validate(step))
+
+    def _maybe_validate(self, step: int) -> dict:
+        """Run the validation hook if it is due after ``step``; its ``val_*`` fields."""
+        v = self.validation
+        if v is None or not v.due(step, self.steps_per_epoch, self.total_steps):
+            return {}
+        fields = v.run(self.model)
+        self.validations.append({"step": step, **fields})
+        log.info("validation after step %d: %s", step, fields)
+        return fields
+
+
+def noise_fields(tracker: NoiseScaleTracker | None, result: StepResult) -> dict:
+    """The gradient noise scale fields of a metrics row (none when it is off)."""
+    if tracker is None:
+        return {}
+    raw = result.noise.b_simple if result.noise is not None else None
+    return {"b_simple": metric(tracker.b_simple), "b_simple_raw": metric(raw),
+            "g2": metric(tracker.g2_ema), "trace_sigma": metric(tracker.trace_ema)}
+
+
+def metric(value: float | None) -> float | None:
+    """Six significant digits, or None (JSON null) for a missing or non-finite value."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.6g}")

@@ -1,0 +1,202 @@
+"""Hosting an elastic job's coordinator inside the service, one per running attempt."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.channel import parse_address
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
+from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.linelog import read_bytes, size
+from dyntrain.elastic.progress import METRICS_FILE, result_line
+from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
+from dyntrain.launch.runner import RunSink
+from dyntrain.service.core.jobtext import short_worker
+from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.speedup import SpeedupTracker
+from dyntrain.service.store import Store
+
+log = logging.getLogger("dyntrain.service")
+PROGRESS_FIELDS = ("step", "total_steps", "epoch", "world_size", "loss", "samples_per_s", "time")
+PROGRESS_EVERY = 1.0  # seconds between two progress writes to the store
+SECRET_FILE = "coordinator.secret"
+
+
+class ServiceSink(RunSink):
+    """The launcher's files (events.jsonl, metrics.jsonl, result.json), plus service events, the
+    job's progress (its latest metrics, at most once a second), a status reason that follows
+    its membership changes, and what the training reported as a line of the job's log."""
+
+    def __init__(self, store: Store, job_id: str, files: RunStore, attempt: int = 1) -> None:
+        super().__init__(files, "?", stream=None, quiet=True, every=1e9)
+        self.store, self.job_id, self.attempt = store, job_id, attempt
+        self._progress_at = -PROGRESS_EVERY
+        self._progress_of: dict | None = None  # the metrics record last written as progress
+        self.stopping = False  # the job is being stopped: its status reason says so already
+        self.speedup = SpeedupTracker()  # its measured speed-up (allocation policies)
+
+    def event(self, record: dict) -> None:
+        super().event(record)
+        self.speedup.observe_change(record)
+        self.store.add_event(self.job_id, f"membership.{record['event']}", record)
+        world = record.get("world_after")
+        who = ", ".join(short_worker(w) for w in record.get("workers") or [])
+        if world is not None and not self.stopping:
+            self.store.update_job(
+                self.job_id, expected_status=JobStatus.RUNNING,
+                status_reason=f"training with {world} worker(s) since generation "
+                              f"{record.get('generation')} ({record['event']}"
+                              f"{': ' + who if who else ''})")
+
+    def metrics(self, record: dict) -> None:
+        super().metrics(record)
+        self.speedup.observe_step(record)
+        now = time.monotonic()
+        last = self._progress_of or {}
+        if (now - self._progress_at >= PROGRESS_EVERY
+                or record.get("world_size") != last.get("world_size")):
+            self._write_progress(record, now)
+
+    def _write_progress(self, record: dict, now: float) -> None:
+        progress = {k: record[k] for k in PROGRESS_FIELDS if k in record}
+        progress["generation"] = record.get("gen")
+        self.store.update_job(self.job_id, progress=progress)
+        self._progress_at, self._progress_of = now, record
+
+    def close(self) -> None:
+        if self.last_metrics is not None and self.last_metrics is not self._progress_of:
+            self._write_progress(self.last_metrics, time.monotonic())
+        super().close()
+
+    def result(self, record: dict) -> None:
+        """``trainer.report()``: result.json, and the job's log (what ``logs`` and
+        ``submit --wait`` show); the controller stores the values with the job."""
+        super().result(record)
+        values = {k: v for k, v in record.items() if k != "worker"}
+        self.store.append_log(self.job_id, self.attempt, None, [result_line(values)])
+
+    def log(self, line: str) -> None:
+        self.store.add_event(self.job_id, "coordinator", {"message": line})
+
+    def storage_warning(self, line: str) -> None:
+        # from a writer's thread: the service's log, not its store (the controller's)
+        log.warning("job %s: %s", self.job_id, line)
+
+
+class ElasticHost:
+    """A TCPStore server and a Coordinator for one attempt of one elastic job.
+
+    Its address and identity (job id and attempt) go to ``coordinator.json`` in the run folder.
+    ``recovering`` (after a service restart): the attempt's workers that may still run; the
+    store listens on the recorded port again if it can (else on a new one, which the file
+    tells the workers) and the coordinator is rebuilt from their reports.
+
+    ``files``: where the job's training files go (checkpoints, metrics, events, results) when
+    not in ``run_dir``: an object store (the job's ``DYNTRAIN_OUT``). ``run_dir`` keeps what
+    belongs to this service only (logs, the coordinator's secret), and ``coordinator.json`` is
+    written to both, for workers that share neither.
+    """
+
+    def __init__(self, store: Store, job_id: str, run_dir: Path, min_workers: int,
+                 max_workers: int, expected: int, failure_timeout: float = p.FAILURE_TIMEOUT,
+                 attempt: int = 1, recovering: list[str] | None = None,
+                 host: str = "127.0.0.1", files: RunStore | None = None) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir
+        self.files = files or LocalStore(run_dir)
+        self.identity = f"{job_id}/attempt-{attempt}"
+        previous = p.read_coordinator_file(run_dir) if recovering is not None else {}
+        same = previous.get("job") == self.identity
+        port = parse_address(previous["address"])[1] if same and "address" in previous else 0
+        self.secret = _secret(run_dir, self.identity, reuse=recovering is not None)
+        self.tcp = _listen(port)  # TCPStore listens on every interface, whatever the host
+        jobstore = dist.PrefixStore(self.secret, self.tcp)
+        self.address = f"{host}:{self.tcp.port}"
+        out = str(run_dir.resolve()) if self.files.local is not None else self.files.location
+        jobstore.set(p.JOB_INFO, json.dumps({"out_dir": out, "job": self.identity}))
+        p.write_coordinator_file(run_dir, self.address, self.identity)
+        self.sink = ServiceSink(store, job_id, self.files, attempt)
+        if self.files.local is None:
+            try:
+                self.files.put(p.COORDINATOR_FILE, (run_dir / p.COORDINATOR_FILE).read_bytes())
+            except StorageError as exc:  # its workers fail on it too, and say so
+                self.sink.log(f"cannot record the coordinator's address: {exc}")
+        self.coordinator = Coordinator(
+            jobstore, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
+                                        settle_seconds=2.0, failure_timeout=failure_timeout),
+            self.sink, self._find_checkpoint)
+        if recovering is not None:
+            self.coordinator.expect_reattach(recovering, _last_step(self.files))
+
+    def _find_checkpoint(self):
+        found = latest_valid_checkpoint(self.files)
+        return (found[0], found[1]) if found else None
+
+    def tick(self) -> Phase:
+        try:
+            return self.coordinator.tick()
+        except StorageError as exc:  # finding a checkpoint: never start over from step 0
+            self.coordinator.fail(f"the run folder cannot be read: {exc}")
+            return self.coordinator.phase
+
+    def close(self) -> None:
+        if self.coordinator.phase is Phase.DONE:
+            self.coordinator.drain()
+        self.sink.close()
+
+
+def _secret(run_dir: Path, identity: str, reuse: bool) -> str:
+    """The attempt's coordinator secret: the one recorded for it (a restarted service) or a new
+    one, kept in the run folder readable by its owner only (workers get it in their
+    environment, never on a command line)."""
+    path = run_dir / SECRET_FILE
+    if reuse:
+        try:
+            record = json.loads(path.read_text())
+            if record.get("job") == identity and record.get("secret"):
+                return str(record["secret"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    secret = secrets.token_hex(16)
+    tmp = run_dir / f"{SECRET_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"job": identity, "secret": secret}, f)
+    os.replace(tmp, path)
+    return secret
+
+
+def _listen(port: int) -> dist.TCPStore:
+    """A TCPStore server on ``port`` (a restarted service's old one), else on a free port."""
+    for candidate in dict.fromkeys((port, 0)):
+        try:
+            return dist.TCPStore("127.0.0.1", candidate, is_master=True, wait_for_workers=False,
+                                 timeout=timedelta(seconds=30))
+        except Exception:  # the old port was taken meanwhile
+            if candidate == 0:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _last_step(files: RunStore) -> int:
+    """The step of the last complete row of the run's metrics (0 when there is none)."""
+    try:
+        lines = read_bytes(files, METRICS_FILE, max(0, size(files, METRICS_FILE) - 65536)
+                           ).splitlines()
+    except (OSError, StorageError):
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return 0
