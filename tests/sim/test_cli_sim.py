@@ -66,13 +66,26 @@ def test_sim_runs_the_built_in_mixed_trace_when_no_jobs_are_given():
     (["--capacity", "{spot}", "--jobs", "{bad_json}"], "not valid JSON"),
     (["--capacity", "{spot}", "--jobs", "nowhere.json"], "cannot read job trace nowhere.json"),
     (["--capacity", "{spot}", "--spot-price", "-1"], "--spot-price must be a finite number"),
+    (["--capacity", "{spot}", "--jobs", "{bad_queue}"], "bad_queue.json: queue 1 must be an"),
+    (["--capacity", "{spot}", "--jobs", "{bad_priority}"],
+     "bad_priority.json: queue q: priority must be an integer, got 'hi'"),
+    (["--capacity", "{spot}", "--jobs", "{bad_samples}"],
+     "bad_samples.json: job a: samples must be a finite number > 0"),
     ([], "Missing option '--capacity'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     bad_json, bad_csv = tmp_path / "bad.json", tmp_path / "bad.csv"
     bad_json.write_text('{"metadata": ')
     bad_csv.write_text("time,capacity\n0,1\n")
-    args = [a.format(bad_json=bad_json, bad_csv=bad_csv, spot=SPOT) for a in args]
+    job = dict(JOBS["jobs"][0], id="a")
+    files = {"bad_json": bad_json, "bad_csv": bad_csv, "spot": SPOT}
+    for name, doc in (("bad_queue", {"queues": [{}], "jobs": [job]}),
+                      ("bad_priority", {"queues": [{"name": "q", "priority": "hi"}],
+                                        "jobs": [dict(job, queue="q")]}),
+                      ("bad_samples", {"jobs": [dict(job, samples=-5)]})):
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(doc))
+    args = [a.format(**files) for a in args]
     proc = run_cli(["sim", *args])
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr

@@ -100,6 +100,22 @@ class JobTrace:
                 "jobs": [j.to_dict() for j in self.jobs]}
 
 
+def _queues(raw, source: str) -> tuple[QueueSpec, ...]:
+    """The trace's queues: a list of ``{"name": ..., "priority": N}``."""
+    if not isinstance(raw, list):
+        raise ValidationError(f"{source}: \"queues\" must be a list of objects with a name")
+    queues = []
+    for i, q in enumerate(raw):
+        if not isinstance(q, dict) or not q.get("name"):
+            raise ValidationError(f"{source}: queue {i + 1} must be an object with a name")
+        try:
+            queues.append(QueueSpec(str(q["name"]), int(q.get("priority", 1))))
+        except (TypeError, ValueError):
+            raise ValidationError(f"{source}: queue {q['name']}: priority must be an integer, "
+                                  f"got {q.get('priority')!r}") from None
+    return tuple(queues)
+
+
 def _workers(value, where: str) -> tuple[int, int]:
     text = str(value)
     parts = text.split(":")
@@ -190,8 +206,7 @@ def parse_jobs(doc, source: str = "<jobs>", base: Path = Path(".")) -> JobTrace:
     """A job trace from its parsed JSON (module doc); errors name ``source`` and the job."""
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list) or not doc["jobs"]:
         raise ValidationError(f"{source}: expected an object with a non-empty \"jobs\" list")
-    queues = tuple(QueueSpec(str(q["name"]), int(q.get("priority", 1)))
-                   for q in doc.get("queues") or [{"name": "default"}])
+    queues = _queues(doc.get("queues") or [{"name": "default"}], source)
     names = {q.name for q in queues}
     jobs, seen = [], set()
     for i, raw in enumerate(doc["jobs"]):
@@ -217,8 +232,10 @@ def parse_jobs(doc, source: str = "<jobs>", base: Path = Path(".")) -> JobTrace:
                                 parse_curve(raw["curve"], where, base), lo, hi,
                                 float(raw.get("start_s", 0.0)), float(raw.get("reform_s", 0.0)),
                                 queue, bool(raw.get("elastic", True))))
-        except ValidationError:
-            raise
+        except ValidationError as exc:
+            text = str(exc)
+            raise ValidationError(text if text.startswith(source) else f"{source}: {text}") \
+                from None
         except (TypeError, ValueError) as exc:
             raise ValidationError(f"{where}: {exc}") from None
     return JobTrace(tuple(jobs), queues, source)
