@@ -22,6 +22,7 @@ from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
 from dyntrain.launch.runner import RunSink
 from dyntrain.service.core.jobtext import short_worker
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.speedup import SpeedupTracker
 from dyntrain.service.store import Store
 
 log = logging.getLogger("dyntrain.service")
@@ -41,9 +42,11 @@ class ServiceSink(RunSink):
         self._progress_at = -PROGRESS_EVERY
         self._progress_of: dict | None = None  # the metrics record last written as progress
         self.stopping = False  # the job is being stopped: its status reason says so already
+        self.speedup = SpeedupTracker()  # its measured speed-up (allocation policies)
 
     def event(self, record: dict) -> None:
         super().event(record)
+        self.speedup.observe_change(record)
         self.store.add_event(self.job_id, f"membership.{record['event']}", record)
         world = record.get("world_after")
         who = ", ".join(short_worker(w) for w in record.get("workers") or [])
@@ -56,6 +59,7 @@ class ServiceSink(RunSink):
 
     def metrics(self, record: dict) -> None:
         super().metrics(record)
+        self.speedup.observe_step(record)
         now = time.monotonic()
         last = self._progress_of or {}
         if (now - self._progress_at >= PROGRESS_EVERY
