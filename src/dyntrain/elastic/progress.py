@@ -50,17 +50,17 @@ class AloneOutput:
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
-    def metrics(self, row: dict, last: bool = False) -> None:
-        """Record the row of the step just applied (a ``MetricsRow``'s fields); print it as a
-        progress line when one is due (and for the ``last`` step)."""
+    def metrics(self, row: MetricsRow, last: bool = False) -> None:
+        """Record the row of the step just applied; print it as a progress line when one is due
+        (and for the ``last`` step)."""
         if self.store is not None:
             if self._metrics is None:
                 self._metrics = open_metrics(self.store, on_error=self.say)
-            self._metrics.write(MetricsRow.from_json(row))
+            self._metrics.write(row)
         now = time.monotonic()
         if last or now - self.last_print >= self.every:
             self.last_print = now
-            self.say(progress_line(row))
+            self.say(progress_line(row.to_json()))
 
     def close(self) -> None:
         """Write out the metrics rows still buffered (an object store's)."""

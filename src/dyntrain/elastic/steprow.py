@@ -1,4 +1,5 @@
-"""The leader's ``metrics.jsonl`` row for each step it applied (and the validation due then)."""
+"""The leader's ``metrics.jsonl`` row for each step it applied (and the validation due then),
+built as the run files' :class:`~dyntrain.elastic.runrows.MetricsRow`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from torch import nn
 
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.noise import NoiseScaleTracker
+from dyntrain.elastic.runrows import MetricsRow, NoiseScale
 from dyntrain.elastic.stepper import StepResult
 from dyntrain.elastic.validation import Validation
 
@@ -35,16 +37,16 @@ class StepRows:
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
         self.validations: list[dict] = []  # this worker's validation results, with their step
 
-    def row(self, step: int, result: StepResult, world_size: int, seconds: float) -> dict:
+    def row(self, step: int, result: StepResult, world_size: int, seconds: float) -> MetricsRow:
         """The row of ``step`` (just applied, in ``seconds``); runs validation when it is due."""
-        extra = noise_fields(self.noise, result)
-        if result.grad_norm is not None:
-            extra["grad_norm"] = metric(result.grad_norm)
-        return dict(step=step, epoch=(step - 1) // self.steps_per_epoch,
-                    world_size=world_size, total_steps=self.total_steps,
-                    loss=round(result.loss, 6),
-                    samples_per_s=round(self.config.global_batch / seconds, 1),
-                    time=time.time(), **extra, **self._maybe_validate(step))
+        noise = noise_fields(self.noise, result)
+        return MetricsRow(step=step, epoch=(step - 1) // self.steps_per_epoch,
+                          world_size=world_size, total_steps=self.total_steps,
+                          loss=round(result.loss, 6),
+                          samples_per_s=round(self.config.global_batch / seconds, 1),
+                          time=time.time(), grad_norm=metric(result.grad_norm),
+                          noise=NoiseScale(**noise) if noise else None,
+                          validation=self._maybe_validate(step))
 
     def _maybe_validate(self, step: int) -> dict:
         """Run the validation hook if it is due after ``step``; its ``val_*`` fields."""
