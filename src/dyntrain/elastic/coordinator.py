@@ -221,15 +221,11 @@ class Coordinator:
                 self.mark_dead(worker, f"no heartbeat for {limit:g} s")
 
     def _own_stall(self, now: float) -> None:
-        """Silence is counted only while the coordinator watches. Its loop polls many times a
-        second; a gap between two polls longer than ``stall_gap`` (half the failure timeout)
-        means its own process or host stalled (a frozen VM, a stopped process, swap). Its
-        workers' beats in that gap could not be seen (on the same frozen host they were not
-        even sent), so the gap is not counted against them."""
+        """A gap between two polls longer than ``stall_gap`` is the coordinator's own stall (a
+        frozen host): its workers' beats could not be seen then, so it is not their silence."""
         gap, self._last_poll = now - self._last_poll, now
         if self._last_poll_known and gap > self.config.own_stall():
-            for worker in self.membership.live():
-                self.membership.known[worker].pause(gap)
+            self.membership.pause(gap)
             self.sink.log(f"the coordinator did not run for {gap:.1f} s: its workers' silence "
                           f"in that time is not counted")
         self._last_poll_known = True

@@ -112,6 +112,13 @@ class Membership:
         """Known workers not gone, in arrival order."""
         return [w for w in self.known if w not in self.gone]
 
+    def pause(self, seconds: float) -> None:
+        """The coordinator did not run for ``seconds`` (its process or host stalled; its loop
+        polls many times a second): that time is no live worker's silence (on a host frozen
+        as a whole their beats were not even sent)."""
+        for worker in self.live():
+            self.known[worker].pause(seconds)
+
     def watched(self) -> list[str]:
         """Live workers with keys in this store (polled for messages and heartbeats)."""
         return [w for w in self.live() if self.known[w].listed]
