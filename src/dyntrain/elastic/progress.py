@@ -55,22 +55,21 @@ class AloneOutput:
     def say(self, line: str) -> None:
         print(line, file=self.stream, flush=True)
 
-    def metrics(self, row: dict, last: bool = False) -> None:
-        """Record the row of the step just applied (a ``MetricsRow``'s fields); print it as a
-        progress line when one is due (and for the ``last`` step)."""
+    def metrics(self, row: MetricsRow, last: bool = False) -> None:
+        """Record the row of the step just applied; print it as a progress line when one is due
+        (and for the ``last`` step)."""
         if self.store is not None:
             if self._metrics is None:
                 self._metrics = open_metrics(self.store, on_error=self.say)
                 if self.tensorboard:
                     self._board = TensorBoardMirror(self.store, on_error=self.say)
-            typed = MetricsRow.from_json(row)
-            self._metrics.write(typed)
+            self._metrics.write(row)
             if self._board is not None:
-                self._board.metrics(typed)
+                self._board.metrics(row)
         now = time.monotonic()
         if last or now - self.last_print >= self.every:
             self.last_print = now
-            self.say(progress_line(row))
+            self.say(progress_line(row.to_json()))
 
     def close(self) -> None:
         """Write out the metrics rows still buffered (an object store's) and close the

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -419,11 +420,12 @@ class ElasticTrainer:
                                              or self.step == self.total_steps,
                                              generation=gen.number)
                 now = time.perf_counter()
-                sync = {}
-                if self._state_sync_s is not None:  # reported with the generation's first step
-                    sync, self._state_sync_s = {"state_sync_s": round(self._state_sync_s, 4)}, None
-                row = self.rows.row(self.step, result, gen.world_size, now - last)
-                ch.send(p.Metrics(({"gen": gen.number, "chunks": counts, **sync, **row},)))
+                # the state hand-over's time is reported with the generation's first step
+                sync, self._state_sync_s = self._state_sync_s, None
+                row = replace(self.rows.row(self.step, result, gen.world_size, now - last),
+                              generation=gen.number, chunks=tuple(counts),
+                              state_sync_s=None if sync is None else round(sync, 4))
+                ch.send(p.Metrics((row.to_json(),)))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break

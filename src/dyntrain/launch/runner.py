@@ -20,9 +20,10 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.address import is_wildcard, machine_addresses
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.linelog import open_lines, read_lines
-from dyntrain.elastic.progress import METRICS_FILE, progress_line, result_line, write_result
-from dyntrain.elastic.runrows import EventRow, MetricsRow, RowError
+from dyntrain.elastic.linelog import open_lines
+from dyntrain.elastic.progress import progress_line, result_line, write_result
+from dyntrain.elastic.runlog import open_events, open_metrics, read_records
+from dyntrain.elastic.runrows import EventRow, MetricsRow
 from dyntrain.elastic.storage import RunStore, StorageError, open_store
 from dyntrain.elastic.tensorboard import TensorBoardMirror, wanted
 from dyntrain.errors import ConfigError, DyntrainError
@@ -91,8 +92,8 @@ class RunSink:
                  every: float, tensorboard: bool | None = None) -> None:
         self.files, self.stream, self.quiet, self.every = store, stream, quiet, every
         # told from the writers' threads when an object store refuses a write for a while
-        self.events_file = open_lines(store, "events.jsonl", on_error=self.storage_warning)
-        self.metrics_file = open_lines(store, METRICS_FILE, on_error=self.storage_warning)
+        self.events_file = open_events(store, on_error=self.storage_warning)
+        self.metrics_file = open_metrics(store, on_error=self.storage_warning)
         self.fired_file = open_lines(store, FIRED_FILE, on_error=self.storage_warning)
         self.tensorboard = (TensorBoardMirror(store, on_error=self.storage_warning)
                             if wanted(tensorboard) else None)
@@ -117,12 +118,9 @@ class RunSink:
 
     def event(self, record: dict) -> None:
         self.events.append(record)
-        self.events_file.write(json.dumps(record), urgent=True)
+        self.events_file.write(record)  # checked against the row type: RowError if bad
         if self.tensorboard is not None:
-            try:
-                self.tensorboard.event(EventRow.from_json(record))
-            except RowError as exc:
-                self.log(f"not in TensorBoard: an event row {exc}")
+            self.tensorboard.event(EventRow.from_json(record))
         who = ",".join(record["workers"])
         self._say(f"{record['event']} {who}: world {record['world_before']} -> "
                   f"{record.get('world_after')}, first step in the new world "
@@ -131,12 +129,9 @@ class RunSink:
 
     def metrics(self, record: dict) -> None:
         self.last_metrics = record
-        self.metrics_file.write(json.dumps(record))
+        self.metrics_file.write(record)  # checked against the row type: RowError if bad
         if self.tensorboard is not None:
-            try:
-                self.tensorboard.metrics(MetricsRow.from_json(record))
-            except RowError as exc:
-                self.log(f"not in TensorBoard: a metrics row {exc}")
+            self.tensorboard.metrics(MetricsRow.from_json(record))
         now = time.time()
         if now - self.last_print >= self.every:
             self.last_print = now
@@ -169,8 +164,7 @@ class RunSink:
 
     def fired_before(self) -> list[str]:
         """The events that earlier launches into this run folder fired, in order."""
-        return [json.loads(line)["event"] for line in read_lines(self.files, FIRED_FILE)
-                if line.strip()]
+        return [r.data["event"] for r in read_records(self.files, FIRED_FILE).records]
 
     def unfired(self, events: list[str], why: str) -> None:
         """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""

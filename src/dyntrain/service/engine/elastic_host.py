@@ -16,8 +16,8 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import parse_address
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.linelog import read_bytes, size
-from dyntrain.elastic.progress import METRICS_FILE, result_line
+from dyntrain.elastic.progress import result_line
+from dyntrain.elastic.runlog import last_step
 from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
 from dyntrain.launch.runner import RunSink
 from dyntrain.service.core.jobtext import short_worker
@@ -135,7 +135,7 @@ class ElasticHost:
                                         settle_seconds=2.0, failure_timeout=failure_timeout),
             self.sink, self._find_checkpoint)
         if recovering is not None:
-            self.coordinator.expect_reattach(recovering, _last_step(self.files))
+            self.coordinator.expect_reattach(recovering, last_step(self.files))
 
     def _find_checkpoint(self):
         found = latest_valid_checkpoint(self.files)
@@ -186,17 +186,3 @@ def _listen(port: int) -> dist.TCPStore:
                 raise
     raise AssertionError("unreachable")
 
-
-def _last_step(files: RunStore) -> int:
-    """The step of the last complete row of the run's metrics (0 when there is none)."""
-    try:
-        lines = read_bytes(files, METRICS_FILE, max(0, size(files, METRICS_FILE) - 65536)
-                           ).splitlines()
-    except (OSError, StorageError):
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return 0
