@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,8 +120,6 @@ _WORKER_WORKLOAD: LabWorkload | None = None
 
 def _init_worker(spec: str, args: dict[str, str]) -> None:
     global _WORKER_WORKLOAD
-    import signal
-
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
@@ -163,8 +163,18 @@ def run_inline(sweep: Sweep, tasks: list[TrialTask], jobs: int, workload: LabWor
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    pool = ctx.Pool(jobs, initializer=_init_worker,
-                    initargs=(sweep.config.workload, dict(sweep.config.workload_args)))
+    # The workers start with Ctrl-C ignored (an ignored signal stays ignored across exec): one
+    # still importing torch when Ctrl-C reaches the process group would otherwise die with a
+    # traceback, and the pool would start another while it is being stopped. The parent
+    # handles Ctrl-C and stops the pool (it ignores one only while the pool starts, milliseconds).
+    main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        pool = ctx.Pool(jobs, initializer=_init_worker,
+                        initargs=(sweep.config.workload, dict(sweep.config.workload_args)))
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
     try:
         for task_json, outcome in pool.imap_unordered(_run_in_worker,
                                                       [t.to_json() for t in tasks]):

@@ -115,7 +115,7 @@ class Client:
         self.close()
 
     def request(self, method: str, path: str, *, json: Any = None,
-                params: Mapping[str, Any] | None = None) -> Any:
+                params: Mapping[str, Any] | None = None, timeout: float | None = None) -> Any:
         """One request to the service; returns its JSON body (None when empty).
 
         Args:
@@ -123,6 +123,7 @@ class Client:
             path: The route, e.g. ``/jobs``.
             json: The request body (dataclasses and enums become plain JSON values).
             params: Query parameters; None values are left out.
+            timeout: Seconds to wait for this answer (None: the client's timeout).
 
         Raises:
             ApiError: The service answered with a 4xx/5xx (its one-line ``detail``, ``status``).
@@ -130,8 +131,10 @@ class Client:
         """
         params = {k: v for k, v in (params or {}).items() if v is not None}
         try:
-            response = self._http.request(method, path, json=_jsonable(json) if json is not None
-                                          else None, params=params or None)
+            response = self._http.request(
+                method, path, json=_jsonable(json) if json is not None else None,
+                params=params or None,
+                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
         except httpx.TimeoutException as e:
             raise ServiceUnreachable(f"the dyntrain service at {self.base_url} did not answer "
                                      f"in time: {e or type(e).__name__}") from None
@@ -329,13 +332,14 @@ class Client:
             filters["status"] = _jsonable(status)
         return self.request("GET", "/jobs", params=filters)
 
-    def get_job(self, job_id: str) -> dict:
+    def get_job(self, job_id: str, timeout: float | None = None) -> dict:
         """One job: status, reason, attempts, workers, progress, result.
 
         Args:
             job_id: Its id, or ``ARRAY:N`` for an array's child.
+            timeout: Seconds to wait for the answer (None: the client's timeout).
         """
-        return self.request("GET", f"/jobs/{_seg(job_id)}")
+        return self.request("GET", f"/jobs/{_seg(job_id)}", timeout=timeout)
 
     def cancel(self, job_id: str) -> dict:
         """Cancel a job that has not started: it ends FAILED with the reason.

@@ -97,16 +97,23 @@ class _Watcher:
                 click.echo(f"{self.tag} {text}", err=True)
 
 
-def follow(client, job_id: str, *, announce: bool) -> dict[str, Any]:
+def follow(client, job_id: str, *, announce: bool,
+           seen: dict[str, Any] | None = None) -> dict[str, Any]:
     """Print a job's log until it ends, with its progress (and, with ``announce``, its status
-    changes and why it waits) on stderr; returns the finished job."""
+    changes and why it waits) on stderr; returns the finished job. ``seen["status"]``: the
+    status it last saw (what a Ctrl-C reports without asking the service again)."""
     watcher, after, seen_status, next_look = _Watcher(job_id, announce), 0, None, 0.0
-    printer = _LogPrinter(client, client.get_job(job_id))
+    seen = {} if seen is None else seen
+    job = client.get_job(job_id)
+    seen["status"] = job.get("status")
+    printer = _LogPrinter(client, job)
     while True:
         after, page = printer.page(after)
+        seen["status"] = page.get("status") or seen["status"]
         now = time.monotonic()
         if page.get("status") != seen_status or now >= next_look:
             job = client.get_job(job_id)
+            seen["status"] = job.get("status")
             watcher.look(job)
             seen_status, next_look = page.get("status"), now + PROGRESS_SECONDS
         if page.get("done") and not page.get("lines"):

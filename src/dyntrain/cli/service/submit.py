@@ -115,10 +115,11 @@ def submit(path, queue, name, definition, workers, array_size, depends_on, attem
     click.echo(job["id"])
     if not wait:
         return
+    seen: dict[str, Any] = {}
     try:
-        final = follow(client, job["id"], announce=True)
+        final = follow(client, job["id"], announce=True, seen=seen)
     except KeyboardInterrupt:
-        _left_running(client, job["id"])
+        _left_running(client, job["id"], seen.get("status") or "")
     sys.exit(0 if final["status"] == JobStatus.SUCCEEDED.value else 1)
 
 
@@ -154,13 +155,17 @@ def _definition_resources(client, definition: str) -> dict[str, Any]:
     return client.get_job_definition(dname, int(drev) if drev else None).get("resources") or {}
 
 
-def _left_running(client, job_id: str) -> NoReturn:
+#: how long a Ctrl-C of ``submit --wait`` waits for the job's status before it says the last seen
+STATUS_LOOK_SECONDS = 2.0
+
+
+def _left_running(client, job_id: str, seen: str) -> NoReturn:
     """Ctrl-C while waiting: the job is the service's, not this shell's; say so and how to stop
-    it."""
+    it, with its status (a quick look; a busy or gone service: the status last ``seen``)."""
     try:
-        status = client.get_job(job_id).get("status", "")
-    except Exception:  # the service may be gone too; the hint still holds
-        status = ""
+        status = client.get_job(job_id, timeout=STATUS_LOOK_SECONDS).get("status") or seen
+    except Exception:  # the service may be slow or gone; the hint still holds
+        status = seen
     if status in TERMINAL:
         click.echo(f"\ndyntrain: stopped waiting; job {job_id} already ended {status}", err=True)
     else:
