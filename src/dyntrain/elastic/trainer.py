@@ -33,6 +33,7 @@ from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.rejoin import start_over
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
+from dyntrain.elastic.sharded import checkpoint_due, lost_message, shards_for, without_tensor_state
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.steprow import StepRows
@@ -146,6 +147,8 @@ class ElasticTrainer:
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
+        # ZeRO-1 in a job (``TrainConfig.shard_level``; alone, one member holds everything)
+        self.shards = shards_for(config, model, optimizer, self.stepper.params)
         if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
@@ -319,7 +322,8 @@ class ElasticTrainer:
             if gen is None:  # asked to leave while waiting for a generation
                 # Its peers may be leaving too (Ctrl-C, a suspended job): keep the state it
                 # holds unless a checkpoint already does.
-                if self.has_state and self.step > self.writer.newest_checkpoint_step():
+                if (self.has_state and self.shards is None  # (sharded: it holds only a share)
+                        and self.step > self.writer.newest_checkpoint_step()):
                     self.writer.maybe_checkpoint(self.step, force=True, generation=None)
                 ch.send(p.Left(after, self.step if self.has_state else None))
                 raise SystemExit(0)
@@ -353,6 +357,12 @@ class ElasticTrainer:
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
             self._sync_state(gen, group, aborted)
+            if self.shards is not None:
+                lost = self.shards.reshard(group, gen, self.worker_id, aborted)
+                if lost:
+                    clean = True  # the plan's all-reduce was the generation's last collective
+                    return self._lost_shards(gen, lost)
+                self.stepper.shards = self.shards
             outcome = self._train(gen, group, aborted)
             clean = True
             return outcome
@@ -377,6 +387,8 @@ class ElasticTrainer:
             holding = self.worker_id not in gen.receivers
             state = (capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
                      if holding else None)
+            if state is not None and self.shards is not None:
+                state = without_tensor_state(state)  # the holders' shards differ: re-sharded
             state = broadcast_state(group, state, gen.rank_of(gen.source), holders, aborted)
             if not holding:
                 self.step = restore_state(self.parts, state)
@@ -407,6 +419,9 @@ class ElasticTrainer:
                 slot=(self.rank, own) if self.balancer.slots else None)
             self.balancer.observe(self.step, result.slots)
             self.step += 1
+            if self.shards is not None and checkpoint_due(self.config, self.step, self.total_steps,
+                                                          result.leavers == gen.world_size):
+                self.shards.gather(group, 0, aborted)  # the leader writes the whole state
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
                 self.writer.maybe_checkpoint(self.step, force=result.leavers == gen.world_size
@@ -436,6 +451,19 @@ class ElasticTrainer:
             ch.wait_job_state(p.JobState.DONE)  # a coordinator restarted meanwhile learns it
             return Outcome.DONE
         return self._await_end(aborted)
+
+    def _lost_shards(self, gen: p.Generation, lost: list[str]) -> Outcome:
+        """No member holds the optimizer state of ``lost``: report holding no state, so that
+        the next generation resumes from the newest checkpoint, and say so."""
+        found = latest_valid_checkpoint(self.store) if self.store is not None else None
+        what = lost_message(lost, self.config.shard_redundancy, found and found[0])
+        if found is None:
+            raise DyntrainError(what)
+        print(f"dyntrain: worker {self.worker_id}: {what}", file=sys.stderr, flush=True)
+        self.shards.hold_none()
+        self.has_state = False
+        self._channel.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=what))
+        return Outcome.REFORM
 
     def _await_end(self, aborted) -> Outcome:
         """A member after the last step: the leader writes the final model and reports the end.
