@@ -67,10 +67,13 @@ def run_level(level: int, args: argparse.Namespace, folder: Path) -> dict:
                 "--checkpoint-every", str(args.steps), "--shard", str(level),
                 "--shard-redundancy", str(args.redundancy)]
     began = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "dyntrain", "run", "--workers",
-                    f"{args.workers}:{args.workers}", "--nproc", str(args.workers), "--out",
-                    str(out), str(Path(__file__).resolve()), "--worker", *gpt_args],
-                   check=True, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "dyntrain.cli.main", "run", "--workers",
+                           f"{args.workers}:{args.workers}", "--nproc", str(args.workers),
+                           "--out", str(out), str(Path(__file__).resolve()), "--worker",
+                           *gpt_args], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"level {level}: exit {proc.returncode}\n{proc.stdout[-2000:]}"
+                         f"\n{proc.stderr[-2000:]}")
     members = [json.loads(p.read_text()) for p in sorted(out.glob("member-*.json"))]
     rows = read_jsonl(out / "metrics.jsonl")
     steady = [args.chunk_batch / r["samples_per_s"] for r in rows[2:]] or [

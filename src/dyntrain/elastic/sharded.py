@@ -12,7 +12,9 @@ optimizers that are elementwise within a tensor (``SHARDABLE``).
 Re-sharding happens at the start of every generation, after the state hand-over: the members
 all-reduce which tensors' state each holds (a 0/1 matrix, exact), derive the new plan from
 that (stable: owners that stay keep their tensors), and the state of every tensor whose owners
-change is sent by one holder over the flat hand-over (``transfer.broadcast_state``). A tensor
+change is sent by one holder over the flat hand-over (``transfer.broadcast_state``); then every
+parameter is sent again from a member that holds its state (a step interrupted in the
+parameters' broadcast counts where it was applied: ``settle_interrupted``). A tensor
 that no member holds any more (``r`` or more members crashed, or ``r = 1``) is lost: the
 trainer then falls back to the newest checkpoint. Copies a member no longer owns are dropped
 after the generation's first applied step, once every member has finished the re-sharding.
@@ -126,6 +128,7 @@ class OptimizerShards:
         self.plan: ShardPlan | None = None
         self.owned: set[int] = set(self.held)
         self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
+        self.torn = False  # a step applied here whose parameters did not all arrive
 
     # ---- what this member holds --------------------------------------------------------------
 
@@ -179,6 +182,10 @@ class OptimizerShards:
             sent = [m for m in moves if m.source == source]
             if sent:
                 self._move(group, members.index(source), sent, me, should_abort)
+        # every parameter from a member that holds its state (its parameter is of this step
+        # even where the last step was interrupted: settle_interrupted)
+        self._send_params(group, [[t for t in range(count) if holders[t][0] == m]
+                                  for m in members], False, should_abort)
         self.plan, self.owned = plan, set(plan.owned_by(me))
         self._by_primary = [[t for t in range(count) if plan.owners[t][0] == m]
                             for m in members]
@@ -216,37 +223,62 @@ class OptimizerShards:
 
     def after_step(self, group: Group, should_abort: Callable[[], bool]) -> None:
         """Send every updated parameter from its primary owner to every member, as bits; then
-        drop the copies this member no longer owns (every member has re-sharded by now)."""
-        if group is not None and group.pg is not None and group.size > 1:
-            works, flats = [], []
-            for rank, tensors in enumerate(self._by_primary):
-                if not tensors:
-                    continue
-                key = f"zero1/params/{rank}"
-                flat = group.buffers.get(key)
-                if flat is None:
-                    flat = group.buffers[key] = torch.empty(
-                        sum(self.params[t].numel() for t in tensors),
-                        dtype=self.params[tensors[0]].dtype, device=group.device)
-                if rank == group.rank:
-                    torch.cat([self.params[t].detach().reshape(-1) for t in tensors], out=flat)
-                works.append(group.broadcast_async(flat, rank))
-                flats.append((rank, tensors, flat))
-            for work in works:
-                group.wait(work, should_abort)
-            with torch.no_grad():
-                for rank, tensors, flat in flats:
-                    if rank == group.rank:
-                        continue
-                    offset = 0
-                    for t in tensors:
-                        q = self.params[t]
-                        q.copy_(flat[offset : offset + q.numel()].view(q.shape))
-                        offset += q.numel()
+        drop the copies this member no longer owns (every member has re-sharded by now). Until
+        it returns the step is ``torn``: applied here, but not all parameters are in."""
+        self.torn = True
+        self._send_params(group, self._by_primary, True, should_abort)
+        self.torn = False
         if self.held != self.owned:
-            for t in self.held - self.owned:
-                self.optimizer.state.pop(self.params[t], None)
-            self.held = set(self.owned)
+            self._keep_owned()
+
+    def settle_interrupted(self) -> int:
+        """After a generation ended in ``after_step``: the step was applied to the tensors this
+        member owns (state and parameter), so it counts (returns 1; else 0); the rest of its
+        parameters may be old, and the next re-sharding sends every parameter again from a
+        member that holds its tensor's state."""
+        if not self.torn:
+            return 0
+        self.torn = False
+        self._keep_owned()
+        return 1
+
+    def _keep_owned(self) -> None:
+        for t in self.held - self.owned:
+            self.optimizer.state.pop(self.params[t], None)
+        self.held = set(self.owned)
+
+    def _send_params(self, group: Group, by_rank: Sequence[Sequence[int]], keep: bool,
+                     should_abort: Callable[[], bool]) -> None:
+        """Overwrite every member's parameters ``by_rank[r]`` with rank ``r``'s, as bits; into
+        the group's buffers first (``keep``: they stay there for the next step)."""
+        if group.pg is None or group.size == 1:
+            return
+        works, flats = [], []
+        for rank, tensors in enumerate(by_rank):
+            if not tensors:
+                continue
+            key = f"zero1/params/{rank}"
+            flat = group.buffers.get(key) if keep else None
+            if flat is None:
+                flat = torch.empty(sum(self.params[t].numel() for t in tensors),
+                                   dtype=self.params[tensors[0]].dtype, device=group.device)
+                if keep:
+                    group.buffers[key] = flat
+            if rank == group.rank:
+                torch.cat([self.params[t].detach().reshape(-1) for t in tensors], out=flat)
+            works.append(group.broadcast_async(flat, rank))
+            flats.append((rank, tensors, flat))
+        for work in works:
+            group.wait(work, should_abort)
+        with torch.no_grad():
+            for rank, tensors, flat in flats:
+                if rank == group.rank:
+                    continue
+                offset = 0
+                for t in tensors:
+                    q = self.params[t]
+                    q.copy_(flat[offset : offset + q.numel()].view(q.shape))
+                    offset += q.numel()
 
     # ---- checkpoints ---------------------------------------------------------------------------
 

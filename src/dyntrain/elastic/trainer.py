@@ -147,8 +147,7 @@ class ElasticTrainer:
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
-        # ZeRO-1 in a job (``TrainConfig.shard_level``; alone, one member holds everything)
-        self.shards = shards_for(config, model, optimizer, self.stepper.params)
+        self.shards = shards_for(config, model, optimizer, self.stepper.params)  # ZeRO-1, jobs
         if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
@@ -367,6 +366,8 @@ class ElasticTrainer:
             clean = True
             return outcome
         except (Aborted, CollectiveFailed) as exc:
+            if self.shards is not None:  # a step torn by the parameters' broadcast counts
+                self.step += self.shards.settle_interrupted()
             step = self.step if self.has_state else None
             ch.send(p.Ready(gen.number, step, p.ReadyReason.ABORT) if isinstance(exc, Aborted)
                     else p.Ready(gen.number, step, p.ReadyReason.ERROR, error=str(exc)))
