@@ -110,7 +110,8 @@ def main() -> None:
         print(f"| {r['level']} | {min(held):.2f}-{max(held):.2f} | {min(rss):.0f}-{max(rss):.0f} "
               f"| {r['step_s']:.3f} |")
         del r["final"]
-    write_result(args.out, {"machine": machine_info(), "workers": args.workers,
+    write_result(args.out, {"machine": machine_info(), "load_average": os.getloadavg(),
+                            "workers": args.workers,
                             "redundancy": args.redundancy, "model": args.model,
                             "steps": args.steps, "final_models_bitwise_equal": same,
                             "runs": runs, "total_seconds": time.perf_counter() - started})

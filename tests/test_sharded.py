@@ -24,16 +24,18 @@ from test_elastic_e2e import world_sizes
 from test_gpt_workload import SMALL
 
 
-def _static(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def static(tmp_path_factory):
     """The unsharded reference: the workload alone in this process (no coordinator)."""
-    static = tmp_path / "static"
-    monkeypatch.setenv("DYNTRAIN_OUT", str(static))
+    out = tmp_path_factory.mktemp("static")
     threads = torch.get_num_threads()
-    try:
-        gpt.main(SMALL)
-    finally:
-        torch.set_num_threads(threads)
-    return static
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DYNTRAIN_OUT", str(out))
+        try:
+            gpt.main(SMALL)
+        finally:
+            torch.set_num_threads(threads)
+    return out
 
 
 def _same_final(a, b) -> None:
@@ -43,8 +45,7 @@ def _same_final(a, b) -> None:
 
 
 @pytest.mark.slow
-def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, monkeypatch):
-    static = _static(tmp_path, monkeypatch)
+def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, static):
     elastic = tmp_path / "elastic"
     # 1 -> 3 (joins) -> 2 (SIGKILL: r = 2, nothing lost) -> 1 (rank 0 leaves)
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
@@ -69,9 +70,7 @@ def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, mon
 
 
 @pytest.mark.slow
-def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_path,
-                                                                           monkeypatch):
-    static = _static(tmp_path, monkeypatch)
+def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_path, static):
     elastic = tmp_path / "elastic"
     proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--out", elastic, "--events",
                     "step=6:kill=1", "-m", "dyntrain.workloads.gpt", *SMALL, "--shard", "1",
@@ -86,6 +85,18 @@ def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_p
     assert any(e["event"] == "crash" and "lost the optimizer state" in e.get("reason", "")
                for e in events), events
     assert any(e["event"] == "resume" and e["start_step"] == int(found[1]) for e in events)
+
+
+@pytest.mark.slow
+def test_random_strikes_end_like_the_unsharded_static_run(tmp_path, static):
+    """Hangs, joins, kills and leaves at the worst moments (``--chaos``): whatever they hit
+    (a hand-over, a re-sharding, a parameter broadcast), the model is the static run's."""
+    elastic = tmp_path / "chaos"
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
+                    "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
+                    *SMALL, "--shard", "1", "--step-delay", "0.15"], check=True)
+    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 3, proc.stdout[-3000:]
+    _same_final(static, elastic)
 
 
 def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
