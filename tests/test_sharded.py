@@ -94,9 +94,10 @@ def test_random_strikes_end_like_the_unsharded_static_run(tmp_path, static):
     elastic = tmp_path / "chaos"
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
                     "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
-                    *SMALL, "--shard", "1", "--step-delay", "0.15"], check=True)
-    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 3, proc.stdout[-3000:]
+                    *SMALL, "--shard", "1", "--step-delay", "0.5"], check=True)
     _same_final(static, elastic)
+    # slow chunks: the job lasts long enough for some strikes even on a quiet machine
+    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
 
 
 def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
