@@ -11,12 +11,12 @@ worker wait for a launcher that is still importing.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from dyntrain.elastic.runlog import read_events, read_metrics
 from dyntrain.testing.hosts import Host
 from dyntrain.testing.jobs import CLI, Output, clean_env, wait_until
 
@@ -66,10 +66,13 @@ class Job:
         return worker
 
     def events(self) -> list[dict]:
-        return read_jsonl(self.out / "events.jsonl")
+        """The rows of the run's events.jsonl so far, as JSON objects (read and checked as
+        ``dyntrain.elastic.runlog`` reads them: a line still being written waits)."""
+        return [row.to_json() for row in read_events(self.out)]
 
     def metrics(self) -> list[dict]:
-        return read_jsonl(self.out / "metrics.jsonl")
+        """The rows of the run's metrics.jsonl so far, as JSON objects (as ``events``)."""
+        return [row.to_json() for row in read_metrics(self.out)]
 
     def world(self) -> int:
         """The world size of the newest step (0 before the first)."""
@@ -114,19 +117,6 @@ class Job:
         (self.log_dir / "launcher.log").write_text(self.launcher.text() + "\n")
         for n, (host, worker) in enumerate(self.workers):
             (self.log_dir / f"worker-{host.name}-{n}.log").write_text(worker.text() + "\n")
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The complete lines of a JSONL file (none while it does not exist)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return []
-    rows = []
-    for line in text.splitlines():
-        with contextlib.suppress(ValueError):  # a line being written
-            rows.append(json.loads(line))
-    return rows
 
 
 def worker_id(host: Host, worker: Output) -> str:

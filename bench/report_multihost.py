@@ -100,8 +100,9 @@ coordinator that is late to poll reads the counters before it compares times, wh
 that kept beating, not workers frozen with it. That was a defect of failure detection (a
 coordinator's own pause should not count as a worker's silence), fixed after this run: a gap
 between two of the coordinator's polls longer than half the failure timeout is now its own stall
-and not counted against anyone (`tests/test_coordinator.py`). Its two "left" processes were its workers that had started over: they waited for the
-failed job's coordinator for their `--connect-timeout` (180 s) and exited saying so (their logs).
+and not counted against anyone (`tests/test_coordinator.py`). Its two "left" processes were its
+workers that had started over: they waited for the failed job's coordinator for their
+`--connect-timeout` (180 s) and exited saying so (their logs).
 
 Schedule 14 (seed 1813) ended bitwise equal, but the two workers that came back (host 1's second
 replacement and host 2's worker after its freeze) had not joined when the job ran out of steps,

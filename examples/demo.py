@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from dyntrain.elastic.runlog import read_events
+
 WORKLOAD = ["-m", "dyntrain.workloads.digits", "--epochs", "20", "--global-batch", "64",
             "--chunk-size", "8"]
 EVENTS = "step=10:join=2,step=20:kill=1,step=30:join=2,step=40:leave=rank:0"
@@ -43,13 +45,12 @@ def main() -> None:
              *WORKLOAD, "--step-delay", "0.006")
 
     print("\n== 3/3 summary", flush=True)
-    events = [json.loads(x) for x in (elastic / "events.jsonl").read_text().splitlines()]
     print(f"{'change':<8} {'workers':<10} {'world':>7} {'at step':>8} {'latency':>9} "
           f"{'redone':>7}")
-    for e in events:
-        world = f"{e['world_before']}->{e['world_after']}"
-        print(f"{e['event']:<8} {','.join(e['workers']):<10} {world:>7} {e['start_step']:>8} "
-              f"{e['latency_s']:>8.3f}s {e['steps_redone']:>7}")
+    for e in read_events(elastic):
+        world = f"{e.world_before}->{e.world_after}"
+        print(f"{e.kind:<8} {','.join(e.workers):<10} {world:>7} {e.start_step:>8} "
+              f"{e.latency_s:>8.3f}s {e.steps_redone:>7}")
     a = torch.load(static / "final.pt", weights_only=True)
     b = torch.load(elastic / "final.pt", weights_only=True)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a if a[k].is_floating_point())

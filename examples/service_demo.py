@@ -32,6 +32,7 @@ from typing import NoReturn
 import torch
 import uvicorn
 
+from dyntrain.elastic.runlog import read_events
 from dyntrain.errors import DyntrainError
 from dyntrain.outdir import make_out_dir
 from dyntrain.service.client import Client
@@ -242,14 +243,14 @@ def main() -> None:
     job = client.get_job(train["id"])
     cost = client.cost(train["id"])
     run_dir = service.controller.run_dir(train["id"])
-    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    events = read_events(run_dir)
     try:
         print("\n== static one-worker run of the same job, for comparison", flush=True)
         diff = compare_with_static(out, run_dir, args.epochs)
         acc = json.loads((run_dir / "result.json").read_text())["val_accuracy"]
         print("\n== summary")
         print(f"training job {job['status']}: {len(events)} membership changes "
-              f"({', '.join(e['event'] for e in events)}), {job['preemptions']} preemption(s) "
+              f"({', '.join(e.kind for e in events)}), {job['preemptions']} preemption(s) "
               "(workers whose capacity was taken back, and suspensions), "
               f"{job['attempts']} counted attempt(s)")
         verdict = "identical" if diff == 0 else "within rounding" if diff < 1e-5 else "DIFFERENT"

@@ -96,6 +96,8 @@ def test_the_bare_install_runs_an_elastic_job_bitwise_equal_to_one_worker(bare, 
     (("submit", "--", "true"), "service"),
     (("ce", "list"), "service"),
     (("lab", "sweep", "--preset", "quick", "--service", "none", "--out", "{tmp}/sweep"), "lab"),
+    (("run", "--tensorboard", "--out", "{tmp}/run", str(SCRIPTS / "ledger_train.py")),
+     "tensorboard"),
 ])
 def test_a_command_that_needs_an_extra_names_it(bare, tmp_path, args, extra):
     proc = dyntrain(bare, *(a.format(tmp=tmp_path) for a in args), timeout=120)

@@ -14,6 +14,9 @@ FORBIDDEN = {
                 "dyntrain.workloads", "dyntrain.data"),
     "data": ("dyntrain.lab", "dyntrain.service", "dyntrain.launch", "dyntrain.cli",
              "dyntrain.workloads", "dyntrain.recipes"),
+    # an adapter builds a trainer from another framework's code: the runtime and nothing above
+    "adapters": ("dyntrain.lab", "dyntrain.service", "dyntrain.launch", "dyntrain.cli",
+                 "dyntrain.workloads"),
 }
 
 
@@ -122,6 +125,17 @@ def test_the_product_never_imports_its_test_tooling():
     layers = sorted(p.name for p in SRC.iterdir() if p.is_dir() and p.name != "testing"
                     and not p.name.startswith("_"))
     bad = [v for layer in layers for v in violations(SRC, layer, ("dyntrain.testing",))]
+    assert bad == []
+
+
+def test_only_an_adapter_may_import_a_training_framework():
+    """Lightning is the adapter's business (and the user's): no other package imports it, so it
+    never becomes a dependency of the core."""
+    layers = sorted(p.name for p in SRC.iterdir() if p.is_dir() and p.name != "adapters"
+                    and not p.name.startswith("_"))
+    frameworks = ("lightning", "pytorch_lightning")
+    bad = [v for layer in layers for v in violations(SRC, layer, frameworks)]
+    bad += [v for p in sorted(SRC.glob("*.py")) for v in violations(SRC, p.name, frameworks)]
     assert bad == []
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.changes import Change, ChangeKind, ChangeLog
+from dyntrain.elastic.changes import Change, ChangeLog
 from dyntrain.elastic.membership import (
     CoordinatorConfig,
     Membership,
     WorkerInfo,
     decide_forming,
 )
+from dyntrain.elastic.runrows import EventKind
 
 GEN0 = p.Generation(0, ("a", "b"), 0, source="a", receivers=("b",), fresh=True)
 
@@ -145,19 +146,19 @@ def test_a_heartbeat_is_overdue_past_the_timeout_and_a_near_miss_is_told():
 
 def test_one_failure_is_one_crash_and_a_removed_joiner_is_no_join():
     log = ChangeLog()
-    log.add(Change(ChangeKind.JOIN, ["c"], 1.0, 1.0, 2))
+    log.add(Change(EventKind.JOIN, ["c"], 1.0, 1.0, 2))
     log.crash("a", requested=3.0, now=4.0, world=3, reason="exit code -9")
     log.crash("b", requested=2.0, now=4.5, world=3, reason="no heartbeat for 3 s")
-    crash = next(c for c in log.pending if c.kind is ChangeKind.CRASH)
+    crash = next(c for c in log.pending if c.kind is EventKind.CRASH)
     assert crash.workers == ["a", "b"] and crash.requested_at == 2.0
     assert crash.fields["reason"] == "no heartbeat for 3 s"
     log.removed("c", now=5.0, world=1, why="unreachable")
-    assert [c.kind for c in log.pending] == [ChangeKind.CRASH, ChangeKind.REMOVED]
+    assert [c.kind for c in log.pending] == [EventKind.CRASH, EventKind.REMOVED]
     gen = p.Generation(1, ("d",), 7, source="d")
     log.published(gen, now=6.0, redone=2, origin="members")
     assert log.pending == [] and not log.settled()
     due = log.stepped(8.0, {"state_sync_s": 0.25})
-    assert [c.kind for c in due] == [ChangeKind.CRASH, ChangeKind.REMOVED]
+    assert [c.kind for c in due] == [EventKind.CRASH, EventKind.REMOVED]
     assert log.awaiting == [] and log.settled()
     record = due[0].record(started_at=1.0)
     assert record == {"event": "crash", "workers": ["a", "b"], "world_before": 3,
@@ -170,12 +171,12 @@ def test_one_failure_is_one_crash_and_a_removed_joiner_is_no_join():
 
 def test_a_re_attached_generation_is_reported_at_its_first_step_after_the_rebuild():
     log = ChangeLog()
-    log.went_on(Change(ChangeKind.REATTACH, ["a"], 0.0, 1.0, 2), GEN0, now=5.0)
+    log.went_on(Change(EventKind.REATTACH, ["a"], 0.0, 1.0, 2), GEN0, now=5.0)
     assert log.stepped(4.0, {}) == []  # a row from while the coordinator was away
     (change,) = log.stepped(5.5, {})
     assert change.fields["first_step_at"] == 5.5 and change.fields["steps_redone"] == 0
 
 
-@pytest.mark.parametrize("kind", list(ChangeKind))
+@pytest.mark.parametrize("kind", list(EventKind))
 def test_every_change_kind_is_an_event_name(kind):
     assert kind.value == kind.name.lower()

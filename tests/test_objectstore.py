@@ -274,6 +274,8 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
     assert json.loads(store.get("coordinator.json"))["job"] == f"{job['id']}/attempt-1"
     assert torch.load(__import__("io").BytesIO(store.get("final.pt")), weights_only=True)
     assert [r.step for r in read_metrics(store)] == list(range(1, 45))
+    # the hosted coordinator's TensorBoard events (on by default: tensorboard is installed here)
+    assert len([n for n in store.list("tensorboard") if ".tfevents." in n]) == 1
     assert "ckpt-000000044.commit" in page
     assert series["rows"]["step"] == list(range(1, 45))
     local = state / "runs" / "jobs" / job["id"]

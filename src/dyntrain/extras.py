@@ -4,8 +4,9 @@
 loader (torch, numpy, click, fsspec). Everything else is an extra: ``service`` (the job service,
 its dashboard and the commands that talk to it), ``data`` (image decoding for the input pipeline
 and the recipes), ``workloads`` (the bundled workloads: scikit-learn's digits), ``lab``,
-``ray``, ``postgres``. A command that needs a missing extra stops with one line naming it
-(``MissingExtra``), never an ImportError traceback.
+``ray``, ``postgres``, ``tensorboard`` (TensorBoard event files in run folders),
+``lightning`` (``dyntrain.adapters.lightning``). A command that needs a missing extra stops with
+one line naming it (``MissingExtra``), never an ImportError traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ MODULES: dict[str, tuple[str, str]] = {
     "ray": ("ray", "ray"),
     "psycopg": ("postgres", "psycopg"),
     "torchvision": ("vision", "torchvision"),
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "lightning": ("lightning", "lightning"),
 }
 
 

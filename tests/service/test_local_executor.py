@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from dyntrain.procstat import read_stat
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors import (
     ExecutorError,
@@ -27,7 +28,6 @@ from dyntrain.service.executors import (
     get_executor,
 )
 from dyntrain.service.executors.local import LocalExecutor
-from dyntrain.service.executors.machine import proc_stat
 
 PY = sys.executable
 LONG = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
@@ -83,8 +83,8 @@ def collect(ex, *wids: str, timeout: float = 60.0) -> dict[str, WorkerExit]:
 
 
 def running(pid: int) -> bool:
-    st = proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
+    st = read_stat(pid)
+    return st is not None and not st.state.ended
 
 
 def cleanup(ex: LocalExecutor) -> None:
@@ -321,7 +321,7 @@ def test_exit_status_is_unknown_only_when_the_supervisor_died_too(state, tmp_pat
 def test_adopt_refuses_a_reused_pid(state, tmp_path):
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        real_start = wait_for(lambda: proc_stat(other.pid), "stat of sleep")[1]
+        real_start = wait_for(lambda: read_stat(other.pid), "stat of sleep").start_ticks
         ex = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
         spec = make_spec(tmp_path, "j11-a1-w0", LONG)
         handle = WorkerHandle(spec.worker_id, "local", f"{other.pid}:{real_start + 1}")

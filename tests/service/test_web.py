@@ -262,6 +262,11 @@ def test_series_are_incremental_leave_recomputed_steps_out_and_build_the_timelin
     assert 99.0 not in first["rows"]["loss"] and first["rows"]["b_simple"][0] == 41.0
     assert [c["kind"] for c in first["changes"]] == ["start", "join", "hang"]
     assert first["timeline"]["world"] == [0, 1, 2, 1, 1]  # from each first step, until now
+    # the speed-up chart: the median samples/s at each world size, and the model fitted to them
+    assert first["speedup"]["points"] == {"w": [1, 2], "samples_per_s": [100.0, 200.0]}
+    model = dict(zip(first["speedup"]["model"]["w"], first["speedup"]["model"]["samples_per_s"],
+                     strict=True))
+    assert model[1] == pytest.approx(100.0) and model[2] == pytest.approx(200.0)
     again = browser.get(url, params={"offset": first["offset"]}).json()
     assert again["rows"]["step"] == [] and again["offset"] == first["offset"]
     path = seeded["service"].controller.run_dir(seeded["elastic"]) / "metrics.jsonl"

@@ -18,6 +18,7 @@ from dyntrain.cli.data import data
 from dyntrain.cli.lab import lab
 from dyntrain.cli.run import run, worker
 from dyntrain.cli.service import COMMANDS as SERVICE_COMMANDS
+from dyntrain.cli.sim import sim
 from dyntrain.errors import EXIT_USAGE, DyntrainError
 from dyntrain.extras import missing_extra
 
@@ -53,6 +54,7 @@ cli.add_command(worker)
 cli.add_command(compare)
 cli.add_command(data)
 cli.add_command(lab)
+cli.add_command(sim)
 for _command in SERVICE_COMMANDS:
     cli.add_command(_command)
 # `dyntrain jobs`: the job table of `dyntrain status`, under the name people try first
@@ -63,7 +65,7 @@ cli.add_command(_jobs, name="jobs")
 
 # the extra that brings everything a command group uses (a lab command that misses httpx needs
 # the lab extra, not the service's)
-_COMMAND_EXTRAS = {"lab": "lab"}
+_COMMAND_EXTRAS = {"lab": "lab", "sim": "lab"}
 
 
 def _name_missing_extras(command: click.Command) -> None:

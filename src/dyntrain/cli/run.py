@@ -58,10 +58,13 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
               help="After Ctrl-C, seconds the workers get to finish their step and checkpoint "
                    "before they are killed.")
 @click.option("--quiet", is_flag=True, help="No progress output.")
+@click.option("--tensorboard/--no-tensorboard", default=None,
+              help="TensorBoard event files in OUT/tensorboard [default: on when the "
+                   "tensorboard package is installed].")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, grace_seconds, quiet,
-        script, args):
+        tensorboard, script, args):
     """Train SCRIPT elastically with local worker processes.
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
@@ -72,6 +75,9 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
     command = _script_command(script, args)
     # a folder that cannot be one or a bucket that is not there: said before torch is imported
     open_store(out_dir, "--out").check()
+    from dyntrain.elastic.tensorboard import wanted
+
+    tensorboard = wanted(tensorboard, "--tensorboard")  # asked for but not installed: one line
 
     from dyntrain.launch.chaos import parse_chaos
     from dyntrain.launch.runner import RunOptions, run_job
@@ -81,7 +87,7 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
                       events=parse_events(events), host=host, port=port,
                       chaos=parse_chaos(chaos) if chaos else None,
                       failure_timeout=failure_timeout, grace_seconds=grace_seconds,
-                      quiet=quiet)
+                      quiet=quiet, tensorboard=tensorboard)
     sys.exit(run_job(opts))
 
 

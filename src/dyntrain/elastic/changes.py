@@ -8,29 +8,17 @@ Changes whose world never completed a step are reported with the next one that d
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from dyntrain.elastic.protocol import Generation
-
-
-class ChangeKind(enum.StrEnum):
-    """What changed the membership (the ``event`` of an ``events.jsonl`` record)."""
-
-    START = "start"  # a fresh run's first generation
-    RESUME = "resume"  # from a checkpoint: no member held state
-    JOIN = "join"
-    LEAVE = "leave"
-    CRASH = "crash"  # declared dead, or a member's collective failed
-    REMOVED = "removed"  # its peers could not reach it, or the group never formed with it
-    REATTACH = "reattach"  # rebuilt from the workers' reports after the host restarted
+from dyntrain.elastic.runrows import EventKind, EventRow
 
 
 @dataclass(eq=False)
 class Change:
     """One membership change, from request to the first step completed in the new world."""
 
-    kind: ChangeKind
+    kind: EventKind
     workers: list[str]
     requested_at: float
     detected_at: float
@@ -38,20 +26,20 @@ class Change:
     fields: dict = field(default_factory=dict)
 
     def record(self, started_at: float) -> dict:
-        """Its ``events.jsonl`` record, times relative to ``started_at``."""
-        t0 = started_at
-        record = {
-            "event": self.kind.value,
-            "workers": self.workers,
-            "world_before": self.world_before,
-            "requested_at": round(self.requested_at - t0, 4),
-            "detected_at": round(self.detected_at - t0, 4),
-            **{k: v for k, v in self.fields.items() if not k.endswith("_at")},
-            "reformed_at": round(self.fields["reformed_at"] - t0, 4),
-            "first_step_at": round(self.fields["first_step_at"] - t0, 4),
-        }
-        record["latency_s"] = round(self.fields["first_step_at"] - self.requested_at, 4)
-        return record
+        """Its ``events.jsonl`` row (an ``EventRow``'s JSON object), times relative to
+        ``started_at``; call once it completed a step in its new world."""
+        f, t0 = dict(self.fields), started_at
+        reformed, first = f.pop("reformed_at"), f.pop("first_step_at")
+        return EventRow(
+            kind=self.kind, workers=tuple(self.workers), world_before=self.world_before,
+            world_after=f.pop("world_after", None), generation=f.pop("generation", None),
+            start_step=f.pop("start_step", None), steps_redone=f.pop("steps_redone", 0),
+            origin=f.pop("origin", None), reason=f.pop("reason", None),
+            state_sync_s=f.pop("state_sync_s", None),
+            requested_at=round(self.requested_at - t0, 4),
+            detected_at=round(self.detected_at - t0, 4), reformed_at=round(reformed - t0, 4),
+            first_step_at=round(first - t0, 4), latency_s=round(first - self.requested_at, 4),
+            extra={k: v for k, v in f.items() if not k.endswith("_at")}).to_json()
 
 
 class ChangeLog:
@@ -74,25 +62,25 @@ class ChangeLog:
     def crash(self, worker: str, requested: float, now: float, world: int, reason: str) -> None:
         """A member was declared dead: the same failure (or a survivor's report of it) already
         pending takes it, so that one failure is one event."""
-        crashes = [c for c in self.pending if c.kind is ChangeKind.CRASH]
+        crashes = [c for c in self.pending if c.kind is EventKind.CRASH]
         if crashes:
             change = crashes[0]
             change.workers.append(worker)
             change.requested_at = min(change.requested_at, requested)
             change.fields["reason"] = reason
         else:
-            self.pending.append(Change(ChangeKind.CRASH, [worker], requested, now, world,
+            self.pending.append(Change(EventKind.CRASH, [worker], requested, now, world,
                                        {"reason": reason}))
 
     def removed(self, worker: str, now: float, world: int, why: str) -> None:
         """A worker was taken out of a generation that never stepped with it: a join it was
         part of never happened for it."""
         for change in self.pending + self.awaiting:
-            if change.kind in (ChangeKind.JOIN, ChangeKind.START) and worker in change.workers:
+            if change.kind in (EventKind.JOIN, EventKind.START) and worker in change.workers:
                 change.workers.remove(worker)
-        self.pending = [c for c in self.pending if c.workers or c.kind is not ChangeKind.JOIN]
-        self.awaiting = [c for c in self.awaiting if c.workers or c.kind is not ChangeKind.JOIN]
-        self.pending.append(Change(ChangeKind.REMOVED, [worker], now, now, world,
+        self.pending = [c for c in self.pending if c.workers or c.kind is not EventKind.JOIN]
+        self.awaiting = [c for c in self.awaiting if c.workers or c.kind is not EventKind.JOIN]
+        self.pending.append(Change(EventKind.REMOVED, [worker], now, now, world,
                                    {"reason": why}))
 
     def published(self, gen: Generation, now: float, redone: int, origin: str) -> None:
@@ -116,7 +104,7 @@ class ChangeLog:
         ``extra`` (the leader's ``state_sync_s``). A re-attached generation's rows from while
         its coordinator was away come first: they complete nothing."""
         due = [c for c in self.awaiting
-               if c.kind is not ChangeKind.REATTACH or at >= c.fields["reformed_at"]]
+               if c.kind is not EventKind.REATTACH or at >= c.fields["reformed_at"]]
         for change in due:
             change.fields["first_step_at"] = at
             change.fields.update(extra)

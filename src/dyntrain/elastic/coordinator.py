@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.board import CoordinatorBoard
-from dyntrain.elastic.changes import Change, ChangeKind, ChangeLog
+from dyntrain.elastic.changes import Change, ChangeLog, EventKind
 from dyntrain.elastic.coordination import JobRecord, Phase, Sink
 from dyntrain.elastic.formation import Formation
 from dyntrain.elastic.membership import CoordinatorConfig, Membership, decide_forming
@@ -109,7 +109,7 @@ class Coordinator:
         now = self.clock()
         self.job.highest_step = highest_step
         self.membership.await_reattach(workers, now)
-        self.changes.reattach = Change(ChangeKind.REATTACH, [], self.started_at, now, 0)
+        self.changes.reattach = Change(EventKind.REATTACH, [], self.started_at, now, 0)
 
     def expect_joiners(self, workers: list[str], within: float) -> None:
         """Admit these soon-to-arrive workers together: hold joins until all said hello (or
@@ -302,7 +302,7 @@ class Coordinator:
             return
         m, where = self.membership, msg.position
         if self.changes.reattach is None:  # not announced by the host: rebuild from reports
-            self.changes.reattach = Change(ChangeKind.REATTACH, [], self.started_at,
+            self.changes.reattach = Change(EventKind.REATTACH, [], self.started_at,
                                            self.clock(), 0)
         self.changes.reattach.workers.append(worker)
         self.sink.log(f"worker {worker} re-attached: {where.state} at step {where.step}")
@@ -357,7 +357,7 @@ class Coordinator:
             # could not reach a peer (that one is removed once all have reported: _remove)
             now = self.clock()
             if msg.reason is not p.ReadyReason.UNREACHABLE:
-                self.changes.add(Change(ChangeKind.CRASH, [], now, now, m.current.world_size,
+                self.changes.add(Change(EventKind.CRASH, [], now, now, m.current.world_size,
                                         {"reason": msg.describe()}))
             self._end_generation(p.Control.ABORT)
 
@@ -367,7 +367,7 @@ class Coordinator:
         self.formation.gone(worker)
         now = self.clock()
         if m.in_current(worker):
-            self.changes.add(Change(ChangeKind.LEAVE, [worker], m.requested.get(worker, now),
+            self.changes.add(Change(EventKind.LEAVE, [worker], m.requested.get(worker, now),
                                     now, m.current.world_size, {"step": msg.step}))
             if msg.gen != m.current.number:
                 # It left while waiting for this generation (told to leave before it found it):
@@ -484,12 +484,12 @@ class Coordinator:
         redone = max(0, self.job.highest_step - gen.start_step) if m.current else 0
         admitted = m.install(gen)
         if gen.checkpoint or gen.fresh:
-            kind = ChangeKind.RESUME if gen.checkpoint else ChangeKind.START
+            kind = EventKind.RESUME if gen.checkpoint else EventKind.START
             self.changes.add(Change(kind, list(gen.members), now, now, 0))
             m.expected = set()
         elif admitted:
             asked = max(m.hello_at[w] for w in admitted)
-            self.changes.add(Change(ChangeKind.JOIN, admitted, asked, asked,
+            self.changes.add(Change(EventKind.JOIN, admitted, asked, asked,
                                     gen.world_size - len(admitted)))
         origin = "checkpoint" if gen.checkpoint else "fresh" if gen.fresh else "members"
         self.changes.published(gen, now, redone, origin)

@@ -57,6 +57,7 @@ class MetricsRow:
         epoch: the epoch the step belongs to, counted from 0.
         world_size: how many workers computed it.
         loss: the mean training loss of its global batch.
+        lr: the learning rate of the optimizer's first parameter group for this step.
         samples_per_s: the global batch over the step's wall time.
         time: the leader's unix time at the end of the step.
         total_steps: how many steps the run trains.
@@ -74,6 +75,7 @@ class MetricsRow:
     epoch: int | None = None
     world_size: int | None = None
     loss: float | None = None
+    lr: float | None = None
     samples_per_s: float | None = None
     time: float | None = None
     total_steps: int | None = None
@@ -95,7 +97,7 @@ class MetricsRow:
             noise = NoiseScale(f.number("b_simple"), f.number("b_simple_raw"), f.number("g2"),
                                f.number("trace_sigma"))
         return cls(step=f.integer("step", required=True), epoch=f.integer("epoch"),
-                   world_size=f.integer("world_size"), loss=f.number("loss"),
+                   world_size=f.integer("world_size"), loss=f.number("loss"), lr=f.number("lr"),
                    samples_per_s=f.number("samples_per_s"), time=f.number("time"),
                    total_steps=f.integer("total_steps"), generation=f.integer("gen"),
                    chunks=f.integers("chunks"), recomputed=f.flag("recomputed"),
@@ -107,7 +109,7 @@ class MetricsRow:
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this row (fields that are None are left out)."""
         out = _present(step=self.step, epoch=self.epoch, world_size=self.world_size,
-                       total_steps=self.total_steps, loss=self.loss,
+                       total_steps=self.total_steps, loss=self.loss, lr=self.lr,
                        samples_per_s=self.samples_per_s, time=self.time,
                        grad_norm=self.grad_norm)
         if self.noise is not None:

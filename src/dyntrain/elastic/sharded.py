@@ -25,17 +25,20 @@ the writer, which holds the whole optimizer state just for the write.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.protocol import Generation
 from dyntrain.elastic.shardplan import ShardLevel, ShardPlan, TensorSpec, diff_plans, plan_ownership
+from dyntrain.elastic.storage import RunStore
 from dyntrain.elastic.transfer import broadcast_state
-from dyntrain.errors import ConfigError
+from dyntrain.errors import ConfigError, DyntrainError
 
 #: Optimizers whose step for one tensor reads only that tensor, its gradient and its own state
 #: (and ``dyntrain.recipes.LARS``, whose trust ratio is per tensor); the exact types, not
@@ -140,6 +143,21 @@ class OptimizerShards:
         """Forget every tensor's state (a receiver of the hand-over; a lost shard)."""
         self.optimizer.state.clear()
         self.held = set()
+
+    def give_up(self, lost: Sequence[str], store: RunStore | None, worker: str) -> str:
+        """No member holds the state of the tensors ``lost``: drop the rest, say so on the
+        terminal and return the line (the generation resumes from the newest checkpoint).
+
+        Raises:
+            DyntrainError: The run folder has no checkpoint to resume from.
+        """
+        found = latest_valid_checkpoint(store) if store is not None else None
+        what = lost_message(lost, self.redundancy, found and found[0])
+        if found is None:
+            raise DyntrainError(what)
+        print(f"dyntrain: worker {worker}: {what}", file=sys.stderr, flush=True)
+        self.hold_none()
+        return what
 
     def owned_state_bytes(self) -> int:
         """Bytes of tensor data in the optimizer state of the tensors this member owns: what it

@@ -58,6 +58,8 @@ class StepResult:
     noise: NoiseScale | None = None
     # The global norm of the reduced gradient before clipping (TrainConfig.grad_clip_norm).
     grad_norm: float | None = None
+    # The learning rate this step was applied with (the optimizer's first parameter group).
+    lr: float | None = None
     # The summed slots of the step's tail (``ChunkStepper.finish``): the members' chunk times.
     slots: list[float] = field(default_factory=list)
 
@@ -343,6 +345,7 @@ class ChunkStepper:
             if scaler is not None:
                 scaler.unscale_(opt)  # clip the true gradient; the scaler knows it is unscaled
             grad_norm = clip_flat_(self._grads, self.config.grad_clip_norm)
+        lr = opt.param_groups[0].get("lr") if opt.param_groups else None
         if self.shards is not None:
             if scaler is not None and self.config.grad_clip_norm is None:
                 scaler.unscale_(opt)  # its overflow check must see the whole gradient
@@ -359,7 +362,8 @@ class ChunkStepper:
         if big is not None:
             noise = self._update_noise(tail.norms, big.item(), loss_scale)
         return StepResult(loss=tail.loss, reform=tail.reform, leavers=tail.leavers, noise=noise,
-                          grad_norm=grad_norm, slots=tail.slots)
+                          grad_norm=grad_norm, slots=tail.slots,
+                          lr=float(lr) if isinstance(lr, int | float) else None)
 
     def _update_noise(self, chunk_norms: list[float], big_norm: float,
                       loss_scale: float) -> NoiseScale | None:

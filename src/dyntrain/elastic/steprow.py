@@ -1,15 +1,18 @@
-"""The leader's ``metrics.jsonl`` row for each step it applied (and the validation due then)."""
+"""The leader's ``metrics.jsonl`` row for each step it applied (and the validation due then),
+built as the run files' :class:`~dyntrain.elastic.runrows.MetricsRow`."""
 
 from __future__ import annotations
 
 import logging
 import math
 import time
+from dataclasses import asdict
 
 from torch import nn
 
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.noise import NoiseScaleTracker
+from dyntrain.elastic.runrows import MetricsRow, NoiseScale
 from dyntrain.elastic.stepper import StepResult
 from dyntrain.elastic.validation import Validation
 
@@ -35,16 +38,16 @@ class StepRows:
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
         self.validations: list[dict] = []  # this worker's validation results, with their step
 
-    def row(self, step: int, result: StepResult, world_size: int, seconds: float) -> dict:
+    def row(self, step: int, result: StepResult, world_size: int, seconds: float) -> MetricsRow:
         """The row of ``step`` (just applied, in ``seconds``); runs validation when it is due."""
-        extra = noise_fields(self.noise, result)
-        if result.grad_norm is not None:
-            extra["grad_norm"] = metric(result.grad_norm)
-        return dict(step=step, epoch=(step - 1) // self.steps_per_epoch,
-                    world_size=world_size, total_steps=self.total_steps,
-                    loss=round(result.loss, 6),
-                    samples_per_s=round(self.config.global_batch / seconds, 1),
-                    time=time.time(), **extra, **self._maybe_validate(step))
+        return MetricsRow(step=step, epoch=(step - 1) // self.steps_per_epoch,
+                          world_size=world_size, total_steps=self.total_steps,
+                          loss=round(result.loss, 6),
+                          samples_per_s=round(self.config.global_batch / seconds, 1),
+                          time=time.time(), grad_norm=metric(result.grad_norm),
+                          lr=metric(result.lr),
+                          noise=noise_scale(self.noise, result),
+                          validation=self._maybe_validate(step))
 
     def _maybe_validate(self, step: int) -> dict:
         """Run the validation hook if it is due after ``step``; its ``val_*`` fields."""
@@ -57,13 +60,19 @@ class StepRows:
         return fields
 
 
-def noise_fields(tracker: NoiseScaleTracker | None, result: StepResult) -> dict:
-    """The gradient noise scale fields of a metrics row (none when it is off)."""
+def noise_scale(tracker: NoiseScaleTracker | None, result: StepResult) -> NoiseScale | None:
+    """The gradient noise scale of a metrics row (None when it is off)."""
     if tracker is None:
-        return {}
+        return None
     raw = result.noise.b_simple if result.noise is not None else None
-    return {"b_simple": metric(tracker.b_simple), "b_simple_raw": metric(raw),
-            "g2": metric(tracker.g2_ema), "trace_sigma": metric(tracker.trace_ema)}
+    return NoiseScale(b_simple=metric(tracker.b_simple), b_simple_raw=metric(raw),
+                      g2=metric(tracker.g2_ema), trace_sigma=metric(tracker.trace_ema))
+
+
+def noise_fields(tracker: NoiseScaleTracker | None, result: StepResult) -> dict:
+    """``noise_scale``'s fields as a metrics row's JSON holds them (none when it is off)."""
+    noise = noise_scale(tracker, result)
+    return {} if noise is None else asdict(noise)
 
 
 def metric(value: float | None) -> float | None:

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -33,7 +34,7 @@ from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.rejoin import start_over
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
-from dyntrain.elastic.sharded import checkpoint_due, lost_message, shards_for, without_tensor_state
+from dyntrain.elastic.sharded import checkpoint_due, shards_for, without_tensor_state
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.steprow import StepRows
@@ -110,6 +111,10 @@ class ElasticTrainer:
             processes ahead of time. None loads in the training process.
         validation: A ``Validation``: evaluate the model (on the leader) every N steps or epochs
             and at the end, without changing training. None: no validation.
+        tensorboard: Alone with an output folder: also write TensorBoard event files to its
+            ``tensorboard/`` (``dyntrain.elastic.tensorboard``). None: when the tensorboard
+            package is installed; True without it raises ``MissingExtra``. Inside a job the
+            launcher writes them (``dyntrain run --tensorboard/--no-tensorboard``).
 
     Raises:
         ConfigError: ``dataset`` is smaller than one global batch.
@@ -133,6 +138,7 @@ class ElasticTrainer:
         collective_timeout: float = 300.0,
         loader=None,
         validation: Validation | None = None,
+        tensorboard: bool | None = None,
     ) -> None:
         install_excepthook()  # a DyntrainError from here on is one line in a script
         out = out_dir or os.environ.get(ENV_OUT)
@@ -166,7 +172,8 @@ class ElasticTrainer:
         self._leave_requested = False
         self._channel: WorkerChannel | None = None
         self.last_result: StepResult | None = None  # of the last step this worker applied
-        self._alone = AloneOutput(self.store)  # terminal and files of a world of one
+        # terminal and files of a world of one
+        self._alone = AloneOutput(self.store, tensorboard=tensorboard)
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
         self.balancer: ChunkBalancer | None = None
         self._state_sync_s: float | None = None  # this generation's state hand-over, seconds
@@ -358,9 +365,12 @@ class ElasticTrainer:
             self._sync_state(gen, group, aborted)
             if self.shards is not None:
                 lost = self.shards.reshard(group, gen, self.worker_id, aborted)
-                if lost:
+                if lost:  # say so, and resume from the newest checkpoint: nobody holds state
                     clean = True  # the plan's all-reduce was the generation's last collective
-                    return self._lost_shards(gen, lost)
+                    what = self.shards.give_up(lost, self.store, self.worker_id)
+                    self.has_state = False
+                    ch.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=what))
+                    return Outcome.REFORM
                 self.stepper.shards = self.shards
             outcome = self._train(gen, group, aborted)
             clean = True
@@ -429,11 +439,12 @@ class ElasticTrainer:
                                              or self.step == self.total_steps,
                                              generation=gen.number)
                 now = time.perf_counter()
-                sync = {}
-                if self._state_sync_s is not None:  # reported with the generation's first step
-                    sync, self._state_sync_s = {"state_sync_s": round(self._state_sync_s, 4)}, None
-                row = self.rows.row(self.step, result, gen.world_size, now - last)
-                ch.send(p.Metrics(({"gen": gen.number, "chunks": counts, **sync, **row},)))
+                # the state hand-over's time is reported with the generation's first step
+                sync, self._state_sync_s = self._state_sync_s, None
+                row = replace(self.rows.row(self.step, result, gen.world_size, now - last),
+                              generation=gen.number, chunks=tuple(counts),
+                              state_sync_s=None if sync is None else round(sync, 4))
+                ch.send(p.Metrics((row.to_json(),)))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:
                 break
@@ -452,19 +463,6 @@ class ElasticTrainer:
             ch.wait_job_state(p.JobState.DONE)  # a coordinator restarted meanwhile learns it
             return Outcome.DONE
         return self._await_end(aborted)
-
-    def _lost_shards(self, gen: p.Generation, lost: list[str]) -> Outcome:
-        """No member holds the optimizer state of ``lost``: report holding no state, so that
-        the next generation resumes from the newest checkpoint, and say so."""
-        found = latest_valid_checkpoint(self.store) if self.store is not None else None
-        what = lost_message(lost, self.config.shard_redundancy, found and found[0])
-        if found is None:
-            raise DyntrainError(what)
-        print(f"dyntrain: worker {self.worker_id}: {what}", file=sys.stderr, flush=True)
-        self.shards.hold_none()
-        self.has_state = False
-        self._channel.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=what))
-        return Outcome.REFORM
 
     def _await_end(self, aborted) -> Outcome:
         """A member after the last step: the leader writes the final model and reports the end.

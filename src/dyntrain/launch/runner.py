@@ -20,9 +20,12 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.address import is_wildcard, machine_addresses
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.linelog import open_lines, read_lines
-from dyntrain.elastic.progress import METRICS_FILE, progress_line, result_line, write_result
+from dyntrain.elastic.linelog import open_lines
+from dyntrain.elastic.progress import progress_line, result_line, write_result
+from dyntrain.elastic.runlog import open_events, open_metrics, read_records
+from dyntrain.elastic.runrows import EventRow, MetricsRow
 from dyntrain.elastic.storage import RunStore, StorageError, open_store
+from dyntrain.elastic.tensorboard import TensorBoardMirror, wanted
 from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
@@ -56,6 +59,8 @@ class RunOptions:
     progress_every: float = 1.0
     grace_seconds: float = 30.0  # after Ctrl-C, before workers that did not stop are killed
     chaos: tuple[int, int, tuple[str, ...]] | None = None  # (seed, strikes, aims): launch.chaos
+    # TensorBoard files in the run folder: True, False, or None (when tensorboard is installed)
+    tensorboard: bool | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -70,15 +75,28 @@ class RunOptions:
 
 
 class RunSink:
-    """Writes events.jsonl and metrics.jsonl and prints progress on the terminal."""
+    """Writes events.jsonl and metrics.jsonl (and their TensorBoard mirror) and prints progress
+    on the terminal.
+
+    Args:
+        store: the run folder.
+        total_hint: the run's steps, as progress lines show them before the first row says.
+        stream: where progress lines go.
+        quiet: print only how the run ended.
+        every: seconds between two progress lines.
+        tensorboard: mirror the rows into TensorBoard event files
+            (``dyntrain.elastic.tensorboard``): True, False, or None (when it is installed).
+    """
 
     def __init__(self, store: RunStore, total_hint: str, stream: TextIO, quiet: bool,
-                 every: float) -> None:
+                 every: float, tensorboard: bool | None = None) -> None:
         self.files, self.stream, self.quiet, self.every = store, stream, quiet, every
         # told from the writers' threads when an object store refuses a write for a while
-        self.events_file = open_lines(store, "events.jsonl", on_error=self.storage_warning)
-        self.metrics_file = open_lines(store, METRICS_FILE, on_error=self.storage_warning)
+        self.events_file = open_events(store, on_error=self.storage_warning)
+        self.metrics_file = open_metrics(store, on_error=self.storage_warning)
         self.fired_file = open_lines(store, FIRED_FILE, on_error=self.storage_warning)
+        self.tensorboard = (TensorBoardMirror(store, on_error=self.storage_warning)
+                            if wanted(tensorboard) else None)
         self.total_hint = total_hint
         self.started = time.time()
         self.last_print = 0.0
@@ -100,7 +118,9 @@ class RunSink:
 
     def event(self, record: dict) -> None:
         self.events.append(record)
-        self.events_file.write(json.dumps(record), urgent=True)
+        self.events_file.write(record)  # checked against the row type: RowError if bad
+        if self.tensorboard is not None:
+            self.tensorboard.event(EventRow.from_json(record))
         who = ",".join(record["workers"])
         self._say(f"{record['event']} {who}: world {record['world_before']} -> "
                   f"{record.get('world_after')}, first step in the new world "
@@ -109,7 +129,9 @@ class RunSink:
 
     def metrics(self, record: dict) -> None:
         self.last_metrics = record
-        self.metrics_file.write(json.dumps(record))
+        self.metrics_file.write(record)  # checked against the row type: RowError if bad
+        if self.tensorboard is not None:
+            self.tensorboard.metrics(MetricsRow.from_json(record))
         now = time.time()
         if now - self.last_print >= self.every:
             self.last_print = now
@@ -142,8 +164,7 @@ class RunSink:
 
     def fired_before(self) -> list[str]:
         """The events that earlier launches into this run folder fired, in order."""
-        return [json.loads(line)["event"] for line in read_lines(self.files, FIRED_FILE)
-                if line.strip()]
+        return [r.data["event"] for r in read_records(self.files, FIRED_FILE).records]
 
     def unfired(self, events: list[str], why: str) -> None:
         """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""
@@ -155,6 +176,9 @@ class RunSink:
         """Write out what is still buffered (an object store's lines)."""
         for lines in (self.events_file, self.metrics_file, self.fired_file):
             lines.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
 
 
 def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
@@ -174,7 +198,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     address = f"{host}:{tcp.port}"
     out = str(store.local.resolve()) if store.local is not None else store.location
     tcp.set(p.JOB_INFO, json.dumps({"out_dir": out}))
-    sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every)
+    sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every, opts.tensorboard)
 
     def find_checkpoint():
         found = latest_valid_checkpoint(store, on_skip=lambda where, why: sink.log(

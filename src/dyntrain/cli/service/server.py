@@ -80,9 +80,14 @@ def _url_for(host: str, port: int) -> str:
 @click.option("--coordinator-host", default=None,
               help="Address of this host that workers reach its job coordinators at [default: "
                    "127.0.0.1; with Ray, the address the cluster sees for this host].")
+@click.option("--policy", default="fifo", show_default=True,
+              type=click.Choice(["fifo", "fair", "goodput"]),
+              help="How running elastic jobs share free slots: fifo (by priority, then first "
+                   "in, first out, each to its max), fair (even shares) or goodput (by each "
+                   "job's measured speed-up, per dollar).")
 def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds,
            warm_workers, aws_credentials, executor, ray_address, ray_namespace, ray_placement,
-           ray_fence_seconds, coordinator_host):
+           ray_fence_seconds, coordinator_host, policy):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
@@ -108,7 +113,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
                            ray_address=ray_address or os.environ.get("RAY_ADDRESS") or None,
                            ray_namespace=ray_namespace, ray_placement=ray_placement,
                            ray_fence_seconds=ray_fence_seconds,
-                           coordinator_host=coordinator_host)
+                           coordinator_host=coordinator_host, policy=policy)
     state_lock = StateDirLock(config.state_dir)
     try:  # before the port: a second server on this state dir is told who runs, not "in use"
         state_lock.acquire()

@@ -15,6 +15,7 @@ from collections.abc import ItemsView, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from dyntrain.service.core.model import (
     CapacityType,
@@ -24,6 +25,9 @@ from dyntrain.service.core.model import (
     ValidationError,
     never_fits,
 )
+
+if TYPE_CHECKING:
+    from dyntrain.service.core.speedup import JobProfile
 
 _ACTIVE = (JobStatus.STARTING, JobStatus.RUNNING)
 FIFO = attrgetter("created", "id")  # a queue's order: first in, first out; ties by id
@@ -75,6 +79,7 @@ class JobView:
     status: JobStatus = JobStatus.RUNNABLE
     placement: Mapping[str, int] = field(default_factory=dict)  # env -> workers, when active
     preemptible: bool = True  # may be shrunk (never below min) for a higher-priority job
+    profile: JobProfile | None = None  # its measured speed-up, for an allocation policy
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", JobStatus(self.status))

@@ -38,6 +38,10 @@ One pass applies these rules, in this order:
    then first in, first out, filling their queue's environments in order (cheapest first), never
    where a blocked job of their own or an earlier queue holds a reservation.
 
+An allocation policy (``core/allocation.py``) may change two things: how many workers a job
+takes when it starts (rule 2: up to its max by default), and rule 5, which it may replace with its
+own moves (``fair``, ``goodput``). The default policy keeps every rule above as it is.
+
 A DISABLED queue starts and grows nothing; a DISABLED environment gets no new workers; running
 workers stay on both. Slots released by ``Shrink`` and ``Suspend`` count as free in the same pass:
 the controller starts the new workers once the notified ones have left.
@@ -58,6 +62,8 @@ from collections.abc import Mapping, Sequence
 from itertools import islice
 from operator import attrgetter
 
+from dyntrain.service.core.allocation import FIFO as FIFO_POLICY
+from dyntrain.service.core.allocation import AllocationPolicy, Waiter, reallocate
 from dyntrain.service.core.model import JobStatus, Resources, State
 from dyntrain.service.core.plan import (
     FIFO,
@@ -83,9 +89,10 @@ __all__ = ["EnvView", "Grow", "JobView", "Plan", "QueueView", "Shrink", "Snapsho
 _CREATED = attrgetter("created")
 
 
-def schedule(snapshot: Snapshot) -> Plan:
-    """Decide one pass: capacity loss, admission (with preemption), then growth."""
-    state = _Pass(snapshot)
+def schedule(snapshot: Snapshot, policy: AllocationPolicy = FIFO_POLICY) -> Plan:
+    """Decide one pass: capacity loss, admission (with preemption), then growth (``policy``'s
+    allocation, when it has one; the default policy keeps rule 5)."""
+    state = _Pass(snapshot, policy)
     _shed_lost_capacity(state)
     for queue_name, jobs in state.queued_in_order():
         if queue_name in state.unsorted:
@@ -98,7 +105,9 @@ def schedule(snapshot: Snapshot) -> Plan:
 class _Pass:
     """The working state of one pass: placements and free slots as decisions are taken."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, policy: AllocationPolicy = FIFO_POLICY) -> None:
+        self.policy = policy
+        self.blocked: list[Waiter] = []  # queue heads that could not start (rule 4)
         self.envs = {env.name: env for env in snapshot.envs}
         self.queues = {queue.name: queue for queue in snapshot.queues}
         order = sorted(snapshot.queues, key=lambda q: (-q.priority, q.name))
@@ -253,9 +262,9 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
         usable = usable_by_size.get(job.resources)
         if usable is None:
             usable = usable_by_size[job.resources] = state.usable(queue, rank, job.resources)
-        placement = _fill(state.free, usable, job.min_workers, job.max_workers)
+        placement = _fill(state.free, usable, job.min_workers, state.policy.start_workers(job))
         if placement is None and _make_room(state, job, queue, usable):
-            placement = _fill(state.free, usable, job.min_workers, job.max_workers)
+            placement = _fill(state.free, usable, job.min_workers, state.policy.start_workers(job))
         if placement is None:
             _block(state, queue, rank, jobs, i, ahead, fit)
             return
@@ -313,6 +322,7 @@ def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i
     reason = (f"waiting for {short} more slot{'s' if short != 1 else ''} in {queue.name}'s "
               f"environments ({details}); it needs {head.min_workers} at once")
     state.single[head.id] = WaitInfo(reason, ahead + 1)
+    state.blocked.append(Waiter(head, tuple(usable), short, queue.priority))
     for name in queue.compute_environments:
         env = state.envs.get(name)
         if env is not None and env.state is State.ENABLED and head.resources.fits_in(env.slot):
@@ -337,7 +347,10 @@ def _env_detail(state: _Pass, name: str, resources: Resources, rank: int) -> str
 
 
 def _grow(state: _Pass) -> None:
-    """Rule 5: running jobs below max take free slots, higher priority first, then FIFO."""
+    """Rule 5: running jobs below max take free slots, higher priority first, then FIFO (or
+    the allocation policy's moves)."""
+    if reallocate(state):
+        return
     unknown = len(state.rank)
     for job in sorted(state.running, key=lambda j: (state.rank.get(j.queue, unknown), *FIFO(j))):
         queue = state.queues.get(job.queue)

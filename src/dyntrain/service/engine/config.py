@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dyntrain.elastic.protocol import FAILURE_TIMEOUT
+from dyntrain.service.core.allocation import FIFO, AllocationPolicy
 
 
 @dataclass
@@ -25,6 +26,8 @@ class ControllerConfig:
         new_jobs_per_step: new jobs read in one step; with ``resolve_per_step`` (waiting jobs
             resolved) and ``starts_per_step`` (jobs started), what bounds a step's work, so
             that an API request never waits long.
+        policy: how running elastic jobs share slots (``core/allocation.py``; default:
+            by priority, then first in, first out).
     """
 
     state_dir: Path
@@ -36,3 +39,4 @@ class ControllerConfig:
     new_jobs_per_step: int = 2000
     resolve_per_step: int = 1000
     starts_per_step: int = 64
+    policy: AllocationPolicy = FIFO

@@ -140,7 +140,8 @@ class Controller:
             self._resolve_waiting()
             self._update_array_parents()
             envs = self.store.list_compute_environments()
-            self._apply(schedule(self.snapshot(now, envs)), {ce.name: ce for ce in envs})
+            self._apply(schedule(self.snapshot(now, envs), self.config.policy),
+                        {ce.name: ce for ce in envs})
             seconds = time.perf_counter() - started
             for observe in self.pass_observers:
                 observe(seconds)
@@ -243,9 +244,11 @@ class Controller:
             if job.elastic is None:  # a plain or multi-node job never grows back
                 lo = hi = max(1, sum(running.get(job.id, {}).values()))
             status = JobStatus.RUNNING if attempt.workers else JobStatus.STARTING
+            profile = (attempt.host.sink.speedup.profile() if attempt.host is not None
+                       and self.config.policy.reallocates else None)
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),
-                                  preemptible=job.elastic is not None))
+                                  preemptible=job.elastic is not None, profile=profile))
         return Snapshot(envs, queues, tuple(active), self.index.queues())
 
     def _apply(self, plan: Plan, envs: dict[str, ComputeEnvironment]) -> None:

@@ -16,12 +16,13 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import parse_address
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.linelog import read_bytes, size
-from dyntrain.elastic.progress import METRICS_FILE, result_line
+from dyntrain.elastic.progress import result_line
+from dyntrain.elastic.runlog import last_step
 from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
 from dyntrain.launch.runner import RunSink
 from dyntrain.service.core.jobtext import short_worker
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.speedup import SpeedupTracker
 from dyntrain.service.store import Store
 
 log = logging.getLogger("dyntrain.service")
@@ -41,9 +42,11 @@ class ServiceSink(RunSink):
         self._progress_at = -PROGRESS_EVERY
         self._progress_of: dict | None = None  # the metrics record last written as progress
         self.stopping = False  # the job is being stopped: its status reason says so already
+        self.speedup = SpeedupTracker()  # its measured speed-up (allocation policies)
 
     def event(self, record: dict) -> None:
         super().event(record)
+        self.speedup.observe_change(record)
         self.store.add_event(self.job_id, f"membership.{record['event']}", record)
         world = record.get("world_after")
         who = ", ".join(short_worker(w) for w in record.get("workers") or [])
@@ -56,6 +59,7 @@ class ServiceSink(RunSink):
 
     def metrics(self, record: dict) -> None:
         super().metrics(record)
+        self.speedup.observe_step(record)
         now = time.monotonic()
         last = self._progress_of or {}
         if (now - self._progress_at >= PROGRESS_EVERY
@@ -131,7 +135,7 @@ class ElasticHost:
                                         settle_seconds=2.0, failure_timeout=failure_timeout),
             self.sink, self._find_checkpoint)
         if recovering is not None:
-            self.coordinator.expect_reattach(recovering, _last_step(self.files))
+            self.coordinator.expect_reattach(recovering, last_step(self.files))
 
     def _find_checkpoint(self):
         found = latest_valid_checkpoint(self.files)
@@ -182,17 +186,3 @@ def _listen(port: int) -> dist.TCPStore:
                 raise
     raise AssertionError("unreachable")
 
-
-def _last_step(files: RunStore) -> int:
-    """The step of the last complete row of the run's metrics (0 when there is none)."""
-    try:
-        lines = read_bytes(files, METRICS_FILE, max(0, size(files, METRICS_FILE) - 65536)
-                           ).splitlines()
-    except (OSError, StorageError):
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue
-    return 0

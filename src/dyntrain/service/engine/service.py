@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dyntrain.errors import DyntrainError
+from dyntrain.service.core.allocation import policy_by_name
 from dyntrain.service.core.executor import get_executor
 from dyntrain.service.core.model import (
     DEFAULT_PORT,
@@ -42,6 +43,7 @@ class ServiceConfig:
     ray_placement: str = "pack"
     ray_fence_seconds: float = 10.0  # a worker cut off from the Ray cluster this long is killed
     coordinator_host: str | None = None  # where workers reach job coordinators (Ray: this host)
+    policy: str = "fifo"  # allocation policy: fifo, fair or goodput (core/allocation.py)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir)
@@ -96,7 +98,7 @@ class Service:
             self.executor.coordinator_host = config.coordinator_host
         self.controller = Controller(self.store, self.executor, ControllerConfig(
             config.state_dir / "runs", grace_seconds=config.grace_seconds,
-            reattach_seconds=config.reattach_seconds))
+            reattach_seconds=config.reattach_seconds, policy=policy_by_name(config.policy)))
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dyntrain.procstat import read_stat
 from dyntrain.service.core.executor import (
     SIGNALS,
     Executor,
@@ -49,7 +50,7 @@ from dyntrain.service.core.executor import (
 )
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.journal import journal_entry, read_status
-from dyntrain.service.executors.machine import detect_gpus, mem_total_mib, proc_stat
+from dyntrain.service.executors.machine import detect_gpus, mem_total_mib
 from dyntrain.service.executors.runnable import start_problem
 from dyntrain.service.executors.supervisor import GONE, SupervisorLink
 from dyntrain.service.executors.warm import eligible
@@ -279,14 +280,14 @@ class LocalExecutor(Executor):
         if w.supervised:
             return True  # its supervisor reports the exit
         # A zombie still runs for us: its supervisor writes the status file before reaping it.
-        st = proc_stat(w.pid)
-        return st is not None and st[1] == w.start_time
+        st = read_stat(w.pid)
+        return st is not None and st.start_ticks == w.start_time
 
     def _finish(self, w: _Worker) -> WorkerExit:
         """The exit of an unsupervised worker known to be over: kill leftovers, read its file."""
-        st = proc_stat(w.pid)
+        st = read_stat(w.pid)
         # Only when the pid is not someone else's by now; a live group keeps its id unused.
-        if st is None or st[1] == w.start_time:
+        if st is None or st.start_ticks == w.start_time:
             _killpg(w.pid, _signal.SIGKILL)
         record = read_status(self.status_path(w.spec.worker_id))
         if record is not None and record.get("start_time") not in (None, w.start_time):
@@ -422,8 +423,8 @@ class LocalExecutor(Executor):
             if pid == own:
                 continue
             while live.exists():
-                st = proc_stat(pid)
-                if st is None or st[1] != started or st[0] in ("Z", "X"):
+                st = read_stat(pid)
+                if st is None or st.start_ticks != started or st.state.ended:
                     live.unlink(missing_ok=True)  # it died before it read everything
                     break
                 if time.monotonic() > deadline:

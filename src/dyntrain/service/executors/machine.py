@@ -1,23 +1,9 @@
-"""This machine as the local executor sees it: its memory, its GPUs, and what ``/proc`` says
-about a process (its state and start time, which tell a running worker from a reused pid)."""
+"""This machine as the local executor sees it: its memory and its GPUs (what ``/proc`` says about
+a process is :mod:`dyntrain.procstat`'s)."""
 
 from __future__ import annotations
 
 import os
-
-
-def proc_stat(pid: int) -> tuple[str, int] | None:
-    """``(state, start time)`` of a process from ``/proc/<pid>/stat``, None if there is none."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    try:
-        rest = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
-        return rest[0].decode(), int(rest[19])  # fields 3 and 22
-    except (ValueError, IndexError):
-        return None
 
 
 def mem_total_mib() -> int:

@@ -33,12 +33,14 @@ was never started.
 ``SupervisorLink`` is the executor's end: it starts the process and exchanges the lines.
 
 Standard library only, run by path: starting it must not import the ``dyntrain`` package (and
-with it torch). A worker costs a ``posix_spawn`` (a vfork and an exec), not a Python interpreter.
+with it torch); ``dyntrain.procstat`` (standard library only too) is loaded from its file. A
+worker costs a ``posix_spawn`` (a vfork and an exec), not a Python interpreter.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import json
 import os
 import select
@@ -48,15 +50,20 @@ import subprocess
 import sys
 import time
 
+if __package__:
+    from dyntrain import procstat
+else:  # run by path: the package is not importable; its standard-library-only module, by file
+    _spec = importlib.util.spec_from_file_location("dyntrain_procstat", os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "procstat.py"))
+    procstat = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = procstat  # before it runs: its dataclasses look their module up
+    _spec.loader.exec_module(procstat)
+
 
 def proc_start_time(pid: int) -> int | None:
-    """Field 22 of ``/proc/<pid>/stat`` (clock ticks since boot), None if there is no such pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
+    """When process ``pid`` started (clock ticks since boot), None if there is no such pid."""
+    st = procstat.read_stat(pid)
+    return None if st is None else st.start_ticks
 
 
 def write_json(path: str, record: dict) -> None:

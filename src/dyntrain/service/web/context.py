@@ -19,6 +19,7 @@ from dyntrain.service.engine.reads import cost_of, environment_views
 from dyntrain.service.engine.service import Service
 from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.web import runfiles
+from dyntrain.service.web.speedup import speedup_chart
 
 JOBS_PER_PAGE = 50
 CHILDREN_PER_PAGE = 100
@@ -218,4 +219,5 @@ def job_series(service: Service, job: Job, offset: int) -> dict[str, Any]:
                      "first_step_at": c.first_step_at, "world_after": c.world_after,
                      "latency_s": c.latency_s, "start_step": c.start_step} for c in changes],
         "status": job.status.value,
+        "speedup": speedup_chart(service.controller.run_store(job), job.workers_range[1]),
     }

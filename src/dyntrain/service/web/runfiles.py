@@ -1,55 +1,53 @@
-"""Reading an elastic job's run folder: metrics.jsonl in pieces, its tail, its checkpoints."""
+"""The dashboard's reads of an elastic job's run folder: metrics.jsonl in pieces, its tail, its
+checkpoints."""
 
 from __future__ import annotations
-
-import json
 
 # imports torch, so the app loads it at start. Loaded lazily instead, torch would first load when
 # the controller launches an elastic job, under the service's lock: API calls waited for the import
 # (a 10 s client timeout ran out in make demo on a loaded machine).
 from dyntrain.elastic.ckptstore import CheckpointInfo, describe_checkpoints
-from dyntrain.elastic.linelog import read_bytes, size
+from dyntrain.elastic.runlog import (
+    METRICS_FILE,
+    TAIL_BYTES,
+    RunLogError,
+    read_records,
+    tail_records,
+)
 from dyntrain.elastic.storage import RunStore, StorageError
 
-METRICS_FILE = "metrics.jsonl"
 # the per-step fields the dashboard plots (a row may carry more: validation, gradient norm, ...)
 SERIES_FIELDS = ("step", "time", "world_size", "loss", "samples_per_s", "b_simple")
 MAX_CHUNK_BYTES = 2 << 20
 
 
+def _skip(_: RunLogError) -> None:
+    """The dashboard shows whatever a run wrote: a line that is not a JSON object is passed
+    over."""
+
+
 def read_rows(files: RunStore, offset: int, max_bytes: int = MAX_CHUNK_BYTES,
               name: str = METRICS_FILE) -> tuple[list[dict], int]:
     """Whole JSON lines of a run's metrics from byte ``offset`` on (at most about
-    ``max_bytes``), and the offset after the last whole line read; a line still being written
-    is left for the next call. A run folder that cannot be read now has no new rows."""
+    ``max_bytes``), and the offset after the last whole line read, read as
+    :mod:`dyntrain.elastic.runlog` reads (a line still being written is left for the next call;
+    one that is not a JSON object is skipped). A run folder that cannot be read now has no new
+    rows."""
     try:
-        data = read_bytes(files, name, offset, max_bytes)
+        found = read_records(files, name, offset=offset, max_bytes=max_bytes, on_bad=_skip)
     except (OSError, StorageError):
         return [], offset
-    end = data.rfind(b"\n") + 1
-    rows = []
-    for line in data[:end].splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue  # a torn line from a killed writer: skipped, not fatal
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows, offset + end
+    return [r.data for r in found.records], found.end
 
 
-def tail_rows(files: RunStore, n: int, window: int = 64 << 10,
+def tail_rows(files: RunStore, n: int, window: int = TAIL_BYTES,
               name: str = METRICS_FILE) -> list[dict]:
-    """The last ``n`` whole JSON lines of a run's metrics (fewer when short or absent)."""
+    """The last ``n`` JSON lines of a run's metrics (fewer when short or absent), read as
+    ``read_rows`` reads."""
     try:
-        total = size(files, name)
+        return [r.data for r in tail_records(files, n, name, window, on_bad=_skip)]
     except (OSError, StorageError):
         return []
-    start = max(0, total - window)
-    rows, _ = read_rows(files, start, window, name)
-    if start > 0 and rows:
-        rows = rows[1:]  # the first line read may have begun before the window
-    return rows[-n:]
 
 
 def series(rows: list[dict]) -> dict[str, list]:

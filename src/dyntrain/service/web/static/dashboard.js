@@ -276,6 +276,23 @@
     const stepMarks = () => changes.filter((c) => c.start_step != null).map((c) => ({
       from: c.start_step, colour: KIND_COLOURS[c.kind] || "#667085", label: "" }));
 
+    function speedupChart(s) {
+      // the model at every size from 1 to the job's max; the measured medians on the same axis
+      const measured = s.model.w.map((w) => { const i = s.points.w.indexOf(w); return i < 0 ? null : s.points.samples_per_s[i]; });
+      const data = [s.model.w, s.model.samples_per_s, measured];
+      document.getElementById("speedup-block").hidden = false;
+      if (!charts.speedup) {
+        charts.speedup = makeChart(document.getElementById("speedup-chart"), {
+          height: 230, scales: { x: { time: false } },
+          series: [{ label: "workers" }, { label: "model", stroke: "#2f6fdf", width: 1.5, points: { show: false } },
+            { label: "measured (median)", stroke: "#1f9d55", width: 0, points: { show: true, size: 8, fill: "#1f9d55" } }],
+          axes: [{ label: "workers", incrs: [1, 2, 5, 10, 20, 50, 100] }, { label: "samples/s" }],
+        }, data);
+      } else {
+        charts.speedup.setData(data);
+      }
+    }
+
     function stepChart(name, el, label, colour, values) {
       const data = [rows.step, values];
       if (!charts[name]) {
@@ -322,6 +339,7 @@
         if (!charts.loss) noData(els.loss, "No step yet.");
         if (!charts.speed) noData(els.speed, "No step yet.");
       }
+      if (data.speedup) speedupChart(data.speedup);
       const worldNow = document.getElementById("world-now");
       if (worldNow && rows.world_size.length && data.status === "RUNNING") worldNow.title = `last step ran on ${rows.world_size[rows.world_size.length - 1]} worker(s)`;
     };

@@ -1,0 +1,2 @@
+"""Adapters that build an ``ElasticTrainer`` from training code written for another framework
+(``dyntrain.adapters.lightning``: a Lightning ``LightningModule``)."""
