@@ -157,6 +157,8 @@ _BASE = dict(
     exact_ring=True,
     balance=True,
     bucket_mb=4.0,
+    shard_level=0,
+    shard_redundancy=2,
 )
 
 # One changed value per field; every field of TrainConfig must be listed here.
@@ -179,6 +181,8 @@ _CHANGES = {
     "exact_ring": False,
     "balance": False,
     "bucket_mb": 1.0,
+    "shard_level": 1,
+    "shard_redundancy": 3,
 }
 
 

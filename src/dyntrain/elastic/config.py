@@ -42,6 +42,10 @@ class TrainConfig:
     time for the digits models (``bench/noise_overhead.py``). See
     ``dyntrain.elastic.stepper``.
 
+    ``shard_level`` 1 shards the optimizer state by whole tensors (ZeRO-1,
+    ``dyntrain.elastic.sharded``): each tensor's state is held by ``shard_redundancy`` members,
+    who alone step it; the result is the same as with 0 (nothing sharded, the default).
+
     ``grad_clip_norm`` clips the gradient by its global L2 norm after the all-reduce, on the
     reduced (and, with a loss scaler, unscaled) gradient: the same on every worker, so clipping
     does not depend on the world size.
@@ -67,6 +71,10 @@ class TrainConfig:
         exact_ring: With ``exact_reduction`` on gloo, sum with the exact ring.
         balance: Give faster members more chunks.
         bucket_mb: Size of a gradient bucket in MiB.
+        shard_level: 0: every member holds everything; 1: the optimizer state is sharded
+            (ZeRO-1). Levels 2 and 3 are not built yet.
+        shard_redundancy: Members that hold each tensor's optimizer state (at least 1): a crash
+            of fewer than this many members loses none of it.
 
     Raises:
         ConfigError: A value is out of range, or ``chunk_size`` does not divide
@@ -91,6 +99,8 @@ class TrainConfig:
     exact_ring: bool = True
     balance: bool = True
     bucket_mb: float = 4.0
+    shard_level: int = 0
+    shard_redundancy: int = 2
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0 or self.chunk_size <= 0:
@@ -124,6 +134,16 @@ class TrainConfig:
             raise ConfigError(f"grad_clip_norm must be positive, got {self.grad_clip_norm}")
         if not self.bucket_mb > 0:
             raise ConfigError(f"bucket_mb must be positive, got {self.bucket_mb}")
+        if self.shard_level not in (0, 1):
+            raise ConfigError(f"shard_level must be 0 or 1 (levels 2 and 3 are not built yet), "
+                              f"got {self.shard_level}")
+        if self.shard_redundancy < 1:
+            raise ConfigError(f"shard_redundancy must be at least 1, got "
+                              f"{self.shard_redundancy}")
+        if self.shard_level and self.checkpoint_every_seconds is not None:
+            raise ConfigError("checkpoint_every_seconds is not supported with shard_level 1 "
+                              "(every member must know a checkpoint is due): use "
+                              "checkpoint_every_steps")
         if self.noise_scale and self.num_chunks < 2:
             raise ConfigError(
                 f"noise_scale needs at least two chunks per step to compare batch sizes, but "
@@ -179,7 +199,7 @@ class TrainConfig:
 # Later additions and their defaults (see ``TrainConfig.fingerprint``).
 _LATER_FIELDS = {"noise_scale": False, "noise_ema": 0.95, "noise_every": 4,
                  "grad_clip_norm": None, "overlap": True, "exact_ring": True, "balance": True,
-                 "bucket_mb": 4.0}
+                 "bucket_mb": 4.0, "shard_level": 0, "shard_redundancy": 2}
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:

@@ -32,7 +32,7 @@ from dyntrain.errors import DyntrainError
 RUN_FILE = "run.json"
 # TrainConfig fields that do not change what is trained.
 _IGNORED = {"checkpoint_every_steps", "checkpoint_every_seconds", "keep_checkpoints", "backend",
-            "overlap", "bucket_mb"}
+            "overlap", "bucket_mb", "shard_level", "shard_redundancy"}
 _LENGTH = {"epochs", "max_steps"}
 _SHOWN = 3  # differences named in the message
 

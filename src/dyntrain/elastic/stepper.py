@@ -37,6 +37,7 @@ from dyntrain.elastic.noise import NoiseScale, NoiseScaleTracker
 from dyntrain.elastic.plan import assign_chunks
 from dyntrain.elastic.reducer import StepReduction, plan_buckets
 from dyntrain.elastic.sampler import BatchOrder, chunk_indices, chunk_seed
+from dyntrain.elastic.sharded import OptimizerShards
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.tail import SCALARS, TailLayout, set_flags
 from dyntrain.errors import ConfigError
@@ -114,6 +115,9 @@ class ChunkStepper:
                                            ema=config.noise_ema, population=self.dataset_size)
         parts.noise = self.noise  # so that its state travels with the training state
         self._pads: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # ZeRO-1 (``TrainConfig.shard_level`` 1, in a job): this member's share of the optimizer
+        # state, set by the trainer (``dyntrain.elastic.sharded``); None steps everything.
+        self.shards: OptimizerShards | None = None
 
     def batch_indices(self, step: int) -> torch.Tensor:
         """The sample indices of global step ``step`` (epochs run back to back)."""
@@ -238,7 +242,10 @@ class ChunkStepper:
             red.meta[red.layout.caller_slots.start + slot[0]] = slot[1]
         meta = red.finish(red.meta, should_abort)
         self._attach_grads()
-        return self._apply_meta(meta, red.layout)
+        result = self._apply_meta(meta, red.layout)
+        if self.shards is not None:
+            self.shards.after_step(red.group, should_abort)
+        return result
 
     def _bucketed_norm(self, grads: torch.Tensor) -> torch.Tensor:
         """|grads| from its per-bucket norms (the same numbers however a chunk's norm is taken)."""
@@ -339,6 +346,10 @@ class ChunkStepper:
                 scaler.unscale_(opt)  # clip the true gradient; the scaler knows it is unscaled
             grad_norm = clip_flat_(self._grads, self.config.grad_clip_norm)
         lr = opt.param_groups[0].get("lr") if opt.param_groups else None
+        if self.shards is not None:
+            if scaler is not None and self.config.grad_clip_norm is None:
+                scaler.unscale_(opt)  # its overflow check must see the whole gradient
+            self.shards.before_step()
         if scaler is not None:
             scaler.step(opt)
             scaler.update()

@@ -34,6 +34,7 @@ from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.rejoin import start_over
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
+from dyntrain.elastic.sharded import checkpoint_due, shards_for, without_tensor_state
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.steprow import StepRows
@@ -152,6 +153,7 @@ class ElasticTrainer:
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
+        self.shards = shards_for(config, model, optimizer, self.stepper.params)  # ZeRO-1, jobs
         if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
@@ -326,7 +328,8 @@ class ElasticTrainer:
             if gen is None:  # asked to leave while waiting for a generation
                 # Its peers may be leaving too (Ctrl-C, a suspended job): keep the state it
                 # holds unless a checkpoint already does.
-                if self.has_state and self.step > self.writer.newest_checkpoint_step():
+                if (self.has_state and self.shards is None  # (sharded: it holds only a share)
+                        and self.step > self.writer.newest_checkpoint_step()):
                     self.writer.maybe_checkpoint(self.step, force=True, generation=None)
                 ch.send(p.Left(after, self.step if self.has_state else None))
                 raise SystemExit(0)
@@ -360,10 +363,21 @@ class ElasticTrainer:
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
             self._sync_state(gen, group, aborted)
+            if self.shards is not None:
+                lost = self.shards.reshard(group, gen, self.worker_id, aborted)
+                if lost:  # say so, and resume from the newest checkpoint: nobody holds state
+                    clean = True  # the plan's all-reduce was the generation's last collective
+                    what = self.shards.give_up(lost, self.store, self.worker_id)
+                    self.has_state = False
+                    ch.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=what))
+                    return Outcome.REFORM
+                self.stepper.shards = self.shards
             outcome = self._train(gen, group, aborted)
             clean = True
             return outcome
         except (Aborted, CollectiveFailed) as exc:
+            if self.shards is not None:  # a step torn by the parameters' broadcast counts
+                self.step += self.shards.settle_interrupted()
             step = self.step if self.has_state else None
             ch.send(p.Ready(gen.number, step, p.ReadyReason.ABORT) if isinstance(exc, Aborted)
                     else p.Ready(gen.number, step, p.ReadyReason.ERROR, error=str(exc)))
@@ -384,6 +398,8 @@ class ElasticTrainer:
             holding = self.worker_id not in gen.receivers
             state = (capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
                      if holding else None)
+            if state is not None and self.shards is not None:
+                state = without_tensor_state(state)  # the holders' shards differ: re-sharded
             state = broadcast_state(group, state, gen.rank_of(gen.source), holders, aborted)
             if not holding:
                 self.step = restore_state(self.parts, state)
@@ -414,6 +430,9 @@ class ElasticTrainer:
                 slot=(self.rank, own) if self.balancer.slots else None)
             self.balancer.observe(self.step, result.slots)
             self.step += 1
+            if self.shards is not None and checkpoint_due(self.config, self.step, self.total_steps,
+                                                          result.leavers == gen.world_size):
+                self.shards.gather(group, 0, aborted)  # the leader writes the whole state
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
                 self.writer.maybe_checkpoint(self.step, force=result.leavers == gen.world_size

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker [1]")
     ap.add_argument("--step-delay", type=float, default=0.0,
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
+    ap.add_argument("--shard", type=int, choices=(0, 1), default=0,
+                    help="0: every worker holds everything; 1: the AdamW state is sharded "
+                         "(ZeRO-1); the same result either way [0]")
+    ap.add_argument("--shard-redundancy", type=int, default=2,
+                    help="workers holding each tensor's optimizer state with --shard 1 [2]")
     return ap
 
 
@@ -164,7 +169,8 @@ def build(args: argparse.Namespace) -> ElasticTrainer:
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
                          epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
                          checkpoint_every_steps=args.checkpoint_every,
-                         grad_clip_norm=args.grad_clip or None)
+                         grad_clip_norm=args.grad_clip or None, shard_level=args.shard,
+                         shard_redundancy=args.shard_redundancy)
     corpus = load_corpus(args.corpus)
     train, val = byte_windows(corpus.train, cfg.seq_len), byte_windows(corpus.val, cfg.seq_len)
     total = config.total_steps(len(train))

@@ -1,0 +1,323 @@
+"""ZeRO-1: the optimizer state sharded by whole tensors among a generation's members.
+
+After the exact all-reduce every member holds the whole reduced gradient (and clips it by the
+global norm as today), but only the owners of a tensor (``shardplan.plan_ownership``, ``r``
+owners per tensor) hold its optimizer state and step it: the other members' gradients of that
+tensor are set to None for the step, which every allowed optimizer skips. Each updated
+parameter then travels as bits from its primary owner to every member (one broadcast per
+primary, into buffers of the generation's group). Owning whole tensors keeps every element of a
+tensor on the kernel path of the unsharded step, so the run is bitwise the unsharded one for the
+optimizers that are elementwise within a tensor (``SHARDABLE``).
+
+Re-sharding happens at the start of every generation, after the state hand-over: the members
+all-reduce which tensors' state each holds (a 0/1 matrix, exact), derive the new plan from
+that (stable: owners that stay keep their tensors), and the state of every tensor whose owners
+change is sent by one holder over the flat hand-over (``transfer.broadcast_state``); then every
+parameter is sent again from a member that holds its state (a step interrupted in the
+parameters' broadcast counts where it was applied: ``settle_interrupted``). A tensor
+that no member holds any more (``r`` or more members crashed, or ``r = 1``) is lost: the
+trainer then falls back to the newest checkpoint. Copies a member no longer owns are dropped
+after the generation's first applied step, once every member has finished the re-sharding.
+
+Checkpoints keep today's full format: before one, the primaries send their tensors' state to
+the writer, which holds the whole optimizer state just for the write.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
+from dyntrain.elastic.comm import Group
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.protocol import Generation
+from dyntrain.elastic.shardplan import ShardLevel, ShardPlan, TensorSpec, diff_plans, plan_ownership
+from dyntrain.elastic.storage import RunStore
+from dyntrain.elastic.transfer import broadcast_state
+from dyntrain.errors import ConfigError, DyntrainError
+
+#: Optimizers whose step for one tensor reads only that tensor, its gradient and its own state
+#: (and ``dyntrain.recipes.LARS``, whose trust ratio is per tensor); the exact types, not
+#: subclasses (which may read across tensors).
+SHARDABLE = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+
+
+def check_shardable(optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer that cannot be sharded by whole tensors exactly.
+
+    Raises:
+        ConfigError: ``optimizer`` is not one of ``SHARDABLE`` (one line, naming it).
+    """
+    from dyntrain.recipes.optim import LARS  # (the recipes import much more: only here)
+
+    if type(optimizer) not in (*SHARDABLE, LARS):
+        raise ConfigError(f"optimizer {type(optimizer).__name__} cannot be sharded exactly; "
+                          "shardable: SGD, Adam, AdamW, LARS; or shard_level 0")
+
+
+def shards_for(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
+               params: Sequence[torch.Tensor]) -> OptimizerShards | None:
+    """The member's ``OptimizerShards`` for ``config.shard_level`` 1, None at level 0.
+
+    Args:
+        config: The run's settings (``shard_level``, ``shard_redundancy``).
+        model: The model, for its parameters' names.
+        optimizer: The user's optimizer.
+        params: The trainable parameters in the stepper's order.
+
+    Raises:
+        ConfigError: The optimizer cannot be sharded exactly.
+    """
+    if not config.shard_level:
+        return None
+    names = {id(q): n for n, q in model.named_parameters()}
+    return OptimizerShards(optimizer, params, [names[id(q)] for q in params],
+                           config.shard_redundancy)
+
+
+def lost_message(lost: Sequence[str], redundancy: int, checkpoint_step: int | None) -> str:
+    """What a member says when no member holds the optimizer state of the tensors ``lost``:
+    it resumes from the checkpoint of ``checkpoint_step`` (None: there is none)."""
+    what = (f"lost the optimizer state of {len(lost)} tensor(s) ({', '.join(lost[:3])}"
+            f"{', ...' if len(lost) > 3 else ''}) with the crashed member(s) "
+            f"(shard_redundancy {redundancy})")
+    if checkpoint_step is None:
+        return f"{what}, and the run folder has no checkpoint to resume from"
+    return f"{what}: resuming from the newest checkpoint (step {checkpoint_step})"
+
+
+def checkpoint_due(config: TrainConfig, step: int, total_steps: int, all_leave: bool) -> bool:
+    """Whether the leader checkpoints after ``step``, as every member can tell (they gather the
+    optimizer state for it): when ``RunWriter.maybe_checkpoint`` would, time-based checkpoints
+    being refused with sharding (``TrainConfig``)."""
+    every = config.checkpoint_every_steps
+    return all_leave or step == total_steps or bool(every and step % every == 0)
+
+
+def without_tensor_state(state: dict) -> dict:
+    """``state`` (``state.capture_state``) with the optimizer's per-tensor state left out: what
+    all members hold alike at level 1 (parameters, hyperparameters, RNG, scheduler, ...)."""
+    optimizer = {**state["optimizer"], "state": {}}
+    return {**state, "optimizer": optimizer}
+
+
+class OptimizerShards:
+    """This member's share of the optimizer state, and the collectives that keep it right.
+
+    Args:
+        optimizer: The user's optimizer (one of ``SHARDABLE``); its ``state`` holds only the
+            tensors this member holds.
+        params: The trainable parameters in the stepper's order (``ChunkStepper.params``).
+        names: Their names, in the same order.
+        redundancy: Owners per tensor (``TrainConfig.shard_redundancy``).
+
+    Raises:
+        ConfigError: The optimizer cannot be sharded exactly.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                 names: Sequence[str], redundancy: int) -> None:
+        check_shardable(optimizer)
+        self.optimizer, self.params, self.redundancy = optimizer, list(params), redundancy
+        self.specs = tuple(TensorSpec(n, q.numel() * q.element_size())
+                           for n, q in zip(names, self.params, strict=True))
+        # the tensors whose state this member holds, valid at the trainer's step (the whole
+        # state to begin with: the fresh optimizer's, or a checkpoint's)
+        self.held: set[int] = set(range(len(self.params)))
+        self.plan: ShardPlan | None = None
+        self.owned: set[int] = set(self.held)
+        self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
+        self.torn = False  # a step applied here whose parameters did not all arrive
+
+    # ---- what this member holds --------------------------------------------------------------
+
+    def hold_all(self) -> None:
+        """The optimizer holds the whole state (loaded from a checkpoint)."""
+        self.held = set(range(len(self.params)))
+
+    def hold_none(self) -> None:
+        """Forget every tensor's state (a receiver of the hand-over; a lost shard)."""
+        self.optimizer.state.clear()
+        self.held = set()
+
+    def give_up(self, lost: Sequence[str], store: RunStore | None, worker: str) -> str:
+        """No member holds the state of the tensors ``lost``: drop the rest, say so on the
+        terminal and return the line (the generation resumes from the newest checkpoint).
+
+        Raises:
+            DyntrainError: The run folder has no checkpoint to resume from.
+        """
+        found = latest_valid_checkpoint(store) if store is not None else None
+        what = lost_message(lost, self.redundancy, found and found[0])
+        if found is None:
+            raise DyntrainError(what)
+        print(f"dyntrain: worker {worker}: {what}", file=sys.stderr, flush=True)
+        self.hold_none()
+        return what
+
+    def owned_state_bytes(self) -> int:
+        """Bytes of tensor data in the optimizer state of the tensors this member owns: what it
+        holds between checkpoints (the writer holds all of it while it writes one)."""
+        return sum(v.numel() * v.element_size() for t in self.owned
+                   for v in self.optimizer.state.get(self.params[t], {}).values()
+                   if isinstance(v, torch.Tensor))
+
+    # ---- a generation's re-sharding ------------------------------------------------------------
+
+    def reshard(self, group: Group, gen: Generation, me: str,
+                should_abort: Callable[[], bool]) -> list[str]:
+        """After the generation's state hand-over (a checkpoint's whole state, or none for a
+        receiver), plan the generation's ownership from what every member holds and move the
+        state of the tensors whose owners change; returns the names of the tensors no member
+        holds (nothing was changed then: the caller falls back to a checkpoint)."""
+        if gen.checkpoint is not None:
+            self.hold_all()
+        elif me in gen.receivers:
+            self.hold_none()
+        members = tuple(gen.members)
+        count = len(self.params)
+        rows = torch.zeros(len(members), count, dtype=torch.int32, device=group.device)
+        if self.held:
+            rows[group.rank, sorted(self.held)] = 1
+        group.allreduce_sum(rows, should_abort)
+        rows = rows.cpu()
+        holders = tuple(tuple(members[m] for m in range(len(members)) if rows[m, t])
+                        for t in range(count))
+        lost = [self.specs[t].name for t in range(count) if not holders[t]]
+        if lost:
+            return lost
+        level = ShardLevel.OPTIMIZER
+        held = ShardPlan(level, self.redundancy, members, self.specs, holders)
+        everywhere = all(len(h) == len(members) for h in holders)
+        plan = plan_ownership(self.specs, members, self.redundancy, level,
+                              None if everywhere else held)
+        moves = diff_plans(held, plan).moves
+        for source in members:
+            sent = [m for m in moves if m.source == source]
+            if sent:
+                self._move(group, members.index(source), sent, me, should_abort)
+        # every parameter from a member that holds its state (its parameter is of this step
+        # even where the last step was interrupted: settle_interrupted)
+        self._send_params(group, [[t for t in range(count) if holders[t][0] == m]
+                                  for m in members], False, should_abort)
+        self.plan, self.owned = plan, set(plan.owned_by(me))
+        self._by_primary = [[t for t in range(count) if plan.owners[t][0] == m]
+                            for m in members]
+        return []
+
+    def _move(self, group: Group, root: int, moves, me: str,
+              should_abort: Callable[[], bool]) -> None:
+        """Send the state of ``moves`` (all from the member of rank ``root``) to their targets."""
+        tensors = sorted({m.tensor for m in moves})
+        payload = None
+        if group.rank == root:
+            payload = {"optimizer": {t: dict(self.optimizer.state.get(self.params[t], {}))
+                                     for t in tensors}}
+        got = broadcast_state(group, payload, root, [root], should_abort)["optimizer"]
+        if group.rank == root:
+            return
+        for t in sorted({m.tensor for m in moves if m.target == me}):
+            self._load(t, got[t])
+
+    def _load(self, t: int, state: dict) -> None:
+        """Take tensor ``t``'s received state (copied out of the hand-over's buffers); an empty
+        one (a tensor not stepped yet) is left to the optimizer to create, as it would."""
+        if state:
+            self.optimizer.state[self.params[t]] = {
+                k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        self.held.add(t)
+
+    # ---- one step ------------------------------------------------------------------------------
+
+    def before_step(self) -> None:
+        """Leave only the owned tensors' gradients for the optimizer (it skips the others)."""
+        for t, q in enumerate(self.params):
+            if t not in self.owned:
+                q.grad = None
+
+    def after_step(self, group: Group, should_abort: Callable[[], bool]) -> None:
+        """Send every updated parameter from its primary owner to every member, as bits; then
+        drop the copies this member no longer owns (every member has re-sharded by now). Until
+        it returns the step is ``torn``: applied here, but not all parameters are in."""
+        self.torn = True
+        self._send_params(group, self._by_primary, True, should_abort)
+        self.torn = False
+        if self.held != self.owned:
+            self._keep_owned()
+
+    def settle_interrupted(self) -> int:
+        """After a generation ended in ``after_step``: the step was applied to the tensors this
+        member owns (state and parameter), so it counts (returns 1; else 0); the rest of its
+        parameters may be old, and the next re-sharding sends every parameter again from a
+        member that holds its tensor's state."""
+        if not self.torn:
+            return 0
+        self.torn = False
+        self._keep_owned()
+        return 1
+
+    def _keep_owned(self) -> None:
+        for t in self.held - self.owned:
+            self.optimizer.state.pop(self.params[t], None)
+        self.held = set(self.owned)
+
+    def _send_params(self, group: Group, by_rank: Sequence[Sequence[int]], keep: bool,
+                     should_abort: Callable[[], bool]) -> None:
+        """Overwrite every member's parameters ``by_rank[r]`` with rank ``r``'s, as bits; into
+        the group's buffers first (``keep``: they stay there for the next step)."""
+        if group.pg is None or group.size == 1:
+            return
+        works, flats = [], []
+        for rank, tensors in enumerate(by_rank):
+            if not tensors:
+                continue
+            key = f"zero1/params/{rank}"
+            flat = group.buffers.get(key) if keep else None
+            if flat is None:
+                flat = torch.empty(sum(self.params[t].numel() for t in tensors),
+                                   dtype=self.params[tensors[0]].dtype, device=group.device)
+                if keep:
+                    group.buffers[key] = flat
+            if rank == group.rank:
+                torch.cat([self.params[t].detach().reshape(-1) for t in tensors], out=flat)
+            works.append(group.broadcast_async(flat, rank))
+            flats.append((rank, tensors, flat))
+        for work in works:
+            group.wait(work, should_abort)
+        with torch.no_grad():
+            for rank, tensors, flat in flats:
+                if rank == group.rank:
+                    continue
+                offset = 0
+                for t in tensors:
+                    q = self.params[t]
+                    q.copy_(flat[offset : offset + q.numel()].view(q.shape))
+                    offset += q.numel()
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+
+    def gather(self, group: Group, root: int, should_abort: Callable[[], bool]) -> None:
+        """Give the member of rank ``root`` the whole optimizer state (in the order an
+        unsharded optimizer holds it), for a checkpoint; it drops the copies it does not
+        own again after its next step."""
+        for rank, tensors in enumerate(self._by_primary):
+            if not tensors or rank == root:
+                continue
+            payload = None
+            if group.rank == rank:
+                payload = {"optimizer": {t: dict(self.optimizer.state.get(self.params[t], {}))
+                                         for t in tensors}}
+            got = broadcast_state(group, payload, rank, [rank], should_abort)["optimizer"]
+            if group.rank == root:
+                for t in tensors:
+                    self._load(t, got[t])
+        if group.rank == root:  # in the optimizer's order, as an unsharded step creates it
+            state = self.optimizer.state
+            ordered = [(q, state[q]) for g in self.optimizer.param_groups for q in g["params"]
+                       if q in state]
+            state.clear()
+            state.update(ordered)

@@ -1,0 +1,159 @@
+"""ZeRO-1 (``TrainConfig.shard_level`` 1): the optimizer state sharded by whole tensors with
+redundancy, re-sharded in place through joins, a kill and a leave, bitwise the unsharded static
+run; a crash with redundancy 1 falls back to the newest checkpoint and says so; optimizers that
+cannot be sharded exactly are refused."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import read_jsonl, run_cli
+from dyntrain.elastic import protocol as p
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
+from dyntrain.elastic.comm import Group
+from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.sharded import OptimizerShards, check_shardable, without_tensor_state
+from dyntrain.elastic.storage import open_store
+from dyntrain.errors import ConfigError
+from dyntrain.recipes import LARS
+from dyntrain.workloads import gpt
+from test_elastic_e2e import world_sizes
+from test_gpt_workload import SMALL
+
+
+@pytest.fixture(scope="module")
+def static(tmp_path_factory):
+    """The unsharded reference: the workload alone in this process (no coordinator)."""
+    out = tmp_path_factory.mktemp("static")
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DYNTRAIN_OUT", str(out))
+        try:
+            gpt.main(SMALL)
+        finally:
+            torch.set_num_threads(threads)
+    return out
+
+
+def _same_final(a, b) -> None:
+    x = torch.load(a / "final.pt", weights_only=True)
+    y = torch.load(b / "final.pt", weights_only=True)
+    assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+@pytest.mark.slow
+def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, static):
+    elastic = tmp_path / "elastic"
+    # 1 -> 3 (joins) -> 2 (SIGKILL: r = 2, nothing lost) -> 1 (rank 0 leaves)
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
+                    "step=2:join=2,step=5:kill=1,step=8:leave=rank:0", "-m",
+                    "dyntrain.workloads.gpt", *SMALL, "--shard", "1", "--step-delay", "0.15"],
+                   check=True)
+    assert "event(s) never fired" not in proc.stdout
+    assert world_sizes(elastic)[:4] == [1, 3, 2, 1], proc.stdout
+    assert "checkpoint" not in " ".join(
+        line for line in proc.stdout.splitlines() if "generation" in line and "from step" in line)
+    assert "lost the optimizer state" not in proc.stdout + proc.stderr
+    _same_final(static, elastic)
+    assert (elastic / "result.json").read_text() == (static / "result.json").read_text()
+    # the checkpoints hold the whole optimizer state, as an unsharded run's do: resumable at
+    # any level (the static run resumes from the sharded run's last checkpoint to the same end)
+    step, _, state = latest_valid_checkpoint(open_store(str(elastic), "out"))
+    ref_step, _, ref = latest_valid_checkpoint(open_store(str(static), "out"))
+    assert step == ref_step == 20
+    assert list(state["optimizer"]["state"]) == list(ref["optimizer"]["state"])
+    for k, v in ref["optimizer"]["state"].items():
+        assert all(torch.equal(v[key], state["optimizer"]["state"][k][key]) for key in v)
+
+
+@pytest.mark.slow
+def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_path, static):
+    elastic = tmp_path / "elastic"
+    proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--out", elastic, "--events",
+                    "step=6:kill=1", "-m", "dyntrain.workloads.gpt", *SMALL, "--shard", "1",
+                    "--shard-redundancy", "1", "--step-delay", "0.15"], check=True)
+    out = proc.stdout + proc.stderr
+    assert "lost the optimizer state of" in out and "(shard_redundancy 1)" in out, out
+    found = re.search(r"resuming from the newest checkpoint \(step (\d+)\)", out)
+    assert found and int(found[1]) % 4 == 0, out
+    assert f"from step {found[1]} (checkpoint" in out, out
+    _same_final(static, elastic)
+    events = read_jsonl(elastic / "events.jsonl")
+    assert any(e["event"] == "crash" and "lost the optimizer state" in e.get("reason", "")
+               for e in events), events
+    assert any(e["event"] == "resume" and e["start_step"] == int(found[1]) for e in events)
+
+
+@pytest.mark.slow
+def test_random_strikes_end_like_the_unsharded_static_run(tmp_path, static):
+    """Hangs, joins, kills and leaves at the worst moments (``--chaos``): whatever they hit
+    (a hand-over, a re-sharding, a parameter broadcast), the model is the static run's."""
+    elastic = tmp_path / "chaos"
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
+                    "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
+                    *SMALL, "--shard", "1", "--step-delay", "0.5"], check=True)
+    _same_final(static, elastic)
+    # slow chunks: the job lasts long enough for some strikes even on a quiet machine
+    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
+
+
+def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
+    model = torch.nn.Linear(3, 2)
+    for ok in (torch.optim.SGD(model.parameters(), lr=0.1),
+               torch.optim.AdamW(model.parameters()), LARS(model.parameters(), lr=0.1)):
+        check_shardable(ok)
+    with pytest.raises(ConfigError, match="optimizer LBFGS cannot be sharded exactly; "
+                                          "shardable: SGD, Adam, AdamW, LARS"):
+        check_shardable(torch.optim.LBFGS(model.parameters()))
+    with pytest.raises(ConfigError, match="checkpoint_every_seconds"):
+        TrainConfig(global_batch=4, chunk_size=2, shard_level=1, checkpoint_every_seconds=5)
+    with pytest.raises(ConfigError, match="levels 2 and 3 are not built"):
+        TrainConfig(global_batch=4, chunk_size=2, shard_level=2)
+
+
+def test_a_script_with_a_refused_optimizer_exits_with_one_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from dyntrain.elastic.config import TrainConfig\n"
+        "from dyntrain.elastic.trainer import ElasticTrainer\n"
+        "model = torch.nn.Linear(3, 2)\n"
+        "data = torch.utils.data.TensorDataset(torch.zeros(8, 3))\n"
+        "ElasticTrainer(TrainConfig(global_batch=4, chunk_size=2, shard_level=1), model,\n"
+        "               torch.optim.Adagrad(model.parameters()), data, lambda m, b: 0)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "optimizer Adagrad cannot be sharded exactly" in lines[0], lines
+
+
+def test_settings_that_do_not_change_the_result_keep_the_fingerprint():
+    base = TrainConfig(global_batch=4, chunk_size=2)
+    assert TrainConfig(global_batch=4, chunk_size=2, shard_level=0,
+                       shard_redundancy=2).fingerprint() == base.fingerprint()
+    assert TrainConfig(global_batch=4, chunk_size=2, shard_level=1).fingerprint() != \
+        base.fingerprint()
+
+
+def test_a_world_of_one_owns_everything_and_moves_nothing():
+    """The re-sharding of a lone member (no process group): it holds every tensor already."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    opt = torch.optim.Adam(model.parameters())
+    params = list(model.parameters())
+    shards = OptimizerShards(opt, params, [n for n, _ in model.named_parameters()], 2)
+    group, gen = Group(None, 0, 1, torch.device("cpu")), p.Generation(0, ("a",), 0)
+    assert shards.reshard(group, gen, "a", lambda: False) == []
+    assert shards.owned == set(range(len(params)))
+    # a receiver of the hand-over holds nothing: with no other member, everything is lost
+    joined = p.Generation(1, ("a",), 0, source="a", receivers=("a",))
+    assert shards.reshard(group, joined, "a", lambda: False) == [
+        n for n, _ in model.named_parameters()]
+    state = {"optimizer": {"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": []},
+             "step": 3}
+    assert without_tensor_state(state)["optimizer"] == {"state": {}, "param_groups": []}
+    assert state["optimizer"]["state"]  # the original is left alone
