@@ -9,6 +9,7 @@ from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.plan import JobView
+from dyntrain.service.core.torchrun import ExitAction, after_worker_exit
 from dyntrain.service.engine.attempts import (
     Attempt,
     AttemptTable,
@@ -106,6 +107,8 @@ class Settler:
         if coordinator is not None and (
                 (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
             coordinator.mark_dead(w.id, f"exit code {code}")
+        if attempt.job.torchrun:
+            self._torchrun_exit(attempt, w.id, exit_, code)
         if (coordinator is None and attempt.job.num_nodes and attempt.stop_reason is None
                 and worker_index(w.id) == 0):
             # AWS Batch: a multi-node job ends when its main node does; the others are stopped
@@ -113,6 +116,19 @@ class Settler:
             self.stopper.stop_all(attempt, "the main node exited")
         if attempt.workers:
             self.stopper.count_workers(attempt)
+
+    def _torchrun_exit(self, attempt: Attempt, wid: str, exit_: WorkerExit,
+                       code: int | None) -> None:
+        """A torchrun gang is whole or not at all: a worker killed restarts it (not counted),
+        one failed stops it (counted; its exit decides, as a main node's does)."""
+        decision = after_worker_exit(wid.rsplit("-", 1)[-1], code, lost=exit_.lost,
+                                     stopping=attempt.stop_reason is not None)
+        if decision.action is ExitAction.RESTART:
+            attempt.claim(Ending(EndKind.RESTARTED))
+            self.stopper.stop_all(attempt, decision.reason)
+        elif decision.action is ExitAction.FAIL:
+            attempt.main_exit = dataclasses.replace(exit_, reason=decision.reason)
+            self.stopper.stop_all(attempt, decision.reason)
 
     def _failed_untrained(self, attempt: Attempt) -> None:
         """An elastic job replaces a worker that failed, but once as many as it may have failed
@@ -187,6 +203,8 @@ class Settler:
         status, stopped = outcome.status, now if outcome.status.is_terminal() else None
         s.ends.append(AttemptEnd(job.id, attempt.number, ending.exit_code, outcome.reason, now,
                                  status.value, outcome.attempts_used,
-                                 job.preemptions + attempt.shrunk + (0 if outcome.counted else 1),
+                                 job.preemptions + attempt.shrunk
+                                 + (0 if outcome.counted or ending.kind is EndKind.RESTARTED
+                                    else 1),
                                  stopped))
         s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))

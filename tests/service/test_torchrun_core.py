@@ -1,0 +1,142 @@
+"""torchrun-compatible jobs without processes: the pure decisions (core/torchrun.py), the
+restart's place in the attempt lifecycle, the store's launcher and the bad inputs refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from dyntrain.cli.main import main
+from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
+from dyntrain.service.core.model import (
+    ElasticSettings,
+    JobDefinitionSpec,
+    Launcher,
+    RetryStrategy,
+    ValidationError,
+    parse_launcher,
+)
+from dyntrain.service.core.torchrun import (
+    ExitAction,
+    after_worker_exit,
+    restart_count,
+    restart_for_resize,
+    worker_env,
+)
+from dyntrain.service.store import Store
+
+
+def test_each_rank_gets_torchruns_variables():
+    env = worker_env(rank=2, world_size=4, master_addr="127.0.0.1", master_port=29500,
+                     restart=3, run_id="job1", max_restarts=2)
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                                "TORCHELASTIC_RUN_ID", "TORCHELASTIC_MAX_RESTARTS")} == {
+        "RANK": "2", "LOCAL_RANK": "2", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3",
+        "TORCHELASTIC_RUN_ID": "job1", "TORCHELASTIC_MAX_RESTARTS": "2"}
+    assert env["GROUP_RANK"] == "0" and env["GROUP_WORLD_SIZE"] == "1"
+    assert "TORCHELASTIC_USE_AGENT_STORE" not in env  # rank 0 hosts the store (env://)
+    with pytest.raises(ValueError):
+        worker_env(rank=4, world_size=4, master_addr="h", master_port=1, restart=0,
+                   run_id="j", max_restarts=0)
+    with pytest.raises(ValueError):
+        worker_env(rank=0, world_size=1, master_addr="h", master_port=0, restart=0,
+                   run_id="j", max_restarts=0)
+
+
+def test_the_restart_count_is_the_number_of_gangs_before():
+    assert [restart_count(n) for n in (1, 2, 5)] == [0, 1, 4]
+    with pytest.raises(ValueError):
+        restart_count(0)
+
+
+def test_a_resize_restarts_the_gang_and_no_change_does_not():
+    assert restart_for_resize(2, grow=2) == "restart: 2 -> 4 workers (capacity added)"
+    assert restart_for_resize(3, shrink=1) == "restart: 3 -> 2 workers (capacity taken back)"
+    assert restart_for_resize(3, grow=1, shrink=1) is None  # moved, not resized
+    assert restart_for_resize(3) is None
+    with pytest.raises(ValueError):
+        restart_for_resize(2, grow=-1)
+
+
+def test_a_killed_worker_restarts_the_gang_and_a_failed_one_fails_the_attempt():
+    killed = after_worker_exit("w1", -9)
+    assert killed.action is ExitAction.RESTART and killed.reason == \
+        "restart: worker w1 died (signal 9)"
+    assert after_worker_exit("w0", 0, lost=True).action is ExitAction.RESTART
+    assert "unknown" in after_worker_exit("w0", None).reason
+    failed = after_worker_exit("w2", 3)
+    assert (failed.action, failed.reason) == (ExitAction.FAIL, "worker w2 failed (exit code 3)")
+    assert after_worker_exit("w0", 0).action is ExitAction.CONTINUE
+    # once the gang is stopping (a restart under way), the others' exits change nothing
+    assert after_worker_exit("w1", 1, stopping=True).action is ExitAction.CONTINUE
+    assert after_worker_exit("w1", -15, stopping=True).action is ExitAction.CONTINUE
+
+
+def test_a_restart_requeues_without_counting_an_attempt():
+    outcome = after_ending("j", Ending(EndKind.RESTARTED, -15, "restart: 2 -> 4 workers "
+                                       "(capacity added)"), RetryStrategy(1), 0)
+    assert outcome.status.value == "RUNNABLE" and not outcome.counted
+    assert outcome.attempts_used == 0 and outcome.reason.startswith("restart: 2 -> 4")
+    assert not Ending(EndKind.RESTARTED).counts_as_retry
+    # a user's terminate still beats it; it beats a timeout
+    kinds = list(EndKind)
+    assert kinds.index(EndKind.TIMED_OUT) < kinds.index(EndKind.RESTARTED) \
+        < kinds.index(EndKind.PREEMPTED) < kinds.index(EndKind.TERMINATED)
+
+
+def test_launcher_values_and_bad_ones():
+    assert parse_launcher(None) is Launcher.DYNTRAIN
+    assert parse_launcher("torchrun") is Launcher.TORCHRUN
+    with pytest.raises(ValidationError, match="unknown launcher 'mpirun': use one of "
+                                              "dyntrain, torchrun"):
+        parse_launcher("mpirun")
+    assert ElasticSettings(1, 2, "torchrun").launcher is Launcher.TORCHRUN
+
+
+@pytest.fixture
+def small_store(tmp_path) -> Store:
+    from dyntrain.service.core.model import ComputeEnvironmentSpec, JobQueueSpec
+
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    store.create_compute_environment(ComputeEnvironmentSpec("ce", max_slots=4, desired_slots=4))
+    store.create_job_queue(JobQueueSpec("q", 1, ("ce",)))
+    return store
+
+
+def test_the_store_keeps_the_launcher_and_refuses_it_without_workers(small_store):
+    store = small_store
+    job = store.submit(queue="q", command=["python", "t.py"], workers=(2, 8),
+                       launcher="torchrun")
+    again = store.get_job(job.id)
+    assert again.torchrun and again.elastic == ElasticSettings(2, 8, Launcher.TORCHRUN)
+    plain_elastic = store.submit(queue="q", command=["python", "t.py"], workers=(1, 2))
+    assert not store.get_job(plain_elastic.id).torchrun
+    assert store.get_job(plain_elastic.id).elastic.launcher is Launcher.DYNTRAIN
+    with pytest.raises(ValidationError, match="launcher torchrun needs workers MIN:MAX"):
+        store.submit(queue="q", command=["python", "t.py"], launcher="torchrun")
+    with pytest.raises(ValidationError, match="unknown launcher"):
+        store.submit(queue="q", command=["python", "t.py"], workers=(1, 2), launcher="mpi")
+    # through a job definition: the job takes its launcher, or its own
+    store.register_job_definition(JobDefinitionSpec(
+        "ddp", ("python", "t.py"), elastic=ElasticSettings(2, 4, Launcher.TORCHRUN)))
+    assert store.get_job(store.submit(queue="q", definition="ddp").id).torchrun
+    store.register_job_definition(JobDefinitionSpec(
+        "exact", ("python", "t.py"), elastic=ElasticSettings(1, 4)))
+    assert store.get_job(store.submit(queue="q", definition="exact",
+                                      launcher="torchrun").id).torchrun
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    return exc.value.code, capsys.readouterr().err
+
+
+def test_the_cli_refuses_bad_launcher_input_in_one_line(capsys):
+    code, err = _cli(capsys, "submit", "--launcher", "torchrun", "--", "python", "t.py")
+    assert (code, err) == (2, "dyntrain: error: --launcher torchrun needs --workers MIN:MAX\n")
+    code, err = _cli(capsys, "submit", "--launcher", "mpirun", "--workers", "2:8", "--",
+                     "python", "t.py")
+    assert code == 2 and "mpirun" in err and len(err.splitlines()) == 1, err
