@@ -5,9 +5,9 @@ regression data set with ``DistributedSampler``, and after each epoch rank 0 sav
 (``torch.save``, written aside then renamed) in ``--checkpoint-dir``: the model, the optimizer,
 the next epoch and the history of the epochs done (world size and restart count of each). A
 restarted gang resumes from it. Each rank also writes the torchrun variables it was given to
-``env-r<restart>-rank<rank>.json`` there. ``--epoch-seconds`` stretches each epoch (so that a
-test can change the capacity while it trains); while ``--hold-while`` exists, an epoch that
-would finish the run waits instead.
+``env-r<restart>-rank<rank>.json`` there. ``--epoch-seconds`` stretches each epoch and, while
+the file ``--pause-while`` exists, no epoch starts (so that a test can change the capacity
+while it trains, before it is done).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--epoch-seconds", type=float, default=0.0)
-    parser.add_argument("--hold-while", type=Path, default=None)
+    parser.add_argument("--pause-while", type=Path, default=None)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -62,6 +62,8 @@ def main() -> None:
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=16, sampler=sampler)
     for epoch in range(start, args.epochs):
+        while args.pause_while is not None and args.pause_while.exists():
+            time.sleep(0.05)
         began = time.monotonic()
         sampler.set_epoch(epoch)
         loss = torch.zeros(())
@@ -71,9 +73,6 @@ def main() -> None:
             loss.backward()
             optimizer.step()
         time.sleep(max(0.0, args.epoch_seconds - (time.monotonic() - began)))
-        while (epoch + 1 == args.epochs and args.hold_while is not None
-               and args.hold_while.exists()):
-            time.sleep(0.1)
         dist.barrier()
         if rank == 0:
             history.append({"epoch": epoch + 1, "world_size": world, "restart": restart,

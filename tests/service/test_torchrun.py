@@ -24,7 +24,7 @@ from dyntrain.service.store import Store
 
 PLAIN_DDP = str(Path(__file__).resolve().parent.parent / "scripts" / "plain_ddp.py")
 SMALL = Resources(0.25, 0, 256)
-EPOCHS = 8
+EPOCHS = 10
 
 
 def spot_setup(tmp_path: Path, slots: int, grace: float):
@@ -61,11 +61,10 @@ def _history(checkpoint: Path) -> list[dict]:
 
 def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path):
     store, c = spot_setup(tmp_path, slots=2, grace=10.0)
-    folder, hold = tmp_path / "ckpt", tmp_path / "hold"
-    hold.touch()
+    folder, pause = tmp_path / "ckpt", tmp_path / "pause"
     job = store.submit(queue="q", command=[
         sys.executable, PLAIN_DDP, "--epochs", str(EPOCHS), "--checkpoint-dir", str(folder),
-        "--epoch-seconds", "0.5", "--hold-while", str(hold)],
+        "--epoch-seconds", "1", "--pause-while", str(pause)],
         resources=SMALL, workers=(1, 3), launcher="torchrun")
     assert store.get_job(job.id).torchrun
     checkpoint = folder / "checkpoint.pt"
@@ -80,23 +79,28 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
                 out.append((h["restart"], h["world_size"]))
         return out
 
+    def kill_one() -> None:
+        number = len(store.list_attempts(job.id))
+        victim = [w for w in store.list_workers(job.id) if w.attempt_no == number][-1]
+        c.executor.signal(victim.id, "KILL")
+        killed.append(victim.id)
+
+    # each change waits for an epoch of the gang before it; the script pauses between epochs
+    # from each change until the next gang formed, so that it cannot finish before all of them
+    changes = [(0, 2, lambda: store.update_compute_environment("spot", desired_slots=3)),
+               (1, 3, lambda: store.update_compute_environment("spot", desired_slots=2)),
+               (2, 2, kill_one)]
+
     def watch():
         reason = store.get_job(job.id).status_reason
         if reason and reason not in seen:
             seen.append(reason)
-        done = gangs()
-        desired = store.get_compute_environment("spot").spec.desired_slots
-        if done == [(0, 2)] and desired == 2:
-            store.update_compute_environment("spot", desired_slots=3)  # capacity added
-        elif done[-1:] == [(1, 3)] and desired == 3:
-            store.update_compute_environment("spot", desired_slots=2)  # capacity taken back
-        elif done[-1:] == [(2, 2)] and not killed:
-            number = len(store.list_attempts(job.id))
-            victim = [w for w in store.list_workers(job.id) if w.attempt_no == number][-1]
-            c.executor.signal(victim.id, "KILL")  # a worker dies
-            killed.append(victim.id)
-        elif done[-1:] == [(3, 2)]:
-            hold.unlink(missing_ok=True)  # every change seen: let it finish
+        if changes and changes[0][:2] in gangs():
+            *_, change = changes.pop(0)
+            pause.touch()
+            change()
+        elif pause.exists() and (folder / f"env-r{3 - len(changes)}-rank0.json").exists():
+            pause.unlink()  # the next gang formed: let it train
 
     drive(c, lambda: store.get_job(job.id).status.is_terminal(), watch, timeout=420)
     final = store.get_job(job.id)

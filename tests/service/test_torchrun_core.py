@@ -140,3 +140,29 @@ def test_the_cli_refuses_bad_launcher_input_in_one_line(capsys):
     code, err = _cli(capsys, "submit", "--launcher", "mpirun", "--workers", "2:8", "--",
                      "python", "t.py")
     assert code == 2 and "mpirun" in err and len(err.splitlines()) == 1, err
+
+
+def test_an_older_database_gets_the_launcher_columns(small_store):
+    import sqlalchemy as sa
+
+    store = small_store
+    job = store.submit(queue="q", command=["python", "t.py"], workers=(1, 2))
+    with store.engine.begin() as conn:
+        for table in ("jobs", "job_definitions"):
+            conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN launcher"))
+    assert sorted(store.create_all()) == ["added column job_definitions.launcher",
+                                          "added column jobs.launcher"]
+    assert store.get_job(job.id).elastic == ElasticSettings(1, 2, Launcher.DYNTRAIN)
+
+
+def test_aws_multinode_jobs_take_the_launcher_from_a_tag():
+    from dyntrain.service.aws.errors import AwsError
+    from dyntrain.service.aws.mapping import elastic_range
+
+    tags = {"dyntrain:elastic": "2:4", "dyntrain:launcher": "torchrun"}
+    assert elastic_range(tags, 4) == ElasticSettings(2, 4, Launcher.TORCHRUN)
+    assert elastic_range({"dyntrain:elastic": "2"}, 4) == ElasticSettings(2, 4)
+    with pytest.raises(AwsError, match="tag dyntrain:launcher needs the tag dyntrain:elastic"):
+        elastic_range({"dyntrain:launcher": "torchrun"}, 4)
+    with pytest.raises(AwsError, match="unknown launcher 'mpi'"):
+        elastic_range({"dyntrain:elastic": "1:2", "dyntrain:launcher": "mpi"}, 4)

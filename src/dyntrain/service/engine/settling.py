@@ -63,10 +63,12 @@ class Settler:
     def settle(self, exits: list[WorkerExit], now: float) -> Settlement:
         """Record the exits, tick the attempts, and end those with no worker left: one
         transaction for all of it (so a restarted service never sees an exit without the end of
-        its attempt, or the reverse). The caller applies the returned ``moves`` to its index."""
+        its attempt, or the reverse). The caller applies the returned ``moves`` to its index.
+        Exits are taken in the order they happened where the executor knows it (a torchrun
+        gang's first death decides whether it restarts or fails)."""
         s = Settlement()
         with self.store.batch():
-            for exit_ in exits:
+            for exit_ in sorted(exits, key=_end_order):
                 self._on_exit(exit_, now, s)
             for attempt in self.attempts.values():
                 self._tick_attempt(attempt, now, s)
@@ -110,7 +112,7 @@ class Settler:
         if attempt.job.torchrun:
             self._torchrun_exit(attempt, w.id, exit_, code)
         if (coordinator is None and attempt.job.num_nodes and attempt.stop_reason is None
-                and worker_index(w.id) == 0):
+                and worker_index(w.id) == 0 and not attempt.job.torchrun):
             # AWS Batch: a multi-node job ends when its main node does; the others are stopped
             attempt.main_exit = exit_
             self.stopper.stop_all(attempt, "the main node exited")
@@ -208,3 +210,8 @@ class Settler:
                                     else 1),
                                  stopped))
         s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))
+
+
+def _end_order(exit_: WorkerExit) -> float:
+    """When ``exit_`` happened; one the executor did not date sorts after those it did."""
+    return exit_.ended_at if exit_.ended_at is not None else float("inf")
