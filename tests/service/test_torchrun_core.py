@@ -166,3 +166,26 @@ def test_aws_multinode_jobs_take_the_launcher_from_a_tag():
         elastic_range({"dyntrain:launcher": "torchrun"}, 4)
     with pytest.raises(AwsError, match="unknown launcher 'mpi'"):
         elastic_range({"dyntrain:elastic": "1:2", "dyntrain:launcher": "mpi"}, 4)
+
+
+def test_a_restarted_attempt_ends_as_a_restart_unless_a_terminate_came_too():
+    from dyntrain.service.core.executor import WorkerExit
+    from dyntrain.service.engine.attempts import Attempt
+
+    attempt = Attempt("j", 2, 0.0)
+    attempt.claim(Ending(EndKind.RESTARTED))
+    attempt.stop("restart: 2 -> 3 workers (capacity added)")
+    attempt.last_exit = WorkerExit("j-a2-w0", None, 15, "killed by SIGTERM")
+    ending = attempt.ending()
+    assert (ending.kind, ending.reason) == (EndKind.RESTARTED,
+                                            "restart: 2 -> 3 workers (capacity added)")
+    attempt.claim(Ending(EndKind.TERMINATED, reason="terminated by user"))
+    assert attempt.ending().kind is EndKind.TERMINATED
+
+
+def test_status_says_a_job_runs_under_torchrun():
+    from dyntrain.cli.service.output import workers_text
+
+    job = {"current_workers": 2, "elastic": {"min_workers": 2, "max_workers": 8}}
+    assert workers_text({**job, "launcher": "torchrun"}) == "2 (2-8, torchrun)"
+    assert workers_text({**job, "launcher": "dyntrain"}) == "2 (2-8)"
