@@ -76,7 +76,7 @@ def main() -> None:
         dist.barrier()
         if rank == 0:
             history.append({"epoch": epoch + 1, "world_size": world, "restart": restart,
-                            "resumed_from": start, "loss": float(loss)})
+                            "resumed_from": start, "loss": loss.detach().item()})
             partial = checkpoint.with_suffix(".partial")
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                         "epoch": epoch + 1, "history": history}, partial)
