@@ -53,7 +53,9 @@ def test_the_restart_count_is_the_number_of_gangs_before():
 def test_a_resize_restarts_the_gang_and_no_change_does_not():
     assert restart_for_resize(2, grow=2) == "restart: 2 -> 4 workers (capacity added)"
     assert restart_for_resize(3, shrink=1) == "restart: 3 -> 2 workers (capacity taken back)"
-    assert restart_for_resize(3, grow=1, shrink=1) is None  # moved, not resized
+    # a worker moved to another environment: still a restart (the gang is never changed in place)
+    assert restart_for_resize(3, grow=1, shrink=1) == \
+        "restart: 3 -> 3 workers (capacity taken back)"
     assert restart_for_resize(3) is None
     with pytest.raises(ValueError):
         restart_for_resize(2, grow=-1)

@@ -59,15 +59,15 @@ def worker_env(*, rank: int, world_size: int, master_addr: str, master_port: int
 
 def restart_for_resize(running: int, grow: int = 0, shrink: int = 0) -> str | None:
     """Why the gang of ``running`` workers restarts when the scheduler grows it by ``grow`` and
-    shrinks it by ``shrink`` workers in one pass (None: its size stays, no restart). The new
-    gang's size is whatever the next scheduling pass admits it with."""
+    shrinks it by ``shrink`` workers in one pass (None: neither, no restart). A gang is never
+    changed in place: any shrink takes a worker away, so even one matched by a grow elsewhere
+    restarts it. The new gang's size is whatever the next scheduling pass admits it with."""
     if running < 0 or grow < 0 or shrink < 0:
         raise ValueError("worker counts are never negative")
-    target = running + grow - shrink
-    if target == running:
+    if not grow and not shrink:
         return None
-    cause = "capacity added" if target > running else "capacity taken back"
-    return f"restart: {running} -> {target} workers ({cause})"
+    cause = "capacity taken back" if shrink else "capacity added"
+    return f"restart: {running} -> {running + grow - shrink} workers ({cause})"
 
 
 class ExitAction(str, enum.Enum):

@@ -281,7 +281,8 @@ class Controller:
     def _restart_resized(self, plan: Plan) -> set[str]:
         """Stop each torchrun gang the plan resizes (SIGTERM, the grace period, SIGKILL): it is
         queued again once its workers are gone, and the next pass starts it at the size it
-        admits. Returns the jobs restarted (their grows and shrinks are not carried out)."""
+        admits. Returns the torchrun jobs the plan named: their grows and shrinks are not
+        carried out one worker at a time."""
         change: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         for grow in plan.grows:
             change[grow.job][0] += grow.count
@@ -290,15 +291,17 @@ class Controller:
         restarted = set()
         for job_id, (grown, shrunk) in change.items():
             attempt = self.attempts.get(job_id)
-            if attempt is None or not attempt.job.torchrun or attempt.stop_reason:
+            if attempt is None or not attempt.job.torchrun:
                 continue
+            restarted.add(job_id)
+            if attempt.stop_reason:
+                continue  # already stopping
             reason = restart_for_resize(len(attempt.running()), grown, shrunk)
             if reason is not None:
                 attempt.claim(Ending(EndKind.RESTARTED))
                 self.stopper.stop_all(attempt, reason)
                 self.store.update_job(job_id, status_reason=f"{reason}: its workers were "
                                                             "told to stop")
-                restarted.add(job_id)
         return restarted
 
     # ---- dependencies and arrays -----------------------------------------------------------------
