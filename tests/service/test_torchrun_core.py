@@ -17,6 +17,7 @@ from dyntrain.service.core.model import (
 )
 from dyntrain.service.core.torchrun import (
     ExitAction,
+    ExitDecision,
     after_worker_exit,
     restart_count,
     restart_for_resize,
@@ -69,7 +70,8 @@ def test_a_killed_worker_restarts_the_gang_and_a_failed_one_fails_the_attempt():
     assert "unknown" in after_worker_exit("w0", None).reason
     failed = after_worker_exit("w2", 3)
     assert (failed.action, failed.reason) == (ExitAction.FAIL, "worker w2 failed (exit code 3)")
-    assert after_worker_exit("w0", 0).action is ExitAction.CONTINUE
+    # one done: the script finished, the gang is not resized while the others end
+    assert after_worker_exit("w0", 0) == ExitDecision(ExitAction.FINISH, "finished")
     # once the gang is stopping (a restart under way), the others' exits change nothing
     assert after_worker_exit("w1", 1, stopping=True).action is ExitAction.CONTINUE
     assert after_worker_exit("w1", -15, stopping=True).action is ExitAction.CONTINUE

@@ -73,7 +73,8 @@ def restart_for_resize(running: int, grow: int = 0, shrink: int = 0) -> str | No
 class ExitAction(str, enum.Enum):
     """What a torchrun gang does when one of its workers exits."""
 
-    CONTINUE = "continue"  # it exited 0, or the gang is already stopping
+    CONTINUE = "continue"  # the gang is already stopping or finishing: nothing changes
+    FINISH = "finish"  # it exited 0: the script is done, the others end on their own
     RESTART = "restart"  # it was killed (a signal, its node lost): restart, not counted
     FAIL = "fail"  # it failed (exit code > 0): stop the gang, a counted attempt
 
@@ -92,13 +93,17 @@ def after_worker_exit(worker: str, exit_code: int | None, *, lost: bool = False,
     that killed it; None: unknown). ``lost``: its node went away. ``stopping``: the gang was
     already told to stop, so this exit changes nothing.
 
-    A killed worker is what torchrun's agent restarts the group for; here that restart does not
+    A worker that exits 0 finished the script: the gang is finishing, and is neither resized
+    nor restarted while the others end (as torchrun's agent waits for them). A killed worker
+    is what torchrun's agent restarts the group for; here that restart does not
     count against the job's retries (as a preemption does not). A worker that fails with an
     exit code > 0 failed the script itself: the gang stops and the attempt counts, so a script
     that always fails ends by its retry strategy instead of restarting forever.
     """
-    if stopping or (exit_code == 0 and not lost):
+    if stopping:
         return ExitDecision(ExitAction.CONTINUE)
+    if exit_code == 0 and not lost:
+        return ExitDecision(ExitAction.FINISH, "finished")
     if exit_code is not None and exit_code > 0 and not lost:
         return ExitDecision(ExitAction.FAIL, f"worker {worker} failed (exit code {exit_code})")
     how = ("its node was lost" if lost else "its exit status is unknown" if exit_code is None

@@ -122,12 +122,15 @@ class Settler:
     def _torchrun_exit(self, attempt: Attempt, wid: str, exit_: WorkerExit,
                        code: int | None) -> None:
         """A torchrun gang is whole or not at all: a worker killed restarts it (not counted),
-        one failed stops it (counted; its exit decides, as a main node's does)."""
+        one failed stops it (counted; its exit decides, as a main node's does), one done means
+        the gang is finishing (never resized again: the others end on their own)."""
         decision = after_worker_exit(wid.rsplit("-", 1)[-1], code, lost=exit_.lost,
                                      stopping=attempt.stop_reason is not None)
         if decision.action is ExitAction.RESTART:
             attempt.claim(Ending(EndKind.RESTARTED))
             self.stopper.stop_all(attempt, decision.reason)
+        elif decision.action is ExitAction.FINISH:
+            attempt.stop(decision.reason)
         elif decision.action is ExitAction.FAIL:
             attempt.main_exit = dataclasses.replace(exit_, reason=decision.reason)
             self.stopper.stop_all(attempt, decision.reason)
