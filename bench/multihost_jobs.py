@@ -16,9 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dyntrain.elastic.runlog import read_events, read_metrics
 from dyntrain.testing.hosts import Host
-from dyntrain.testing.jobs import CLI, Output, clean_env, wait_until
+from dyntrain.testing.jobs import CLI, Output, RunRows, clean_env, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "tests" / "scripts" / "ledger_train.py"
@@ -31,7 +30,7 @@ def free_port_on(host: Host) -> str:
                      "s.bind(('', 0)); print(s.getsockname()[1])"], check=True).stdout.strip()
 
 
-class Job:
+class Job(RunRows):
     """``dyntrain run`` on ``home`` listening on ``address`` (a host's own address, or
     127.0.0.1), and ``dyntrain worker`` processes added on any host.
 
@@ -64,20 +63,6 @@ class Job:
                                    stderr=subprocess.STDOUT, text=True))
         self.workers.append((host, worker))
         return worker
-
-    def events(self) -> list[dict]:
-        """The rows of the run's events.jsonl so far, as JSON objects (read and checked as
-        ``dyntrain.elastic.runlog`` reads them: a line still being written waits)."""
-        return [row.to_json() for row in read_events(self.out)]
-
-    def metrics(self) -> list[dict]:
-        """The rows of the run's metrics.jsonl so far, as JSON objects (as ``events``)."""
-        return [row.to_json() for row in read_metrics(self.out)]
-
-    def world(self) -> int:
-        """The world size of the newest step (0 before the first)."""
-        rows = self.metrics()
-        return rows[-1]["world_size"] if rows else 0
 
     def alive(self) -> bool:
         return self.launcher.proc.poll() is None

@@ -18,6 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 DYNTRAIN = [sys.executable, "-m", "dyntrain.cli.main"]
 
+# Tests press Ctrl-C on the commands they start (SIGINT). A suite started in the background by a
+# non-interactive shell (`nohup make test &`, some CI runners) inherits SIGINT ignored, and an
+# ignored signal stays ignored in every child: those commands would never see their Ctrl-C.
+# Give the suite the disposition of a terminal's foreground, which its children then inherit.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def wait_for(condition, what: str, timeout: float = 120.0, poll: float = 0.02):
     """Poll ``condition`` until it returns something true and return that; fail naming ``what``

@@ -365,7 +365,7 @@ def test_fingerprint_unchanged_for_configs_without_the_noise_scale():
     """Old settings keep their fingerprint; turning the feature on or changing its EMA counts."""
     base = TrainConfig(global_batch=32, chunk_size=8)
     later = ("noise_scale", "noise_ema", "noise_every", "grad_clip_norm", "overlap", "exact_ring",
-             "balance", "bucket_mb")
+             "balance", "bucket_mb", "shard_level", "shard_redundancy")
     values = {k: v for k, v in asdict(base).items() if k not in later}
     legacy = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
     assert base.fingerprint() == legacy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -393,12 +394,18 @@ def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
             "--lr-range", "1e-5:1e-4", "--jobs", "2", "--service", "none", "--out", str(out)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (list(out.rglob("trial_*/metadata.json")) and list(tmp_path.glob("gate.waiting-*"))):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.1)
-    os.killpg(proc.pid, sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 120
+        while not (list(out.rglob("trial_*/metadata.json"))
+                   and list(tmp_path.glob("gate.waiting-*"))):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        os.killpg(proc.pid, sig)
+        _, err = proc.communicate(timeout=60)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):  # a failed test leaves no sweep behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "interrupted:" in err and "to resume" in err, err
     kept = int(re.search(r"interrupted: (\d+) of 32 trials", err).group(1))

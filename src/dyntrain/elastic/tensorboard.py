@@ -85,16 +85,26 @@ class TensorBoardMirror:
     """
 
     def __init__(self, store: RunStore, on_error: Callable[[str], None] | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (missing: fail here)
 
         self.store, self.on_error = store, on_error
         self._scratch: Path | None = None
-        if store.local is not None:
-            folder = store.local / FOLDER
-        else:
-            self._scratch = folder = Path(tempfile.mkdtemp(prefix="dyntrain-tb-"))
-        self.writer = SummaryWriter(log_dir=str(folder))
+        self._writer = None
         self._uploaded = time.monotonic()
+
+    @property
+    def writer(self):
+        """The event file's writer, made with the first row: a run refused before it trained
+        (bad settings, another run's folder) leaves no file behind."""
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            if self.store.local is not None:
+                folder = self.store.local / FOLDER
+            else:
+                self._scratch = folder = Path(tempfile.mkdtemp(prefix="dyntrain-tb-"))
+            self._writer = SummaryWriter(log_dir=str(folder))
+        return self._writer
 
     def metrics(self, row: MetricsRow) -> None:
         """Add the scalars of one applied step."""
@@ -121,7 +131,9 @@ class TensorBoardMirror:
 
     def close(self) -> None:
         """Write out the events, upload them (object store) and close the writer."""
-        self.writer.close()
+        if self._writer is None:
+            return
+        self._writer.close()
         if self._scratch is not None:
             self._upload()
             shutil.rmtree(self._scratch, ignore_errors=True)

@@ -13,7 +13,9 @@ host has:
   private ``/dev/shm``; the bed's ``shared`` folder is at the same path on every host and
   outside: the shared file system a test may give the product on purpose.
 
-The rest of the file system (the source tree, the venv) is the machine's, visible everywhere.
+The rest of the file system (the source tree, the venv) is the machine's, visible everywhere;
+a checkout or venv that lies under ``/tmp`` is bound at its own path into every host's ``/tmp``
+(the software installed on each host, not shared data).
 Processes of a host are found by their network namespace, so ``freeze``/``lose`` reach
 everything a host started, however deep.
 
@@ -51,12 +53,16 @@ __all__ = ["BedError", "Host", "HostBed", "unavailable"]
 PRIVATE_ROOT = Path("/tmp")
 TOOLS = ("ip", "tc", "unshare", "nsenter")
 
-# $1 hostname, $2 hosts file, $3 shared folder, $4 its mount point on the host's disk, $5 disk
+# $1 hostname, $2 hosts file, $3 shared folder, $4 its mount point on the host's disk, $5 disk,
+# then pairs: a folder of the installation under /tmp, its mount point on the host's disk
 _HOLDER = """set -e
 hostname "$1"
 mount --bind "$2" /etc/hosts
 mount --bind "$3" "$4"
-mount --rbind "$5" /tmp
+disk="$5"
+shift 5
+while [ $# -gt 0 ]; do mount --bind "$1" "$2"; shift 2; done
+mount --rbind "$disk" /tmp
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
 ip link set lo up
 echo ready
@@ -64,6 +70,21 @@ exec cat >/dev/null
 """
 
 _unavailable: list[str | None] = []
+
+
+def _installation_under_private_root() -> list[Path]:
+    """The folders of this installation (the interpreter's prefix, the package's checkout) that
+    lie under the hosts' private root and would be hidden inside them (a clone in /tmp)."""
+    import dyntrain
+
+    found: list[Path] = []
+    package = Path(dyntrain.__file__).resolve().parent
+    checkout = package.parents[1] if package.parent.name == "src" else package.parent
+    for folder in (Path(sys.prefix).resolve(), checkout):
+        if folder.is_relative_to(PRIVATE_ROOT) and \
+                not any(folder.is_relative_to(f) for f in found):
+            found = [f for f in found if not f.is_relative_to(folder)] + [folder]
+    return found
 
 
 def unavailable() -> str | None:
@@ -240,13 +261,18 @@ class HostBed:
         disk = self.folder / f"h{i}"
         mount_point = disk / self.shared.relative_to(PRIVATE_ROOT)
         mount_point.mkdir(parents=True)
+        installed: list[str] = []
+        for folder in _installation_under_private_root():
+            point = disk / folder.relative_to(PRIVATE_ROOT)
+            point.mkdir(parents=True, exist_ok=True)
+            installed += [str(folder), str(point)]
         hosts_file = self.folder / f"hosts.h{i}"
         hosts_file.write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{name}\n"
                               "::1\tlocalhost ip6-localhost ip6-loopback\n")
         holder = subprocess.Popen(
             ["unshare", "--net", "--uts", "--mount", "--propagation", "private", "--",
              "sh", "-c", _HOLDER, "holder", name, str(hosts_file), str(self.shared),
-             str(mount_point), str(disk)],
+             str(mount_point), str(disk), *installed],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._holders.append(holder)
         if holder.stdout.readline().strip() != "ready":

@@ -74,7 +74,27 @@ class Output:
         return code
 
 
-class HostJob:
+class RunRows:
+    """What a job's run folder (``self.out``) says so far: its events, metrics and world."""
+
+    out: Path
+
+    def events(self) -> list[dict]:
+        """The rows of the run's events.jsonl so far, as JSON objects (read and checked as
+        ``dyntrain.elastic.runlog`` reads them: a line still being written waits)."""
+        return [row.to_json() for row in read_events(self.out)]
+
+    def metrics(self) -> list[dict]:
+        """The rows of the run's metrics.jsonl so far, as JSON objects (as ``events``)."""
+        return [row.to_json() for row in read_metrics(self.out)]
+
+    def world(self) -> int:
+        """The world size of the newest step (0 before the first)."""
+        rows = self.metrics()
+        return rows[-1]["world_size"] if rows else 0
+
+
+class HostJob(RunRows):
     """``dyntrain run`` on ``host`` with ``command`` (SCRIPT ARGS or -m MODULE ARGS).
 
     Args:
@@ -109,20 +129,6 @@ class HostJob:
                                    stderr=subprocess.STDOUT, text=True))
         self.workers.append(worker)
         return worker
-
-    def events(self) -> list[dict]:
-        """The rows of the run's events.jsonl so far, as JSON objects (read and checked as
-        ``dyntrain.elastic.runlog`` reads them: a line still being written waits)."""
-        return [row.to_json() for row in read_events(self.out)]
-
-    def metrics(self) -> list[dict]:
-        """The rows of the run's metrics.jsonl so far, as JSON objects (as ``events``)."""
-        return [row.to_json() for row in read_metrics(self.out)]
-
-    def world(self) -> int:
-        """The world size of the newest step (0 before the first)."""
-        rows = self.metrics()
-        return rows[-1]["world_size"] if rows else 0
 
     def wait(self, timeout: float = 240.0) -> int:
         """The launcher's exit code once it has ended."""

@@ -112,8 +112,14 @@ class LocalRayCluster:
 
     def start(self) -> str:
         """Start the head; returns its address."""
+        # the client server (default 10001) and the dashboard's process (8265, started even
+        # without the dashboard) get free ports too: two clusters side by side (two test
+        # processes, two suites) would otherwise contend for the same ones
+        client_port, dashboard_port = free_ports(2)
         self._launch("head", ["--head", "--port", str(self.port), "--num-cpus",
                               str(self.head_cpus), "--include-dashboard=false",
+                              "--ray-client-server-port", str(client_port),
+                              "--dashboard-port", str(dashboard_port),
                               "--temp-dir", str(self.dir)], self.head_host)
         return self.address
 
