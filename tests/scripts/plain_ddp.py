@@ -4,10 +4,10 @@ It reads torchrun's variables (``init_process_group("gloo")`` over ``env://``), 
 regression data set with ``DistributedSampler``, and after each epoch rank 0 saves a checkpoint
 (``torch.save``, written aside then renamed) in ``--checkpoint-dir``: the model, the optimizer,
 the next epoch and the history of the epochs done (world size and restart count of each). A
-restarted gang resumes from it. Each rank also writes the torchrun variables it was given to
-``env-r<restart>-rank<rank>.json`` there. ``--epoch-seconds`` stretches each epoch and, while
-the file ``--pause-while`` exists, no epoch starts (so that a test can change the capacity
-while it trains, before it is done).
+restarted gang resumes from it. Each rank also writes the torchrun variables it was given and
+its host's name to ``env-r<restart>-rank<rank>.json`` there (renamed into place).
+``--epoch-seconds`` stretches each epoch and, while the file ``--pause-while`` exists, no epoch
+starts (so that a test can change the capacity while it trains, before it is done).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                 "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_RUN_ID", "GLOO_SOCKET_IFNAME")
 
 
 def main() -> None:
@@ -40,8 +42,10 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    (args.checkpoint_dir / f"env-r{restart}-rank{rank}.json").write_text(
-        json.dumps({k: os.environ.get(k) for k in TORCHRUN_VARS}))
+    told = args.checkpoint_dir / f"env-r{restart}-rank{rank}.json"
+    told.with_suffix(".partial").write_text(json.dumps(
+        {"host": socket.gethostname(), **{k: os.environ.get(k) for k in TORCHRUN_VARS}}))
+    os.replace(told.with_suffix(".partial"), told)  # never seen half-written
 
     data = torch.Generator().manual_seed(0)
     x = torch.randn(256, 8, generator=data)

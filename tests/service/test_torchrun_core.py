@@ -193,3 +193,32 @@ def test_status_says_a_job_runs_under_torchrun():
     job = {"current_workers": 2, "elastic": {"min_workers": 2, "max_workers": 8}}
     assert workers_text({**job, "launcher": "torchrun"}) == "2 (2-8, torchrun)"
     assert workers_text({**job, "launcher": "dyntrain"}) == "2 (2-8)"
+
+
+def test_a_gang_on_several_hosts_is_told_its_main_node_and_each_worker_is_a_node_of_its_own():
+    from dyntrain.service.executors.main_node import main_node_env
+
+    env = worker_env(rank=2, world_size=3, master_addr="127.0.0.1", master_port=29500,
+                     restart=1, run_id="j", max_restarts=0)
+    out = main_node_env(env, "10.0.0.5", 41000, "eth1")
+    assert out == {"MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "41000", "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "3",
+                   "GLOO_SOCKET_IFNAME": "eth1"}
+    # the job's own interface wins; without a route there is none to give
+    assert "GLOO_SOCKET_IFNAME" not in main_node_env({**env, "GLOO_SOCKET_IFNAME": "ib0"},
+                                                     "10.0.0.5", 41000, "eth1")
+    assert "GLOO_SOCKET_IFNAME" not in main_node_env(env, "10.0.0.5", 41000, None)
+    # a multi-node job is told only the address it was given a variable for
+    aws = {"AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "127.0.0.1",
+           "AWS_BATCH_JOB_NODE_INDEX": "1"}
+    assert main_node_env(aws, "10.0.0.5", 41000, "eth1") == {
+        "AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS": "10.0.0.5"}
+
+
+def test_the_interface_of_an_address_is_found_and_a_route_names_one():
+    from dyntrain.elastic.address import interface_of
+    from dyntrain.service.executors.main_node import local_interface
+
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("192.0.2.77") is None  # TEST-NET-1: on no interface here
+    assert local_interface("127.0.0.1", 80) == "lo"

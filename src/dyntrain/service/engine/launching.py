@@ -210,7 +210,7 @@ class Launcher:
         return [WorkerSpec(job.id, attempt.number, record.id, list(job.command),
                            self._worker_env(job, attempt, record), job.resources, job.workdir,
                            str(self.folders.log_path(job.id, record.id)),
-                           record.compute_environment)
+                           record.compute_environment, _main_worker(attempt))
                 for attempt in attempts if (job := attempt.job)
                 for record in attempt.workers.values() if record.handle is None]
 
@@ -283,6 +283,13 @@ class Launcher:
             env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"
             env[ENV_SECRET] = attempt.host.secret
         return env
+
+
+def _main_worker(attempt: Attempt) -> str | None:
+    """A gang's first worker, whose host is its main node (torchrun and multi-node jobs)."""
+    if attempt.master_port is None and not attempt.job.num_nodes:
+        return None
+    return worker_id(attempt.job_id, attempt.number, 0)
 
 
 def free_port(address: str) -> int:

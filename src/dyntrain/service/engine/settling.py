@@ -103,7 +103,8 @@ class Settler:
             attempt.first_error = f"{who}{line}" if line else None
         if attempt.host is not None and code not in (0, None) and w.state == WORKER_RUNNING:
             self._failed_untrained(attempt)
-        if exit_.lost and (attempt.host is None or not attempt.workers):
+        if exit_.lost and not attempt.job.torchrun and (
+                attempt.host is None or not attempt.workers):
             attempt.claim(Ending(EndKind.PREEMPTED))  # its node went away: capacity taken back
         coordinator = attempt.host.coordinator if attempt.host is not None else None
         if coordinator is not None and (

@@ -25,6 +25,7 @@ worker id, and ``sweep`` ends the actors in the namespace that nobody adopted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -177,8 +178,11 @@ class RayExecutor(Executor):
                 out.append(e)
                 continue
             out.append(None)
+            main = (None if spec.main_worker is None
+                    else actor_name(dataclasses.replace(spec, worker_id=spec.main_worker)))
             pending[i] = (spec, actor, actor.start.remote(spec.worker_id, list(spec.argv),
-                                                          dict(spec.env), spec.cwd))
+                                                          dict(spec.env), spec.cwd, main,
+                                                          self.namespace))
         refs = [ref for _, _, ref in pending.values()]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=START_WAIT_S)
@@ -202,7 +206,8 @@ class RayExecutor(Executor):
         if spec.environment is not None:
             options["resources"] = {resource_name(spec.environment): 1}
         try:
-            return self._cls.options(**options).remote(self._node_log_dir, self.fence_seconds)
+            return self._cls.options(**options).remote(self._node_log_dir, self.fence_seconds,
+                                                       self.start_timeout)
         except ValueError as exc:  # the name is taken
             raise ExecutorError(f"worker {wid}: {str(exc).splitlines()[0]}") from None
 
@@ -242,11 +247,14 @@ class RayExecutor(Executor):
             error: ExecutorError = ExecutorError(
                 f"worker {wid}: its Ray actor failed while starting: {first_line(exc)}")
         else:
-            if "error" not in reply:
+            if "error" in reply:
+                error = StartError(reply["error"])
+            elif "lost" in reply:  # not the command's fault (its gang's main worker is gone)
+                error = ExecutorError(f"worker {wid}: {reply['lost']}")
+            else:
                 w.node = reply.get("node")
                 w.waiting = w.actor.wait_exit.remote(WAIT_S)
                 return None
-            error = StartError(reply["error"])
         self._kill(w.actor)
         return error
 
