@@ -25,7 +25,6 @@ worker id, and ``sweep`` ends the actors in the namespace that nobody adopted.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -52,8 +51,10 @@ from dyntrain.service.executors.ray_nodes import (
     actor_name,
     default_namespace,
     import_ray,
+    main_actor_name,
     needs,
     node_slots,
+    packed_on,
     resource_name,
 )
 from dyntrain.service.executors.ray_worker import CALL_S, RayWorker, first_line, mirror_output
@@ -178,8 +179,7 @@ class RayExecutor(Executor):
                 out.append(e)
                 continue
             out.append(None)
-            main = (None if spec.main_worker is None
-                    else actor_name(dataclasses.replace(spec, worker_id=spec.main_worker)))
+            main = None if spec.main_worker is None else main_actor_name(spec)
             pending[i] = (spec, actor, actor.start.remote(spec.worker_id, list(spec.argv),
                                                           dict(spec.env), spec.cwd, main,
                                                           self.namespace))
@@ -217,13 +217,7 @@ class RayExecutor(Executor):
         with self._lock:
             nodes = Counter(w.node for w in self._workers.values()
                             if w.spec.job_id == spec.job_id and w.node and w.exit is None)
-        if not nodes:
-            return "DEFAULT"
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        # soft + spill: the node it runs on when that has room, else any node (not a wait)
-        return NodeAffinitySchedulingStrategy(nodes.most_common(1)[0][0], soft=True,
-                                              _spill_on_unavailable=True)
+        return packed_on(nodes.most_common(1)[0][0] if nodes else None)
 
     def _started(self, spec: WorkerSpec, actor, ref) -> WorkerHandle | ExecutorError:
         wid = spec.worker_id
