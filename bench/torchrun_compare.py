@@ -1,7 +1,7 @@
 """The same digits job through torchrun alone, dyntrain's torchrun mode and its exact mode, on the
 same capacity trace, side by side in one run.
 
-The job: the digits CNN, 8 epochs, lr 0.05 (Nesterov, cosine), a global batch of 64 at 2
+The job: the digits CNN, 10 epochs, lr 0.05 (Nesterov, cosine), a global batch of 64 at 2
 workers, ``--chunk-delay``/``--step-delay`` 0.025 s per 8 samples a worker trains (a heavier
 model). (a) and (b) run ``bench/digits_ddp.py``, a plain DDP script (no dyntrain import,
 ``DistributedSampler``, 32 samples per worker, a ``torch.save`` checkpoint after every epoch);
@@ -60,6 +60,43 @@ RESULTS = BENCH / "results" / "torchrun_compare.json"
 TRACE = (("join", 2.5), ("leave", 4.5), ("kill", 6.5))
 MODES = ("torchrun", "service-torchrun", "exact")
 GLOBAL_BATCH = 64
+NOTES = [
+    "latency: from the change (the new agent started, the SIGTERM or SIGKILL sent, "
+    "desired_slots written) to the first step completed at the new size by a new gang (torchrun "
+    "modes) or a new generation (exact mode). training stopped: the longest time without a "
+    "completed step, from the last step before the change to that first step.",
+    "The trace fires at fixed training progress in epochs ('trigger'), each change once the one "
+    "before it took effect. A restarted torchrun gang resumes at the start of its epoch, so its "
+    "progress goes back ('new size from'); in (a) the running gang keeps training while a new "
+    "agent starts, so a join can take effect epochs after it fired.",
+    "(a) torchrun alone: bench/rescale_torchrun.py's 'tuned' configuration (--monitor-interval "
+    "0.05, last_call_timeout=1, keep-alive 1 s x 3, --max-restarts 1000, "
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1); with torchrun's defaults a change took 38-53 s in "
+    "the rescale-latency benchmark. Capacity added: one more agent; taken back: SIGTERM to the "
+    "newest agent; kill: SIGKILL to the second agent's worker.",
+    "(b) and (c): a service in this process (SQLite store, LocalExecutor with one warm worker as "
+    "dyntrain server's default, Controller with schedule_every 0.05 s and a 10 s grace period), "
+    "a fresh one per mode; one SPOT environment at $0.30 per slot-hour whose desired_slots the "
+    "trace sets (2 -> 3 -> 2); --workers 1:4; kill: SIGKILL to the job's newest worker. A "
+    "torchrun-mode worker's environment holds torchrun's variables, so it never takes the warm "
+    "worker: each gang starts a new Python per worker.",
+    "global batch: the torchrun modes train 32 samples per worker (the script's own batch "
+    "semantics, as most DDP scripts are written): 64 at 2 workers, 96 at 3, with the same "
+    "learning rate; 23 steps per epoch at 2 workers, 15 at 3. The exact mode trains a global "
+    "batch of 64 at every size (22 steps per epoch).",
+    "samples trained again: torchrun modes: the steps of the epoch in progress when a gang "
+    "stopped (the script checkpoints after every epoch), which the next gang trains again; the "
+    "step in flight at each stop is not counted. Exact mode: steps_redone of the membership "
+    "events x 64 (a graceful change redoes none; a crash's interrupted step is not counted).",
+    "cost: worker-seconds x $0.30 per slot-hour. (b), (c): the service's usage records (each "
+    "worker's lifetime). (a): each agent's lifetime, as a node is paid for while its agent waits "
+    "in a rendezvous. The static runs: wall time x 2 workers.",
+    "wall time: (a) from starting the first agent to the last agent's exit; (b), (c) from the "
+    "submit to the job's end as the driving loop saw it; static runs: the command's wall time.",
+    "final model: the torchrun modes against the same script under torchrun at a fixed 2 "
+    "workers; the exact mode against `dyntrain run --workers 2:2`. Parameters and buffers "
+    "(BatchNorm statistics) are compared; accuracy on the 360 validation digits.",
+]
 
 
 def say(msg: str) -> None:
@@ -102,8 +139,10 @@ def model_report(path: Path, static: Path | None) -> dict:
 
 
 def measure_changes(run: dict, steps: list[dict], summary: dict) -> list[dict]:
-    """Each change's latency, the longest stop in training around it, the restarts it caused
-    and the samples trained again because of it."""
+    """Each change's latency (to the first step at the new size by a new gang or generation),
+    the longest stop in training around it, the restarts it caused and the samples trained
+    again because of it. Where the new size was never reached, the same up to the first step
+    by a new gang or generation at any size (``trained_on_at``)."""
     steps = sorted(steps, key=lambda x: x["time"])
     redone = {e["generation"]: e.get("steps_redone", 0)
               for e in summary.get("exact_events", []) if e.get("event") != "start"}
@@ -112,18 +151,22 @@ def measure_changes(run: dict, steps: list[dict], summary: dict) -> list[dict]:
         t = c["time"]
         row = {"kind": c["kind"], "trigger": c["trigger"], "world_after": c["world_after"],
                "progress_at_change": round(c["progress_at_change"], 2)}
-        first = next((x for x in steps if x["time"] > t and x["inc"] != c["inc"]
-                      and x["world"] == c["world_after"]), None)
+        later = [x for x in steps if x["time"] > t and x["inc"] != c["inc"]]
+        first = next((x for x in later if x["world"] == c["world_after"]), None)
         if first is None:
             row.update(latency_s=None, note="no step at the new size before the job ended")
-            out.append(row)
-            continue
+            if not later:
+                out.append(row)
+                continue
+            first = later[0]
+            row["trained_on_at"] = first["world"]
+        else:
+            row.update(latency_s=round(first["time"] - t, 3),
+                       progress_at_new_world=round(first["progress"], 2))
         end = first["time"]
         before = [x["time"] for x in steps if x["time"] <= t][-1:]
         times = before + [x["time"] for x in steps if t < x["time"] <= end]
-        row.update(latency_s=round(end - t, 3),
-                   pause_s=round(max(b - a for a, b in pairwise(times)), 3),
-                   progress_at_new_world=round(first["progress"], 2),
+        row.update(pause_s=round(max(b - a for a, b in pairwise(times)), 3),
                    restarts=sum(1 for r in summary["restarts"] if t < r <= end))
         if "rollbacks" in summary:
             row["samples_again"] = sum(r["samples"] for r in summary["rollbacks"]
@@ -148,6 +191,7 @@ def run_mode(name: str, work: Path, s: Settings) -> dict:
     steps = mode.steps()
     summary = mode.summary()
     run["changes"] = measure_changes(run, steps, summary)
+    run["epochs"] = s.epochs
     if "rollbacks" in summary:
         summary["samples_again"] = sum(r["samples"] for r in summary["rollbacks"])
     else:
@@ -166,7 +210,8 @@ def _num(x, digits: int = 1) -> str:
 
 
 def _ratio(x, y) -> str:
-    return "–" if x is None or y in (None, 0) else f"{x / y:.1f}x"
+    numbers = all(isinstance(v, (int, float)) for v in (x, y))
+    return f"{x / y:.1f}x" if numbers and y else "–"
 
 
 def table_rows(modes: dict, statics: dict) -> list[list[str]]:
@@ -174,7 +219,10 @@ def table_rows(modes: dict, statics: dict) -> list[list[str]]:
     a, b, c = (modes.get(m, {}) for m in MODES)
 
     def change(m: dict, kind: str, key: str):
-        return next((x.get(key) for x in m.get("changes", []) if x["kind"] == kind), None)
+        c = next((x for x in m.get("changes", []) if x["kind"] == kind), {})
+        if key == "latency_s" and c.get("trained_on_at") is not None:
+            return f"not reached: trained on at {c['trained_on_at']}"
+        return c.get(key)
 
     def row(label: str, values: list, digits: int = 1, ratio: bool = True) -> list[str]:
         cells = [_num(v, digits) if not isinstance(v, str) else v for v in values]
@@ -193,7 +241,9 @@ def table_rows(modes: dict, statics: dict) -> list[list[str]]:
         rows.append(row(f"{label}: training stopped, s", [change(m, kind, "pause_s")
                                                          for m in (a, b, c)], 2))
     lat = [median([x.get("latency_s") for x in m.get("changes", [])]) for m in (a, b, c)]
-    rows.append(row("median change latency, s", lat, 2))
+    rows.append(row("median latency of the changes that reached their size, s", lat, 2))
+    rows.append(row("trained every epoch to its end (samples lost)",
+                    [_complete(m) for m in (a, b, c)], ratio=False))
     rows.append(row("samples trained again", [m.get("samples_again") for m in (a, b, c)], 0,
                     ratio=False))
     rows.append(row("gang restarts", [len(m["restarts"]) if "restarts" in m else None
@@ -205,7 +255,8 @@ def table_rows(modes: dict, statics: dict) -> list[list[str]]:
     rows.append(row(f"cost, cents (${PRICE_PER_SLOT_HOUR:.2f} per slot-hour)", cost, 3))
     models = [m.get("model", {}) for m in (a, b, c)]
     rows.append(row("final model: max abs diff from its static run",
-                    [x.get("max_abs_diff") for x in models], 4, ratio=False))
+                    [f"{x['max_abs_diff']:.3g}" if "max_abs_diff" in x else "–"
+                     for x in models], ratio=False))
     rows.append(row("final model bitwise equal to its static run",
                     [{True: "yes", False: "no"}.get(x.get("bitwise_equal"), "–")
                      for x in models], ratio=False))
@@ -214,6 +265,17 @@ def table_rows(modes: dict, statics: dict) -> list[list[str]]:
                     [f"{x['val_accuracy']:.4f} ({_num(ref, 4)})" if "val_accuracy" in x else "–"
                      for x, ref in zip(models, refs, strict=True)], ratio=False))
     return rows
+
+
+def _complete(m: dict) -> str:
+    """Whether the final model saw every epoch to its end: "yes (0)" or what it reached."""
+    if "final_epoch" in m:
+        done, of = m["final_epoch"], m.get("epochs")
+    elif "final_step" in m:
+        done, of = m["final_step"], m["total_steps"]
+    else:
+        return "–"
+    return "yes (0)" if done is not None and done == of else f"no: {done} of {of}"
 
 
 HEADERS = ["measure", "(a) torchrun alone", "(b) dyntrain torchrun mode",
@@ -228,7 +290,9 @@ def change_rows(modes: dict) -> list[list[str]]:
         for c in modes.get(name, {}).get("changes", []):
             rows.append([modes[name]["label"], f"{c['kind']} -> {c['world_after']}",
                          f"{c['trigger']:g}", _num(c["progress_at_change"], 2),
-                         _num(c.get("progress_at_new_world"), 2), _num(c.get("latency_s"), 2),
+                         _num(c.get("progress_at_new_world"), 2) if "trained_on_at" not in c
+                         else f"not reached (trained on at {c['trained_on_at']})",
+                         _num(c.get("latency_s"), 2),
                          _num(c.get("pause_s"), 2), _num(c.get("restarts"), 0),
                          _num(c.get("samples_again"), 0)])
     return rows
@@ -247,7 +311,7 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--chunk-delay", type=float, default=0.025,
                     help="extra seconds per 8 samples a worker trains, in every mode")
     ap.add_argument("--only", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
@@ -305,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                      "global_batch_exact": GLOBAL_BATCH, "batch_per_worker_ddp": 32},
         "wall_s": round(time.time() - t0, 1),
         "headers": HEADERS, "rows": rows, "change_headers": CHANGE_HEADERS,
-        "change_rows": crows, "table": table, "modes": modes, "static": statics,
+        "change_rows": crows, "table": table, "notes": NOTES, "modes": modes, "static": statics,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2, default=str)  # the run folders' paths, shortened
