@@ -74,7 +74,17 @@ DEBUG_RDZV = (
 class TorchrunJob:
     """A torchrun elastic job: one agent process per simulated node, all on 127.0.0.1."""
 
-    def __init__(self, name: str, config: dict, work: Path, debug: bool = False) -> None:
+    def __init__(self, name: str, config: dict, work: Path, debug: bool = False,
+                 script: Path = WORKER, script_args: list[str] | None = None) -> None:
+        """Args:
+            name: the configuration's name (in the rendezvous id).
+            config: ``{"args": torchrun's extra arguments, "env": extra environment}``.
+            work: a folder for the agents' logs, the checkpoint and the step log.
+            debug: log the rendezvous at DEBUG level (``DEBUG_RDZV``).
+            script: the training script every agent runs (``bench/torchrun_worker.py``).
+            script_args: its arguments; by default ``torchrun_worker.py``'s, with the step log
+                ``work/steps.jsonl`` (which ``log`` tails) and more epochs than a run takes.
+        """
         self.name, self.work, self.debug = name, work, debug
         self.extra, self.env = config["args"], config["env"]
         work.mkdir(parents=True, exist_ok=True)
@@ -82,6 +92,9 @@ class TorchrunJob:
         self.rdzv_id = f"rescale-{name}-{os.getpid()}"
         self.ckpt = work / "ckpt.pt"
         self.log = JsonlTail(work / "steps.jsonl")
+        self.script = script
+        self.script_args = script_args if script_args is not None else [
+            "--ckpt", str(self.ckpt), "--step-log", str(self.log.path), "--epochs", EPOCHS]
         self.agents: list[dict] = []  # {"proc", "started", "log", "index"}
         self.seen: set[int] = set()
 
@@ -90,8 +103,7 @@ class TorchrunJob:
         return [sys.executable, *launcher, "--nnodes", f"1:{MAX_WORKERS}",
                 "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", self.rdzv_id,
-                *self.extra, str(WORKER), "--ckpt", str(self.ckpt),
-                "--step-log", str(self.log.path), "--epochs", EPOCHS]
+                *self.extra, str(self.script), *self.script_args]
 
     def start_agent(self) -> dict:
         index = len(self.agents)
@@ -110,7 +122,7 @@ class TorchrunJob:
         return [a for a in self.agents if a["proc"].poll() is None]
 
     def worker_pids(self, agent: dict) -> list[int]:
-        return [p for p in descendants(agent["proc"].pid) if str(WORKER) in cmdline(p)]
+        return [p for p in descendants(agent["proc"].pid) if str(self.script) in cmdline(p)]
 
     def track(self) -> None:
         for a in self.live_agents():
@@ -121,7 +133,7 @@ class TorchrunJob:
         for a in self.agents:
             if a["proc"].poll() is None:
                 kill_tree(a["proc"], extra=set())
-        leftovers = [p for p in self.seen if alive(p) and str(WORKER) in cmdline(p)]
+        leftovers = [p for p in self.seen if alive(p) and str(self.script) in cmdline(p)]
         kill_pids(leftovers, signal.SIGKILL)
 
     def wait_for(self, cond, timeout: float):

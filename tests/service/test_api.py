@@ -228,6 +228,27 @@ def test_job_queue_crud(client):
 # ----------------------------------------------------------------------------- job definitions
 
 
+def test_a_torchrun_job_through_the_definition_and_the_job(client, run_queue):
+    client.register_job_definition(name="def-ddp", command=["true"], resources=SMALL, elastic={
+        "min_workers": 1, "max_workers": 2, "launcher": "torchrun"})
+    d = client.get_job_definition("def-ddp")
+    assert d["elastic"] == {"min_workers": 1, "max_workers": 2} and d["launcher"] == "torchrun"
+    from_definition = client.submit(queue=run_queue, definition="def-ddp")
+    assert from_definition["launcher"] == "torchrun"
+    check = ("import os; e = os.environ; assert (e['RANK'], e['WORLD_SIZE'], "
+             "e['TORCHELASTIC_RESTART_COUNT'], e['TORCHELASTIC_RUN_ID']) == "
+             "('0', '1', '0', e['DYNTRAIN_JOB_ID']), e; int(e['MASTER_PORT'])")
+    own = client.submit(queue=run_queue, command=[sys.executable, "-c", check], resources=SMALL,
+                        workers=(1, 1), launcher="torchrun")
+    assert own["launcher"] == "torchrun" and own["elastic"] == {"min_workers": 1,
+                                                                "max_workers": 1}
+    for job in (from_definition, own):
+        wait_for(lambda j=job: client.get_job(j["id"])["status"] in ("SUCCEEDED", "FAILED"),
+                 timeout=60)
+        done = client.get_job(job["id"])
+        assert done["status"] == "SUCCEEDED", done["status_reason"]
+
+
 def test_job_definition_crud(client):
     body = dict(name="def-crud", command=["echo", "Ref::word"], parameters={"word": "hi"},
                 environment={"GREETING": "hello"}, resources=SMALL, timeout_seconds=30,
@@ -477,6 +498,10 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
         ("POST", "/jobs", {"queue": "q-bad"}, 422,
          "body: Value error, submit needs a job definition or a command"),
         ("POST", "/jobs", {"command": ["true"]}, 422, "body.queue: Field required"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "launcher": "torchrun"}, 400,
+         "launcher torchrun needs workers MIN:MAX"),
+        ("POST", "/jobs", {"queue": "q-bad", "command": ["true"], "launcher": "mpirun",
+                           "workers": {"min": 1, "max": 2}}, 422, "body.launcher"),
         ("POST", "/jobs", {"queue": "q-bad", "definition": "nope"}, 400,
          "unknown job definition"),
         ("POST", "/jobs", {"queue": "q-bad", "definition": "def-bad:x"}, 422,

@@ -13,6 +13,9 @@ folder, at the same path on every host, as a shared file system would be.
   earlier run: a short cut (the node stays in the cluster) and a long one (Ray declares the node
   dead) each end the run on the cut-off node before the retry starts, and nothing of it runs on
   when the link heals.
+- A plain DDP script as a torchrun gang spans three hosts: each worker is told rank 0's host as
+  the main node (and the interface it reaches it through, as gloo would bind loopback), and a
+  host cut off restarts the gang on the others from the script's checkpoint.
 - Workers that cannot reach the coordinator (a service told a loopback address) say where they
   tried, and the job fails after a few of them instead of starting more forever.
 
@@ -27,8 +30,10 @@ import json
 import re
 import secrets
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import read_jsonl, start_server, stop_server, wait_for
 from dyntrain.service.client import Client
@@ -304,3 +309,78 @@ def test_workers_that_cannot_reach_the_coordinator_fail_the_job_saying_where_the
     assert final["status"] == "FAILED"
     assert "cannot reach the coordinator at 127.0.0.1:" in final["status_reason"], final
     assert workers <= 3, workers
+
+
+PLAIN_DDP = str(Path(__file__).resolve().parent.parent / "scripts" / "plain_ddp.py")
+
+
+def test_a_torchrun_gang_spans_hosts_and_restarts_without_a_cut_off_host(cluster):
+    """A plain DDP script (no dyntrain import) as a torchrun gang on three hosts whose
+    hostnames resolve to loopback: each worker is told its gang's main node (rank 0's host's
+    address, not the service's) and the interface it reaches it through; when a host is cut
+    off, the gang restarts on the others from the script's own checkpoint."""
+    c = cluster
+    for i in (1, 2, 3):
+        c.node(i)
+    folder, pause = c.bed.shared / "ddp", c.bed.shared / "ddp.pause"
+    pause.touch()  # no epoch starts while it exists
+    address = {f"host{i}": c.bed.host(i).address for i in (1, 2, 3)}
+
+    def gang(size: int) -> tuple[int, list[dict]] | None:
+        """The newest gang of ``size`` workers whose every rank started: (restart, envs)."""
+        for found in sorted(folder.glob(f"env-r*-rank{size - 1}.json"), reverse=True,
+                            key=lambda p: int(p.name.split("-")[1][1:])):
+            restart = int(found.name.split("-")[1][1:])
+            ranks = [folder / f"env-r{restart}-rank{r}.json" for r in range(size)]
+            if all(p.exists() for p in ranks) and not (
+                    folder / f"env-r{restart}-rank{size}.json").exists():
+                return restart, [json.loads(p.read_text()) for p in ranks]
+        return None
+
+    def epochs() -> list[dict]:
+        checkpoint = folder / "checkpoint.pt"
+        return torch.load(checkpoint, weights_only=True)["history"] if checkpoint.exists() \
+            else []
+
+    with c.client() as client:
+        job = client.submit(queue="spot", workers={"min": 2, "max": 3}, launcher="torchrun",
+                            resources={"cpus": 1, "memory_mib": 128}, command=[
+                                sys.executable, PLAIN_DDP, "--epochs", "6", "--checkpoint-dir",
+                                str(folder), "--epoch-seconds", "1", "--pause-while",
+                                str(pause)])
+        first, envs = wait_job(client, job["id"], lambda: gang(3), "a gang on three hosts", 240)
+        hosts = [e["host"] for e in envs]
+        assert sorted(hosts) == ["host1", "host2", "host3"], envs
+        for rank, env in enumerate(envs):
+            # rank 0's host is the main node; every worker is a node of its own
+            assert env["MASTER_ADDR"] == address[hosts[0]], envs
+            assert env["MASTER_PORT"] == envs[0]["MASTER_PORT"], envs
+            assert (env["RANK"], env["GROUP_RANK"], env["LOCAL_RANK"]) == (str(rank),) * 2 + (
+                "0",), env
+            assert env["GLOO_SOCKET_IFNAME"], env
+        pause.unlink()  # the gang trains across the hosts
+        wait_job(client, job["id"], lambda: any(
+            h["restart"] == first and h["world_size"] == 3 for h in epochs()),
+            "an epoch of the three-host gang", 120)
+        pause.touch()
+        cut = int(hosts[1][-1])  # rank 1's host
+        c.bed.partition(cut)
+        try:
+            second, envs = wait_job(client, job["id"], lambda: (
+                g := gang(2)) and g[0] > first and g, "a gang without the cut-off host", 240)
+        finally:
+            c.bed.heal(cut)
+        assert f"host{cut}" not in [e["host"] for e in envs], envs
+        assert envs[0]["MASTER_ADDR"] == address[envs[0]["host"]], envs
+        pause.unlink()
+        final = ended(client, job["id"], 240)
+        reasons = [a["reason"] or "" for a in client.get_job(job["id"])["attempt_history"]]
+    assert final["status"] == "SUCCEEDED", (final["status_reason"], reasons)
+    history = epochs()
+    assert [h["epoch"] for h in history] == list(range(1, 7)), history
+    assert {(h["restart"], h["world_size"]) for h in history} >= {(first, 3), (second, 2)}
+    assert all(h["resumed_from"] > 0 for h in history if h["restart"] == second), history
+    # the lost host restarted the gang: neither a failed attempt nor a preemption
+    assert any(re.fullmatch(r"restart: worker w\d died \(its node was lost\)", r)
+               for r in reasons), reasons
+    assert (final["attempts"], final["preemptions"]) == (1, 0), final

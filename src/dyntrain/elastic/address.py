@@ -44,6 +44,17 @@ def interface_address(name: str) -> str:
     return socket.inet_ntoa(raw[20:24])
 
 
+def interface_of(address: str) -> str | None:
+    """The name of the interface that holds IPv4 ``address`` (None: none of this host's)."""
+    for _, name in socket.if_nameindex():
+        try:
+            if interface_address(name) == address:
+                return name
+        except DyntrainError:
+            continue
+    return None
+
+
 def machine_addresses() -> list[str]:
     """This machine's non-loopback IPv4 addresses (interfaces in system order)."""
     found = []

@@ -18,6 +18,7 @@ from dyntrain.cli.service.common import (
 )
 from dyntrain.cli.service.output import list_items, make_console, make_table, print_record
 from dyntrain.errors import DyntrainError
+from dyntrain.service.core.model import Launcher, values
 
 
 @click.group("jobdef")
@@ -33,6 +34,9 @@ def jobdef(ctx, url, token):
 @click.option("-f", "--file", "path", default=None, metavar="FILE.yaml",
               help="Fields of the definition (flags override them).")
 @click.option("--workers", default=None, metavar="MIN:MAX", help="Elastic between MIN and MAX.")
+@click.option("--launcher", type=click.Choice(values(Launcher)), default=None,
+              help="How the elastic workers run: dyntrain (the exact runtime) or torchrun (a "
+                   "plain DDP script, restarted at each resize). Needs --workers.")
 @click.option("--attempts", type=int, default=None, metavar="N",
               help="Attempts in all, the first included (1-10; retry_strategy.attempts).")
 @click.option("--retries", type=int, default=None, metavar="N",
@@ -46,8 +50,8 @@ def jobdef(ctx, url, token):
 @conn_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @friendly
-def jobdef_register(name, path, workers, attempts, retries, timeout, params, envs, cpus, gpus,
-                    memory, url, token, command):
+def jobdef_register(name, path, workers, launcher, attempts, retries, timeout, params, envs,
+                    cpus, gpus, memory, url, token, command):
     """Register job definition NAME (a new revision if it exists) from flags or -f FILE.yaml.
 
     \b
@@ -66,6 +70,10 @@ def jobdef_register(name, path, workers, attempts, retries, timeout, params, env
     if workers is not None:
         w = parse_min_max(workers)
         body["elastic"] = {"min_workers": w["min"], "max_workers": w["max"]}
+    if launcher is not None:
+        if not isinstance(body.get("elastic"), dict):
+            raise click.UsageError(f"--launcher {launcher} needs --workers MIN:MAX")
+        body["elastic"]["launcher"] = launcher
     if attempts is not None:
         base = body.get("retry_strategy") if isinstance(body.get("retry_strategy"), dict) else {}
         body["retry_strategy"] = {**base, "attempts": attempts}

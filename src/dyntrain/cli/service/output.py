@@ -54,7 +54,8 @@ def workers_text(job: dict[str, Any]) -> str:
     elastic = job.get("elastic") if isinstance(job.get("elastic"), dict) else job
     low, high = elastic.get("min_workers"), elastic.get("max_workers")
     if low is not None and high is not None:
-        return f"{cur} ({low}-{high})"
+        how = ", torchrun" if job.get("launcher") == "torchrun" else ""
+        return f"{cur} ({low}-{high}{how})"
     return str(cur)
 
 

@@ -29,7 +29,8 @@ from dyntrain.cli.service.common import (
 )
 from dyntrain.cli.service.follow import follow
 from dyntrain.errors import DyntrainError
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, Launcher
+from dyntrain.service.core.model import values as enum_values
 
 MAX_ARRAY_SIZE = 10_000
 
@@ -44,6 +45,10 @@ MAX_ARRAY_SIZE = 10_000
               help="Job definition (latest revision unless :REV).")
 @click.option("--workers", default=None, metavar="MIN:MAX",
               help="Run elastically with MIN to MAX workers.")
+@click.option("--launcher", type=click.Choice(enum_values(Launcher)), default=None,
+              help="How the elastic workers run: dyntrain (the exact runtime) or torchrun (a "
+                   "plain DDP script, restarted at each resize). Needs --workers (or a "
+                   "definition's).")
 @click.option("--array", "array_size", type=int, default=None, metavar="N",
               help=f"An array job of N children (2-{MAX_ARRAY_SIZE}), PARENT:0 to PARENT:N-1.")
 @click.option("--depends-on", multiple=True, metavar="ID[:TYPE]",
@@ -71,8 +76,8 @@ MAX_ARRAY_SIZE = 10_000
 @conn_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @friendly
-def submit(path, queue, name, definition, workers, array_size, depends_on, attempts, retries,
-           timeout, params, envs, export, workdir, cpus, gpus, memory, wait, url, token,
+def submit(path, queue, name, definition, workers, launcher, array_size, depends_on, attempts,
+           retries, timeout, params, envs, export, workdir, cpus, gpus, memory, wait, url, token,
            command):
     """Submit a job: a COMMAND (after --), a job definition, or -f FILE.yaml; prints its id.
 
@@ -81,12 +86,14 @@ def submit(path, queue, name, definition, workers, array_size, depends_on, attem
     \b
     dyntrain submit -- python train.py --epochs 3
     dyntrain submit --definition train:2 --workers 1:4 --param epochs=3 --wait
+    dyntrain submit --launcher torchrun --workers 2:8 -- python train.py
     dyntrain submit -f job.yaml --attempts 3
     """
     body = load_body(path, "JobIn") if path else {}
     flags: dict[str, Any] = {"queue": queue, "definition": definition, "name": name,
                              "command": list(command) if command else None,
                              "workers": None if workers is None else parse_min_max(workers),
+                             "launcher": launcher,
                              "array_size": _array_size(array_size),
                              "retry_attempts": attempts_from_flags(attempts, retries),
                              "timeout_seconds": timeout}
@@ -94,6 +101,8 @@ def submit(path, queue, name, definition, workers, array_size, depends_on, attem
     body.setdefault("queue", "default")
     if "command" not in body and "definition" not in body:
         raise click.UsageError("submit needs a COMMAND (after --), --definition or -f FILE")
+    if launcher is not None and "workers" not in body and "definition" not in body:
+        raise click.UsageError(f"--launcher {launcher} needs --workers MIN:MAX")
     for key, values, flag in (("parameters", params, "--param"), ("environment", envs, "--env")):
         if values:
             body[key] = {**(body.get(key) or {}), **parse_kv(values, flag)}

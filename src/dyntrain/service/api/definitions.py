@@ -26,7 +26,8 @@ def spec_of(body: JobDefinitionIn) -> JobDefinitionSpec:
         RetryRule(r.action, None if r.on_exit_code is None else str(r.on_exit_code), r.on_reason)
         for r in body.retry_strategy.evaluate_on_exit))
     elastic = (None if body.elastic is None
-               else ElasticSettings(body.elastic.min_workers, body.elastic.max_workers))
+               else ElasticSettings(body.elastic.min_workers, body.elastic.max_workers,
+                                    body.elastic.launcher))
     return JobDefinitionSpec(
         name=body.name, command=tuple(body.command), environment=tuple(body.environment.items()),
         parameters=tuple((k, str(v)) for k, v in body.parameters.items()),

@@ -53,7 +53,8 @@ def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
         workers=None if body.workers is None else (body.workers.min, body.workers.max),
         retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
         job_id=body.job_id, workdir=body.workdir,
-        exported_environment=body.exported_environment)
+        exported_environment=body.exported_environment,
+        launcher=None if body.launcher is None else body.launcher.value)
     return views.job(job)
 
 

@@ -25,6 +25,7 @@ from dyntrain.service.core.model import (
     MAX_ATTEMPTS,
     CapacityType,
     DependencyType,
+    Launcher,
     Resources,
     RetryAction,
     State,
@@ -183,6 +184,9 @@ class RetryStrategyIn(Body):
 class ElasticIn(Body):
     min_workers: Workers = 1
     max_workers: Workers = 1
+    launcher: Launcher = Field(
+        Launcher.DYNTRAIN, description="dyntrain: the exact runtime; torchrun: a plain DDP "
+                                       "script with torchrun's variables, restarted per resize")
 
 
 Command = Annotated[list[Arg], Field(min_length=1, max_length=10_000)]
@@ -235,6 +239,9 @@ class JobIn(Body):
     array_size: _integer(ge=2, le=MAX_ARRAY_SIZE) | None = None
     depends_on: Annotated[list[DependencyIn], Field(max_length=1000)] = []
     workers: WorkersIn | None = None
+    launcher: Launcher | None = Field(
+        None, description="how an elastic job's workers run (needs `workers` here or in the "
+                          "definition); default: the definition's, else dyntrain")
     retry_attempts: _integer(ge=1, le=MAX_ATTEMPTS) | None = None
     timeout_seconds: Seconds | None = None
     job_id: _rule(NAME_PATTERN, "a job id is letters, digits, '-' or '_' and starts with a "

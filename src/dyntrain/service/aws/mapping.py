@@ -14,6 +14,8 @@
   ``AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS`` set. With the tag ``dyntrain:elastic`` =
   ``MIN:MAX`` (or ``MIN``; MAX defaults to ``numNodes``), on the job definition or the job, the
   job is elastic: dyntrain's coordinator runs it between MIN and MAX workers as capacity allows.
+  With ``dyntrain:launcher`` = ``torchrun`` too, it runs a plain DDP script instead, with
+  torchrun's variables, restarted at each change of size (``core/torchrun.py``).
 """
 
 from __future__ import annotations
@@ -34,10 +36,13 @@ from dyntrain.service.core.model import (
     Resources,
     RetryRule,
     RetryStrategy,
+    ValidationError,
+    parse_launcher,
 )
 from dyntrain.service.store import JobDefinition
 
 ELASTIC_TAG = "dyntrain:elastic"
+LAUNCHER_TAG = "dyntrain:launcher"
 SLOT = Resources()  # one vCPU: what a node takes
 _CAPACITY = {"EC2": CapacityType.ON_DEMAND, "FARGATE": CapacityType.ON_DEMAND,
              "ECS_MANAGED_INSTANCES": CapacityType.ON_DEMAND, "SPOT": CapacityType.SPOT,
@@ -160,14 +165,21 @@ def _main_container(node_properties: dict) -> dict:
 
 
 def elastic_range(tags: dict[str, str], num_nodes: int) -> ElasticSettings | None:
-    """The ``dyntrain:elastic`` tag (``MIN:MAX`` or ``MIN``) as worker bounds, or None."""
-    value = tags.get(ELASTIC_TAG)
+    """The ``dyntrain:elastic`` tag (``MIN:MAX`` or ``MIN``) as worker bounds, with the
+    ``dyntrain:launcher`` tag's launcher, or None."""
+    value, launcher = tags.get(ELASTIC_TAG), tags.get(LAUNCHER_TAG)
     if value is None:
+        if launcher is not None:
+            raise client_error(f"tag {LAUNCHER_TAG} needs the tag {ELASTIC_TAG} (MIN:MAX)")
         return None
     low, colon, high = value.partition(":")
     if not low.strip().isdigit() or (colon and not high.strip().isdigit()):
         raise client_error(f"tag {ELASTIC_TAG} must be MIN or MIN:MAX (numbers), got {value!r}")
-    return ElasticSettings(int(low), int(high) if colon else num_nodes)
+    try:
+        chosen = parse_launcher(launcher)
+    except ValidationError as exc:
+        raise client_error(f"tag {LAUNCHER_TAG}: {exc}") from None
+    return ElasticSettings(int(low), int(high) if colon else num_nodes, chosen)
 
 
 def job_definition(p: dict) -> tuple[JobDefinitionSpec, dict[str, Any]]:
@@ -186,7 +198,7 @@ def job_definition(p: dict) -> tuple[JobDefinitionSpec, dict[str, Any]]:
         elastic = elastic_range(tags, nodes["numNodes"])
     else:
         container = p.get("containerProperties") or {}
-        if ELASTIC_TAG in tags:
+        if ELASTIC_TAG in tags or LAUNCHER_TAG in tags:
             raise client_error(f"tag {ELASTIC_TAG} needs a multinode job definition (type "
                                "multinode, nodeProperties.numNodes = the most workers)")
     aws["containerProperties"] = {k: v for k, v in container.items()
@@ -257,5 +269,6 @@ def submission(p: dict, d: JobDefinition) -> dict[str, Any]:
         "retry_strategy": retry_strategy(p.get("retryStrategy")),
         "timeout_seconds": (p.get("timeout") or {}).get("attemptDurationSeconds"),
         "num_nodes": num_nodes, "workers": workers, "tags": tags,
+        "launcher": None if workers is None else elastic.launcher.value,
         "aws": {k: v for k, v in aws.items() if v is not None},
     }

@@ -53,6 +53,10 @@ class WorkerSpec:
     cwd: str | None
     log_path: str  # stdout and stderr of the worker go here (appended)
     environment: str | None = None  # the compute environment it was placed in
+    #: a torchrun gang's or multi-node job's first worker: the host it runs on is the main
+    #: node, whose address an executor with several hosts puts in the main-node variables
+    #: (executors/main_node.py); None for every other job
+    main_worker: str | None = None
 
 
 @dataclass(frozen=True)

@@ -87,10 +87,11 @@ class Transition:
 
 class EndKind(Enum):
     """What decided how an attempt ended, strongest last: a terminate beats a preemption, which
-    beats a timeout, which beats the workers' exit code."""
+    beats a restart, which beats a timeout, which beats the workers' exit code."""
 
     EXITED = "exited"  # its workers' exit code: 0 succeeded, anything else failed
     TIMED_OUT = "timed out"  # it ran past the job's timeout: a failed attempt
+    RESTARTED = "restarted"  # a torchrun gang stopped to start again at a new size: not counted
     PREEMPTED = "preempted"  # capacity taken back or suspended: not counted, queued again
     TERMINATED = "terminated"  # a user stopped it: it counts, and the job fails
 
@@ -122,8 +123,9 @@ class Ending:
 
     @property
     def counts_as_retry(self) -> bool:
-        """Whether it counts against the job's retry strategy (a preemption never does)."""
-        return self.kind is not EndKind.PREEMPTED
+        """Whether it counts against the job's retry strategy (a preemption or a restart
+        never does)."""
+        return self.kind not in (EndKind.PREEMPTED, EndKind.RESTARTED)
 
 
 @dataclass(frozen=True)
@@ -205,6 +207,9 @@ def after_ending(job: str, ending: Ending, retry_strategy: RetryStrategy,
         raise ValueError(f"job {job}: attempts_used must be >= 0, got {attempts_used}")
     if ending.kind is EndKind.TERMINATED:  # the attempt ran: it counts, and it ends the job
         return AttemptOutcome(JobStatus.FAILED, ending.reason, True, attempts_used + 1)
+    if ending.kind is EndKind.RESTARTED:  # queued again: the next pass sizes its new gang
+        return AttemptOutcome(JobStatus.RUNNABLE, ending.reason or "restart", False,
+                              attempts_used)
     if ending.preempted:
         return AttemptOutcome(JobStatus.RUNNABLE,
                               f"preempted: {ending.reason or 'capacity taken back'}", False,

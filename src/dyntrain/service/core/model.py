@@ -193,17 +193,39 @@ class RetryStrategy:
         return True
 
 
+class Launcher(str, enum.Enum):
+    """How an elastic job's workers are run: dyntrain's exact runtime (its coordinator resizes
+    the running group) or torchrun's contract (a plain DDP script, restarted at each resize)."""
+
+    DYNTRAIN = "dyntrain"
+    TORCHRUN = "torchrun"
+
+
+def parse_launcher(value: str | None) -> Launcher:
+    """``value`` as a ``Launcher`` (None: dyntrain's); one line naming the choices if unknown."""
+    if value is None:
+        return Launcher.DYNTRAIN
+    try:
+        return Launcher(value)
+    except ValueError:
+        raise ValidationError(f"unknown launcher {value!r}: use one of "
+                              f"{', '.join(values(Launcher))}") from None
+
+
 @dataclass(frozen=True)
 class ElasticSettings:
-    """An elastic job runs between min and max workers and is resized by the scheduler."""
+    """An elastic job runs between min and max workers and is resized by the scheduler;
+    ``launcher`` says how its workers run (see ``Launcher``)."""
 
     min_workers: int = 1
     max_workers: int = 1
+    launcher: Launcher = Launcher.DYNTRAIN
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
             raise ValidationError(f"workers must satisfy 1 <= min <= max, got "
                                   f"{self.min_workers}:{self.max_workers}")
+        object.__setattr__(self, "launcher", parse_launcher(self.launcher))
 
 
 @dataclass(frozen=True)

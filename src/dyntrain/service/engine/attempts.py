@@ -53,6 +53,7 @@ class Attempt:
     running_seen: bool = False  # an elastic job's first generation was reported running
     shrunk: int = 0  # workers told to leave by a shrink: preemptions, as a user counts them
     failed_untrained: int = 0  # an elastic job's workers failed before its first generation
+    master_port: int | None = None  # a torchrun job's gang: where its rank 0 listens
 
     def running(self) -> list[WorkerRecord]:
         """Workers not told to leave, oldest first."""

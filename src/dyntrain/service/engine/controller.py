@@ -43,6 +43,7 @@ from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
 from dyntrain.service.core.scheduler import schedule
+from dyntrain.service.core.torchrun import restart_for_resize
 from dyntrain.service.engine.attempts import AttemptTable, terminating
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.jobindex import WAITING, JobIndex, job_view
@@ -254,9 +255,10 @@ class Controller:
     def _apply(self, plan: Plan, envs: dict[str, ComputeEnvironment]) -> None:
         """Carry out a pass's decisions; ``envs``: the compute environments it saw, by name."""
         self.plan = plan
+        restarted = self._restart_resized(plan)
         for shrink in plan.shrinks:
             attempt = self.attempts.get(shrink.job)
-            if attempt is not None:
+            if attempt is not None and shrink.job not in restarted:
                 self.stopper.shrink(attempt, shrink.env, shrink.count, shrink.reason)
         for suspend in plan.suspends:
             attempt = self.attempts.get(suspend.job)
@@ -270,11 +272,37 @@ class Controller:
             self.launcher.start(starts, envs)
         for grow in plan.grows:
             attempt = self.attempts.get(grow.job)
-            if attempt is not None and attempt.stop_reason is None:
+            if attempt is not None and attempt.stop_reason is None and grow.job not in restarted:
                 try:
                     self.launcher.grow(attempt, {grow.env: grow.count}, envs)
                 except ExecutorError as exc:  # the job goes on with the workers it has
                     self.store.add_event(grow.job, "grow.failed", {"error": str(exc)})
+
+    def _restart_resized(self, plan: Plan) -> set[str]:
+        """Stop each torchrun gang the plan resizes (SIGTERM, the grace period, SIGKILL): it is
+        queued again once its workers are gone, and the next pass starts it at the size it
+        admits. Returns the torchrun jobs the plan named: their grows and shrinks are not
+        carried out one worker at a time."""
+        change: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for grow in plan.grows:
+            change[grow.job][0] += grow.count
+        for shrink in plan.shrinks:
+            change[shrink.job][1] += shrink.count
+        restarted = set()
+        for job_id, (grown, shrunk) in change.items():
+            attempt = self.attempts.get(job_id)
+            if attempt is None or not attempt.job.torchrun:
+                continue
+            restarted.add(job_id)
+            if attempt.stop_reason:
+                continue  # already stopping
+            reason = restart_for_resize(len(attempt.running()), grown, shrunk)
+            if reason is not None:
+                attempt.claim(Ending(EndKind.RESTARTED))
+                self.stopper.stop_all(attempt, reason)
+                self.store.update_job(job_id, status_reason=f"{reason}: its workers were "
+                                                            "told to stop")
+        return restarted
 
     # ---- dependencies and arrays -----------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 from collections.abc import Callable, Mapping, Sequence
 
 from dyntrain.elastic.protocol import (
@@ -22,6 +23,7 @@ from dyntrain.service.core.executor import (
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.plan import Start
+from dyntrain.service.core.torchrun import restart_count, worker_env
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.jobindex import JobIndex
@@ -106,7 +108,9 @@ class Launcher:
             attempt.job = job = dataclasses.replace(attempt.job, status=JobStatus.STARTING)
             self.attempts.add(attempt)
             self.index.moved(job_id, job.array_parent_id, JobStatus.RUNNABLE, JobStatus.STARTING)
-            if job.elastic is not None:
+            if job.torchrun:  # a fresh port per gang: the last one's may linger in TIME_WAIT
+                attempt.master_port = free_port(MAIN_NODE_ADDRESS)
+            elif job.elastic is not None:
                 attempt.host = self.hosts.host(job, attempt.number, len(attempt.workers))
             started.append(attempt)
         specs = self._specs(started)
@@ -136,7 +140,7 @@ class Launcher:
                                                            handle=handles[wid])
             if error is not None:
                 never += self._drop_unstarted(attempt)
-            elif attempt.job.elastic is None:
+            elif attempt.host is None:  # plain, multi-node or torchrun: it runs once started
                 running[job_id] = len(attempt.workers)
         self.store.record_launch(handles, never, running)
         for job_id, (_, error) in launched.items():
@@ -206,7 +210,7 @@ class Launcher:
         return [WorkerSpec(job.id, attempt.number, record.id, list(job.command),
                            self._worker_env(job, attempt, record), job.resources, job.workdir,
                            str(self.folders.log_path(job.id, record.id)),
-                           record.compute_environment)
+                           record.compute_environment, _main_worker(attempt))
                 for attempt in attempts if (job := attempt.job)
                 for record in attempt.workers.values() if record.handle is None]
 
@@ -252,7 +256,8 @@ class Launcher:
 
     def _worker_env(self, job: Job, attempt: Attempt, w: WorkerRecord) -> dict[str, str]:
         """AWS Batch's variables too; a multi-node job's nodes are its workers in start order
-        (an elastic one's ranks come from its coordinator, not from the node index)."""
+        (an elastic one's ranks come from its coordinator, not from the node index); a
+        torchrun job's workers get torchrun's variables, ranked in start order."""
         # the submitter's variables, under the job's own, under the service's (submitter.py)
         env = {**self._exported(job), **job.environment,
                "DYNTRAIN_JOB_ID": job.id, "DYNTRAIN_JOB_NAME": job.name,
@@ -267,8 +272,28 @@ class Launcher:
                        AWS_BATCH_JOB_NODE_INDEX=str(worker_index(w.id)),
                        AWS_BATCH_JOB_MAIN_NODE_INDEX="0",
                        AWS_BATCH_JOB_MAIN_NODE_PRIVATE_IPV4_ADDRESS=MAIN_NODE_ADDRESS)
+        if attempt.master_port is not None:
+            env.update(worker_env(
+                rank=worker_index(w.id), world_size=len(attempt.workers),
+                master_addr=MAIN_NODE_ADDRESS, master_port=attempt.master_port,
+                restart=restart_count(attempt.number), run_id=job.id,
+                max_restarts=job.retry_strategy.attempts - 1))
         if attempt.host is not None:
             env[ENV_COORDINATOR] = attempt.host.address
             env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"
             env[ENV_SECRET] = attempt.host.secret
         return env
+
+
+def _main_worker(attempt: Attempt) -> str | None:
+    """A gang's first worker, whose host is its main node (torchrun and multi-node jobs)."""
+    if attempt.master_port is None and not attempt.job.num_nodes:
+        return None
+    return worker_id(attempt.job_id, attempt.number, 0)
+
+
+def free_port(address: str) -> int:
+    """A TCP port free on ``address`` now (a torchrun gang's ``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]

@@ -79,7 +79,7 @@ class Recovery:
                     if w.attempt_no == number]
             attempt = Attempt(job.id, number, job.started_at or self.clock(),
                               workers_started=len(ever), job=job)
-            if job.elastic is None:
+            if job.elastic is None or job.torchrun:  # its workers run on by themselves
                 self.attempts.add(attempt)
                 out.notes.append(f"{job.id}: {self._recover_plain(attempt, workers, ever)}")
                 continue

@@ -9,6 +9,7 @@ from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.plan import JobView
+from dyntrain.service.core.torchrun import ExitAction, after_worker_exit
 from dyntrain.service.engine.attempts import (
     Attempt,
     AttemptTable,
@@ -62,10 +63,12 @@ class Settler:
     def settle(self, exits: list[WorkerExit], now: float) -> Settlement:
         """Record the exits, tick the attempts, and end those with no worker left: one
         transaction for all of it (so a restarted service never sees an exit without the end of
-        its attempt, or the reverse). The caller applies the returned ``moves`` to its index."""
+        its attempt, or the reverse). The caller applies the returned ``moves`` to its index.
+        Exits are taken in the order they happened where the executor knows it (a torchrun
+        gang's first death decides whether it restarts or fails)."""
         s = Settlement()
         with self.store.batch():
-            for exit_ in exits:
+            for exit_ in sorted(exits, key=_end_order):
                 self._on_exit(exit_, now, s)
             for attempt in self.attempts.values():
                 self._tick_attempt(attempt, now, s)
@@ -100,19 +103,38 @@ class Settler:
             attempt.first_error = f"{who}{line}" if line else None
         if attempt.host is not None and code not in (0, None) and w.state == WORKER_RUNNING:
             self._failed_untrained(attempt)
-        if exit_.lost and (attempt.host is None or not attempt.workers):
+        if exit_.lost and not attempt.job.torchrun and (
+                attempt.host is None or not attempt.workers):
             attempt.claim(Ending(EndKind.PREEMPTED))  # its node went away: capacity taken back
         coordinator = attempt.host.coordinator if attempt.host is not None else None
         if coordinator is not None and (
                 (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
             coordinator.mark_dead(w.id, f"exit code {code}")
+        if attempt.job.torchrun:
+            self._torchrun_exit(attempt, w.id, exit_, code)
         if (coordinator is None and attempt.job.num_nodes and attempt.stop_reason is None
-                and worker_index(w.id) == 0):
+                and worker_index(w.id) == 0 and not attempt.job.torchrun):
             # AWS Batch: a multi-node job ends when its main node does; the others are stopped
             attempt.main_exit = exit_
             self.stopper.stop_all(attempt, "the main node exited")
         if attempt.workers:
             self.stopper.count_workers(attempt)
+
+    def _torchrun_exit(self, attempt: Attempt, wid: str, exit_: WorkerExit,
+                       code: int | None) -> None:
+        """A torchrun gang is whole or not at all: a worker killed restarts it (not counted),
+        one failed stops it (counted; its exit decides, as a main node's does), one done means
+        the gang is finishing (never resized again: the others end on their own)."""
+        decision = after_worker_exit(wid.rsplit("-", 1)[-1], code, lost=exit_.lost,
+                                     stopping=attempt.stop_reason is not None)
+        if decision.action is ExitAction.RESTART:
+            attempt.claim(Ending(EndKind.RESTARTED))
+            self.stopper.stop_all(attempt, decision.reason)
+        elif decision.action is ExitAction.FINISH:
+            attempt.stop(decision.reason)
+        elif decision.action is ExitAction.FAIL:
+            attempt.main_exit = dataclasses.replace(exit_, reason=decision.reason)
+            self.stopper.stop_all(attempt, decision.reason)
 
     def _failed_untrained(self, attempt: Attempt) -> None:
         """An elastic job replaces a worker that failed, but once as many as it may have failed
@@ -187,6 +209,13 @@ class Settler:
         status, stopped = outcome.status, now if outcome.status.is_terminal() else None
         s.ends.append(AttemptEnd(job.id, attempt.number, ending.exit_code, outcome.reason, now,
                                  status.value, outcome.attempts_used,
-                                 job.preemptions + attempt.shrunk + (0 if outcome.counted else 1),
+                                 job.preemptions + attempt.shrunk
+                                 + (0 if outcome.counted or ending.kind is EndKind.RESTARTED
+                                    else 1),
                                  stopped))
         s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))
+
+
+def _end_order(exit_: WorkerExit) -> float:
+    """When ``exit_`` happened; one the executor did not date sorts after those it did."""
+    return exit_.ended_at if exit_.ended_at is not None else float("inf")

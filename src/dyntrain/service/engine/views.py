@@ -63,6 +63,7 @@ def job_definition(d: JobDefinition) -> dict[str, Any]:
         "retry_strategy": retry_strategy(s.retry_strategy), "timeout_seconds": s.timeout_seconds,
         "elastic": None if s.elastic is None else {"min_workers": s.elastic.min_workers,
                                                    "max_workers": s.elastic.max_workers},
+        "launcher": None if s.elastic is None else s.elastic.launcher.value,
         "created_at": d.created_at,
     }
 
@@ -79,6 +80,7 @@ def job(j: Job, waiting: WaitInfo | None = None) -> dict[str, Any]:
         "timeout_seconds": j.timeout_seconds,
         "elastic": None if j.min_workers is None else {"min_workers": j.min_workers,
                                                        "max_workers": j.max_workers},
+        "launcher": None if j.elastic is None else j.elastic.launcher.value,
         "array_parent_id": j.array_parent_id, "array_index": j.array_index,
         "array_size": j.array_size,
         "depends_on": [{"job_id": d.job_id, "type": d.type.value} for d in j.depends_on],

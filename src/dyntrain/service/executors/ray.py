@@ -51,8 +51,10 @@ from dyntrain.service.executors.ray_nodes import (
     actor_name,
     default_namespace,
     import_ray,
+    main_actor_name,
     needs,
     node_slots,
+    packed_on,
     resource_name,
 )
 from dyntrain.service.executors.ray_worker import CALL_S, RayWorker, first_line, mirror_output
@@ -177,8 +179,10 @@ class RayExecutor(Executor):
                 out.append(e)
                 continue
             out.append(None)
+            main = None if spec.main_worker is None else main_actor_name(spec)
             pending[i] = (spec, actor, actor.start.remote(spec.worker_id, list(spec.argv),
-                                                          dict(spec.env), spec.cwd))
+                                                          dict(spec.env), spec.cwd, main,
+                                                          self.namespace))
         refs = [ref for _, _, ref in pending.values()]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=START_WAIT_S)
@@ -202,7 +206,8 @@ class RayExecutor(Executor):
         if spec.environment is not None:
             options["resources"] = {resource_name(spec.environment): 1}
         try:
-            return self._cls.options(**options).remote(self._node_log_dir, self.fence_seconds)
+            return self._cls.options(**options).remote(self._node_log_dir, self.fence_seconds,
+                                                       self.start_timeout)
         except ValueError as exc:  # the name is taken
             raise ExecutorError(f"worker {wid}: {str(exc).splitlines()[0]}") from None
 
@@ -212,13 +217,7 @@ class RayExecutor(Executor):
         with self._lock:
             nodes = Counter(w.node for w in self._workers.values()
                             if w.spec.job_id == spec.job_id and w.node and w.exit is None)
-        if not nodes:
-            return "DEFAULT"
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        # soft + spill: the node it runs on when that has room, else any node (not a wait)
-        return NodeAffinitySchedulingStrategy(nodes.most_common(1)[0][0], soft=True,
-                                              _spill_on_unavailable=True)
+        return packed_on(nodes.most_common(1)[0][0] if nodes else None)
 
     def _started(self, spec: WorkerSpec, actor, ref) -> WorkerHandle | ExecutorError:
         wid = spec.worker_id
@@ -242,11 +241,14 @@ class RayExecutor(Executor):
             error: ExecutorError = ExecutorError(
                 f"worker {wid}: its Ray actor failed while starting: {first_line(exc)}")
         else:
-            if "error" not in reply:
+            if "error" in reply:
+                error = StartError(reply["error"])
+            elif "lost" in reply:  # not the command's fault (its gang's main worker is gone)
+                error = ExecutorError(f"worker {wid}: {reply['lost']}")
+            else:
                 w.node = reply.get("node")
                 w.waiting = w.actor.wait_exit.remote(WAIT_S)
                 return None
-            error = StartError(reply["error"])
         self._kill(w.actor)
         return error
 

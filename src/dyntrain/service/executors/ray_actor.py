@@ -29,10 +29,12 @@ import subprocess
 import threading
 import time
 
+from dyntrain.service.executors.main_node import free_port, local_interface, main_node_env
 from dyntrain.service.executors.runnable import start_problem
 
 _PR_SET_PDEATHSIG = 1
 FENCE_PROBE_S = 1.0  # how often (and how long at most) the actor connects to the GCS
+MAIN_ASK_S = 1.0  # how long each look for a gang's main worker waits
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
 except (OSError, AttributeError):  # not Linux: the command may outlive a dead actor
@@ -53,11 +55,16 @@ def _has_ended(pid: int) -> bool:
 class WorkerProcess:
     """Runs, signals and outlives one worker command on the node it was placed on."""
 
-    def __init__(self, log_dir: str, fence_seconds: float = 0.0) -> None:
+    def __init__(self, log_dir: str, fence_seconds: float = 0.0,
+                 start_timeout: float = 120.0) -> None:
         """``fence_seconds``: kill the command once the GCS has been unreachable this long
-        (0: never)."""
+        (0: never). ``start_timeout``: how long a gang's worker waits for its main worker to
+        be placed."""
         self._log_dir = log_dir
         self._fence_seconds = fence_seconds
+        self._start_timeout = start_timeout
+        self._main_lock = threading.Lock()
+        self._main: dict | None = None  # this node's address and port, as the main worker
         self._fenced: str | None = None  # why the command was killed for being cut off
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -68,8 +75,12 @@ class WorkerProcess:
         self._cancelled: str | None = None  # signalled before its command started
 
     def start(self, worker_id: str, argv: list[str], env: dict[str, str],
-              cwd: str | None) -> dict:
-        """Start the command; ``{"pid", "node", ...}`` or ``{"error": one line}``."""
+              cwd: str | None, main: str | None = None, namespace: str | None = None) -> dict:
+        """Start the command; ``{"pid", "node", ...}``, ``{"error": one line}`` (the command
+        cannot run) or ``{"lost": one line}`` (its gang's main worker was never placed).
+
+        ``main``: the actor name (in ``namespace``) of the gang's main worker, whose node's
+        address and port go into the main-node variables (``main_node.py``) first."""
         import ray  # only ever called inside a Ray actor
 
         full = dict(os.environ)
@@ -77,6 +88,13 @@ class WorkerProcess:
         # the devices Ray assigned to this actor (none: no device is visible)
         full["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in ray.get_gpu_ids())
         where = f"on node {socket.gethostname()}"
+        if main is not None:
+            found = self._ask_main(main, namespace)
+            if isinstance(found, dict):
+                address, port = found["address"], found["port"]
+                full.update(main_node_env(env, address, port, local_interface(address, port)))
+            elif self._cancelled is None:  # (cancelled: said below)
+                return {"lost": f"{found} ({where})"}
         with self._lock:  # a signal that comes first cancels the start
             if self._cancelled is not None:
                 return {"error": f"SIG{self._cancelled} before it started {where}"}
@@ -98,6 +116,39 @@ class WorkerProcess:
             threading.Thread(target=self._fence, args=(context.gcs_address,), daemon=True,
                              name=f"fence-{worker_id}").start()
         return {"pid": self._pid, "host": socket.gethostname(), "node": context.get_node_id()}
+
+    def main_node(self) -> dict:
+        """As a gang's main worker: this node's address and a port free on it, the same
+        for every worker of the gang that asks."""
+        import ray  # only ever called inside a Ray actor
+
+        with self._main_lock:
+            if self._main is None:
+                self._main = {"address": ray.util.get_node_ip_address(), "port": free_port()}
+            return self._main
+
+    def _ask_main(self, main: str, namespace: str | None) -> dict | str:
+        """The main worker's ``main_node()``, or why it could not be had: it is asked once
+        both actors are placed, for at most ``start_timeout`` seconds (or until a signal
+        cancels this start)."""
+        import ray  # only ever called inside a Ray actor
+
+        if main == ray.get_runtime_context().get_actor_name():
+            return self.main_node()
+        deadline = time.monotonic() + self._start_timeout
+        reply = None
+        while self._cancelled is None and time.monotonic() < deadline:
+            try:
+                if reply is None:
+                    reply = ray.get_actor(main, namespace=namespace).main_node.remote()
+                return ray.get(reply, timeout=MAIN_ASK_S)
+            except ValueError:  # not registered yet: the service creates it beside this one
+                time.sleep(MAIN_ASK_S)
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except ray.exceptions.RayActorError as exc:
+                return f"its gang's main worker {main} ended before it was placed: {exc}"
+        return f"its gang's main worker {main} was not placed within {self._start_timeout:g} s"
 
     def _fence(self, gcs_address: str) -> None:
         """Kill the command once no connection to the GCS succeeded for ``fence_seconds``

@@ -33,6 +33,22 @@ def actor_name(spec: WorkerSpec) -> str:
     return f"dyntrain:{spec.job_id}:{spec.attempt}:{spec.worker_id}"
 
 
+def main_actor_name(spec: WorkerSpec) -> str:
+    """The actor name of the main worker of ``spec``'s gang (``spec.main_worker``)."""
+    return f"dyntrain:{spec.job_id}:{spec.attempt}:{spec.main_worker}"
+
+
+def packed_on(node: str | None):
+    """Ray's scheduling strategy for a worker packed beside its job's others on ``node``
+    (None: the job has no worker yet, anywhere will do)."""
+    if node is None:
+        return "DEFAULT"
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # soft + spill: the node it runs on when that has room, else any node (not a wait)
+    return NodeAffinitySchedulingStrategy(node, soft=True, _spill_on_unavailable=True)
+
+
 def default_namespace(state_dir: str | os.PathLike) -> str:
     """A namespace of this service: one per state dir, so two services never share actors."""
     digest = hashlib.sha1(str(Path(state_dir).resolve()).encode()).hexdigest()[:12]

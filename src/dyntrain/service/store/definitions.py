@@ -15,6 +15,7 @@ from dyntrain.service.store.records import (
     INACTIVE,
     JobDefinition,
     _elastic,
+    _launcher_column,
     _retry_from_json,
     _retry_to_json,
 )
@@ -46,6 +47,7 @@ class DefinitionStore(StoreBase):
                         timeout_seconds=spec.timeout_seconds,
                         min_workers=spec.elastic.min_workers if spec.elastic else None,
                         max_workers=spec.elastic.max_workers if spec.elastic else None,
+                        launcher=_launcher_column(spec.elastic),
                         created_at=self.clock(), tags=tags or None, aws=aws or None))
                 return spec.name, revision
             except ValidationError as e:
@@ -112,7 +114,7 @@ def _definition_from_row(r: sa.Row) -> JobDefinition:
         parameters=tuple(r.parameters.items()),
         resources=Resources(r.cpus, r.gpus, r.memory_mib),
         retry_strategy=_retry_from_json(r.retry_strategy), timeout_seconds=r.timeout_seconds,
-        elastic=_elastic(r.min_workers, r.max_workers))
+        elastic=_elastic(r.min_workers, r.max_workers, r.launcher))
     return JobDefinition(spec, r.revision, r.status, r.created_at, dict(r.tags or {}),
                          dict(r.aws or {}))
 

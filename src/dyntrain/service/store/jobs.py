@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import uuid
@@ -25,6 +26,7 @@ from dyntrain.service.core.model import (
     check_array_size,
     check_name,
     never_fits,
+    parse_launcher,
     substitute,
 )
 from dyntrain.service.core.submitter import check_run_folder, clean
@@ -35,6 +37,7 @@ from dyntrain.service.store.records import (
     MUTABLE_JOB_FIELDS,
     AttemptRecord,
     Job,
+    _launcher_column,
     _retry_from_json,
     _retry_to_json,
 )
@@ -65,7 +68,7 @@ class JobStore(StoreBase):
                exported_environment: dict[str, str] | None = None,
                retry_strategy: RetryStrategy | None = None, num_nodes: int | None = None,
                tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
-               client_token: str | None = None) -> Job:
+               client_token: str | None = None, launcher: str | None = None) -> Job:
         """Create a job (and, for an array job, its ``array_size`` children) as SUBMITTED.
 
         ``definition`` is ``name`` (latest active revision) or ``name:revision``; ``command``
@@ -80,6 +83,8 @@ class JobStore(StoreBase):
         multi-node job: without ``workers``, that many plain workers start together and node 0
         decides the outcome. ``client_token`` makes the submit idempotent: a submit with a token
         already used returns that job, unchanged. ``tags`` and ``aws`` are kept with the job.
+        ``launcher`` (``Launcher``'s values) says how an elastic job's workers run; it needs
+        ``workers`` here or in the definition.
         """
         array_size = check_array_size(array_size)
         if definition is None and command is None:
@@ -131,7 +136,8 @@ class JobStore(StoreBase):
                 retry = retry_strategy or (spec.retry_strategy if spec else RetryStrategy())
                 if retry_attempts is not None:
                     retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)
-                elastic = elastic or (spec.elastic if spec else None)
+                elastic = _with_launcher(elastic or (spec.elastic if spec else None),
+                                         launcher)
                 job_name = check_name("job", name or (spec.name if spec else "inline"))
                 res = resources or (spec.resources if spec else Resources())
                 timeout = timeout_seconds or (spec.timeout_seconds if spec else None)
@@ -144,6 +150,7 @@ class JobStore(StoreBase):
                     "retry_strategy": _retry_to_json(retry), "timeout_seconds": timeout,
                     "min_workers": elastic.min_workers if elastic else None,
                     "max_workers": elastic.max_workers if elastic else None,
+                    "launcher": _launcher_column(elastic),
                     "array_parent_id": None, "array_index": None, "array_size": array_size,
                     "status": JobStatus.SUBMITTED.value, "status_reason": None, "attempts": 0,
                     "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
@@ -459,4 +466,16 @@ def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
         updated_at=r["updated_at"], started_at=r["started_at"], stopped_at=r["stopped_at"],
         workdir=r["workdir"], exported_environment=r["exported_environment"],
         progress=r["progress"], result=r.get("result"), num_nodes=r.get("num_nodes"),
-        tags=dict(r.get("tags") or {}), aws=dict(r.get("aws") or {}))
+        tags=dict(r.get("tags") or {}), aws=dict(r.get("aws") or {}),
+        launcher=r.get("launcher"))
+
+
+def _with_launcher(elastic: ElasticSettings | None,
+                   launcher: str | None) -> ElasticSettings | None:
+    """The job's elastic settings with the submit's ``launcher`` (None: the definition's)."""
+    if launcher is None:
+        return elastic
+    chosen = parse_launcher(launcher)
+    if elastic is None:
+        raise ValidationError(f"launcher {chosen.value} needs workers MIN:MAX (an elastic job)")
+    return dataclasses.replace(elastic, launcher=chosen)

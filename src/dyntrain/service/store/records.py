@@ -15,10 +15,12 @@ from dyntrain.service.core.model import (
     JobDefinitionSpec,
     JobQueueSpec,
     JobStatus,
+    Launcher,
     Resources,
     RetryAction,
     RetryRule,
     RetryStrategy,
+    parse_launcher,
 )
 
 ACTIVE, INACTIVE = "ACTIVE", "INACTIVE"  # job definition revisions
@@ -125,12 +127,16 @@ class Job(_Workers):
     num_nodes: int | None = None  # a multi-node job (AWS Batch's nodeProperties.numNodes)
     tags: dict[str, str] = _dict()
     aws: dict[str, Any] = _dict()
+    launcher: str | None = None  # an elastic job's Launcher (None: dyntrain's)
 
     @property
     def elastic(self) -> ElasticSettings | None:
-        if self.min_workers is None or self.max_workers is None:
-            return None
-        return ElasticSettings(self.min_workers, self.max_workers)
+        return _elastic(self.min_workers, self.max_workers, self.launcher)
+
+    @property
+    def torchrun(self) -> bool:
+        """Its workers run a plain script as torchrun would (restarted at each resize)."""
+        return self.elastic is not None and self.elastic.launcher is Launcher.TORCHRUN
 
     @property
     def is_array_parent(self) -> bool:
@@ -259,6 +265,15 @@ def _retry_from_json(d: dict) -> RetryStrategy:
         for x in d.get("evaluate_on_exit", ())))
 
 
-def _elastic(min_w: int | None, max_w: int | None) -> ElasticSettings | None:
-    return None if min_w is None or max_w is None else ElasticSettings(min_w, max_w)
+def _elastic(min_w: int | None, max_w: int | None,
+             launcher: str | None = None) -> ElasticSettings | None:
+    return (None if min_w is None or max_w is None
+            else ElasticSettings(min_w, max_w, parse_launcher(launcher)))
+
+
+def _launcher_column(elastic: ElasticSettings | None) -> str | None:
+    """What the ``launcher`` column holds: None for dyntrain's own (and for a plain job)."""
+    if elastic is None or elastic.launcher is Launcher.DYNTRAIN:
+        return None
+    return elastic.launcher.value
 

@@ -73,6 +73,7 @@ job_definitions = sa.Table(
     sa.Column("timeout_seconds", sa.Double),
     sa.Column("min_workers", sa.Integer),
     sa.Column("max_workers", sa.Integer),
+    sa.Column("launcher", sa.String(16)),  # an elastic definition's Launcher; None: dyntrain
     *_times("created_at"),
     *_aws(),
 )
@@ -112,6 +113,7 @@ jobs = sa.Table(
     sa.Column("result", sa.JSON),  # what its training reported (trainer.report())
     *_aws(),
     sa.Column("num_nodes", sa.Integer),  # a multi-node job: its workers, one per node
+    sa.Column("launcher", sa.String(16)),  # an elastic job's Launcher; None: dyntrain
     # who submitted it (AWS: the SDK's invocation id): a retried submit finds the job it made
     sa.Column("client_token", sa.String(128)),
     sa.Index("ix_jobs_created", "created_at", "id"),
