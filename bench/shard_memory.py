@@ -1,15 +1,18 @@
-"""Optimizer-state bytes per member and step time, unsharded (``--shard 0``) against ZeRO-1
-(``--shard 1``, redundancy ``r``), with the GPT workload and AdamW on loopback gloo.
+"""Gradient and optimizer-state bytes per member and step time, unsharded (``--shard 0``)
+against ZeRO-1 (``--shard 1``) and ZeRO-2 (``--shard 2``), redundancy ``r``, with the GPT
+workload and AdamW (no clipping: level 2 refuses it) on loopback gloo.
 
 For each level, one ``dyntrain run --workers N:N --nproc N`` of this script as the worker
 (``--worker``: the GPT workload of ``dyntrain.workloads.gpt``, which then writes what it holds
 into the run folder): per member the bytes of the AdamW state it holds between checkpoints (at
-level 0 the whole state; at level 1 the tensors it owns; while the leader writes a checkpoint
-it holds the whole state for the write), its peak RSS, and the median step time of the leader's
-``metrics.jsonl`` (the first steps left out). The final models of both levels are compared bit
-for bit.
+level 0 the whole state; at levels 1-2 the tensors it owns; while the leader writes a checkpoint
+it holds the whole state for the write), the bytes of its gradient buffers
+(``ChunkStepper.gradient_bytes``: the flat buffer backward writes into, and the float64 chunk
+sum at levels 0-1 or the primaries' float64 round sums at level 2, when a member computes
+several chunks), its peak RSS, and the median step time of the leader's ``metrics.jsonl`` (the
+first steps left out). The final models of all levels are compared bit for bit.
 
-    .venv/bin/python bench/shard_memory.py                       # ~2 minutes on 2 loaded cores
+    .venv/bin/python bench/shard_memory.py                       # ~4 minutes on 2 loaded cores
     .venv/bin/python bench/shard_memory.py --workers 2 --model tiny --steps 10
 
 Prints a table and writes ``bench/results/shard_memory.json``.
@@ -52,6 +55,7 @@ def worker(argv: list[str]) -> None:
     out = Path(os.environ["DYNTRAIN_OUT"])
     (out / f"member-{trainer.worker_id}.json").write_text(json.dumps({
         "worker": trainer.worker_id, "optimizer_state_bytes": held,
+        "gradient_bytes": trainer.stepper.gradient_bytes(),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "parameters": sum(q.numel() for q in trainer.stepper.params)}))
     if trainer.is_leader:
@@ -61,8 +65,9 @@ def worker(argv: list[str]) -> None:
 def run_level(level: int, args: argparse.Namespace, folder: Path) -> dict:
     """One run at ``level``; its members' records and the leader's median step time."""
     out = folder / f"shard{level}"
-    gpt_args = ["--model", args.model, "--seq-len", "64", "--global-batch", "16",
-                "--chunk-size", "4", "--max-steps", str(args.steps), "--warmup-steps", "2",
+    gpt_args = ["--model", args.model, "--seq-len", "64", "--global-batch",
+                str(args.global_batch), "--chunk-size", "4", "--grad-clip", "0",
+                "--max-steps", str(args.steps), "--warmup-steps", "2",
                 "--val-every", str(args.steps), "--val-samples", "4",
                 "--checkpoint-every", str(args.steps), "--shard", str(level),
                 "--shard-redundancy", str(args.redundancy)]
@@ -91,27 +96,31 @@ def main() -> None:
     ap.add_argument("--redundancy", type=int, default=2)
     ap.add_argument("--model", default="small", help="a GPT preset [small: ~3.3M]")
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--global-batch", type=int, default=32,
+                    help="samples per step, in chunks of 4 [32: 2 chunks per member of 4]")
     ap.add_argument("--out", default=str(BENCH / "results" / "shard_memory.json"))
     args = ap.parse_args()
-    args.chunk_batch = 16  # the global batch above: step seconds = batch / samples_per_s
+    args.chunk_batch = args.global_batch  # step seconds = batch / samples_per_s
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [run_level(level, args, Path(tmp)) for level in (0, 1)]
-        a, b = (torch.load(r["final"], weights_only=True) for r in runs)
-        same = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        runs = [run_level(level, args, Path(tmp)) for level in (0, 1, 2)]
+        a, *others = (torch.load(r["final"], weights_only=True) for r in runs)
+        same = all(a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+                   for b in others)
     print(f"GPT {args.model}, AdamW, {args.workers} workers, r = {args.redundancy}, "
           f"{args.steps} steps; final models bitwise equal: {same}\n")
-    print("| level | optimizer state per member (MB: min-max) | peak RSS per member (MB) "
-          "| step (s, median) |")
-    print("| --- | --- | --- | --- |")
+    print("| level | gradient buffers per member (MB: min-max) | optimizer state per member "
+          "(MB: min-max) | peak RSS per member (MB) | step (s, median) |")
+    print("| --- | --- | --- | --- | --- |")
     for r in runs:
+        grads = [m["gradient_bytes"] / 1e6 for m in r["members"]]
         held = [m["optimizer_state_bytes"] / 1e6 for m in r["members"]]
         rss = [m["peak_rss_bytes"] / 1e6 for m in r["members"]]
-        print(f"| {r['level']} | {min(held):.2f}-{max(held):.2f} | {min(rss):.0f}-{max(rss):.0f} "
-              f"| {r['step_s']:.3f} |")
+        print(f"| {r['level']} | {min(grads):.2f}-{max(grads):.2f} | {min(held):.2f}-"
+              f"{max(held):.2f} | {min(rss):.0f}-{max(rss):.0f} | {r['step_s']:.3f} |")
         del r["final"]
     write_result(args.out, {"machine": machine_info(), "load_average": os.getloadavg(),
-                            "workers": args.workers,
+                            "workers": args.workers, "global_batch": args.global_batch,
                             "redundancy": args.redundancy, "model": args.model,
                             "steps": args.steps, "final_models_bitwise_equal": same,
                             "runs": runs, "total_seconds": time.perf_counter() - started})

@@ -1,8 +1,10 @@
 """ZeRO-1 (``TrainConfig.shard_level`` 1): the optimizer state sharded by whole tensors with
 redundancy, re-sharded in place through joins, a kill and a leave, bitwise the unsharded static
 run; a crash with redundancy 1 falls back to the newest checkpoint and says so; optimizers that
-cannot be sharded exactly are refused."""
+cannot be sharded exactly are refused. ZeRO-2 (level 2, the reduced gradients sharded too): the
+same runs without clipping (refused at level 2, as are the noise scale and a loss scaler)."""
 
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +17,12 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.sharded import OptimizerShards, check_shardable, without_tensor_state
+from dyntrain.elastic.sharded import (
+    OptimizerShards,
+    check_shardable,
+    shards_for,
+    without_tensor_state,
+)
 from dyntrain.elastic.storage import open_store
 from dyntrain.errors import ConfigError
 from dyntrain.recipes import LARS
@@ -23,19 +30,30 @@ from dyntrain.workloads import gpt
 from test_elastic_e2e import world_sizes
 from test_gpt_workload import SMALL
 
+#: level 2 refuses clipping by the global norm: its runs and their reference train without
+UNCLIPPED = [*SMALL, "--grad-clip", "0"]
 
-@pytest.fixture(scope="module")
-def static(tmp_path_factory):
+
+def _static_run(out, argv):
     """The unsharded reference: the workload alone in this process (no coordinator)."""
-    out = tmp_path_factory.mktemp("static")
     threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as env:
         env.setenv("DYNTRAIN_OUT", str(out))
         try:
-            gpt.main(SMALL)
+            gpt.main(argv)
         finally:
             torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="module")
+def static(tmp_path_factory):
+    return _static_run(tmp_path_factory.mktemp("static"), SMALL)
+
+
+@pytest.fixture(scope="module")
+def static_unclipped(tmp_path_factory):
+    return _static_run(tmp_path_factory.mktemp("static_unclipped"), UNCLIPPED)
 
 
 def _same_final(a, b) -> None:
@@ -46,11 +64,21 @@ def _same_final(a, b) -> None:
 
 @pytest.mark.slow
 def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, static):
+    _joins_kill_leave(tmp_path, static, SMALL, "1")
+
+
+@pytest.mark.slow
+def test_gradients_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path,
+                                                                       static_unclipped):
+    _joins_kill_leave(tmp_path, static_unclipped, UNCLIPPED, "2")
+
+
+def _joins_kill_leave(tmp_path, static, argv, level):
     elastic = tmp_path / "elastic"
     # 1 -> 3 (joins) -> 2 (SIGKILL: r = 2, nothing lost) -> 1 (rank 0 leaves)
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
                     "step=2:join=2,step=5:kill=1,step=8:leave=rank:0", "-m",
-                    "dyntrain.workloads.gpt", *SMALL, "--shard", "1", "--step-delay", "0.15"],
+                    "dyntrain.workloads.gpt", *argv, "--shard", level, "--step-delay", "0.15"],
                    check=True)
     assert "event(s) never fired" not in proc.stdout
     assert world_sizes(elastic)[:4] == [1, 3, 2, 1], proc.stdout
@@ -71,9 +99,19 @@ def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, sta
 
 @pytest.mark.slow
 def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_path, static):
+    _kill_without_a_copy(tmp_path, static, SMALL, "1")
+
+
+@pytest.mark.slow
+def test_gradients_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
+        tmp_path, static_unclipped):
+    _kill_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "2")
+
+
+def _kill_without_a_copy(tmp_path, static, argv, level):
     elastic = tmp_path / "elastic"
     proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--out", elastic, "--events",
-                    "step=6:kill=1", "-m", "dyntrain.workloads.gpt", *SMALL, "--shard", "1",
+                    "step=6:kill=1", "-m", "dyntrain.workloads.gpt", *argv, "--shard", level,
                     "--shard-redundancy", "1", "--step-delay", "0.15"], check=True)
     out = proc.stdout + proc.stderr
     assert "lost the optimizer state of" in out and "(shard_redundancy 1)" in out, out
@@ -110,8 +148,37 @@ def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
         check_shardable(torch.optim.LBFGS(model.parameters()))
     with pytest.raises(ConfigError, match="checkpoint_every_seconds"):
         TrainConfig(global_batch=4, chunk_size=2, shard_level=1, checkpoint_every_seconds=5)
-    with pytest.raises(ConfigError, match="levels 2 and 3 are not built"):
-        TrainConfig(global_batch=4, chunk_size=2, shard_level=2)
+    with pytest.raises(ConfigError, match="level 3 is not built"):
+        TrainConfig(global_batch=4, chunk_size=2, shard_level=3)
+
+
+def test_what_reads_the_whole_reduced_gradient_is_refused_at_level_2():
+    base = {"global_batch": 4, "chunk_size": 2, "shard_level": 2}
+    TrainConfig(**base)
+    for extra, reason in (({"grad_clip_norm": 1.0}, "grad_clip_norm is not supported with "
+                           "shard_level 2: no member holds the whole reduced gradient"),
+                          ({"noise_scale": True}, "noise_scale is not supported with "
+                           "shard_level 2"),
+                          ({"exact_ring": False}, "shard_level 2 needs exact_reduction and "
+                           "exact_ring")):
+        with pytest.raises(ConfigError, match=re.escape(reason)):
+            TrainConfig(**base, **extra)
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ConfigError, match="a loss scaler is not supported with shard_level 2"):
+        shards_for(TrainConfig(**base), model, torch.optim.AdamW(model.parameters()),
+                   list(model.parameters()), torch.amp.GradScaler("cpu"))
+    assert shards_for(TrainConfig(**{**base, "shard_level": 1}), model,
+                      torch.optim.AdamW(model.parameters()), list(model.parameters()),
+                      torch.amp.GradScaler("cpu")).level == 1
+
+
+def test_the_gpt_workload_at_level_2_with_clipping_exits_with_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dyntrain.workloads.gpt", *SMALL, "--shard",
+                           "2"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "DYNTRAIN_OUT": str(tmp_path)})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--shard 2 needs --grad-clip 0" in lines[0], lines
 
 
 def test_a_script_with_a_refused_optimizer_exits_with_one_line(tmp_path):

@@ -103,6 +103,13 @@ class Group:
             self._ring_thread = RingThread(self.pg, self.rank, self.size)
         return self._ring_thread.submit(contrib, out)
 
+    def ring_job_async(self, job) -> torch.futures.Future:
+        """Queue ``job(pg, rank, size, fenced)`` on the thread of the exact sums, behind them
+        (``RingThread.submit_job``); ``wait`` for it."""
+        if self._ring_thread is None:
+            self._ring_thread = RingThread(self.pg, self.rank, self.size)
+        return self._ring_thread.submit_job(job)
+
     @staticmethod
     def wait(work: dist.Work | torch.futures.Future, should_abort: Callable[[], bool]) -> None:
         fut = work if isinstance(work, torch.futures.Future) else work.get_future()

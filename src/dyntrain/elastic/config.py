@@ -45,6 +45,10 @@ class TrainConfig:
     ``shard_level`` 1 shards the optimizer state by whole tensors (ZeRO-1,
     ``dyntrain.elastic.sharded``): each tensor's state is held by ``shard_redundancy`` members,
     who alone step it; the result is the same as with 0 (nothing sharded, the default).
+    ``shard_level`` 2 shards the reduced gradients too (ZeRO-2, ``dyntrain.elastic.gradshard``):
+    each tensor's sum goes only to its owners. It needs the exact ring (``exact_reduction``,
+    ``exact_ring``) and refuses ``grad_clip_norm``, ``noise_scale`` and a loss scaler, which
+    read the whole reduced gradient that no member holds at level 2.
 
     ``grad_clip_norm`` clips the gradient by its global L2 norm after the all-reduce, on the
     reduced (and, with a loss scaler, unscaled) gradient: the same on every worker, so clipping
@@ -72,7 +76,7 @@ class TrainConfig:
         balance: Give faster members more chunks.
         bucket_mb: Size of a gradient bucket in MiB.
         shard_level: 0: every member holds everything; 1: the optimizer state is sharded
-            (ZeRO-1). Levels 2 and 3 are not built yet.
+            (ZeRO-1); 2: the reduced gradients too (ZeRO-2). Level 3 is not built yet.
         shard_redundancy: Members that hold each tensor's optimizer state (at least 1): a crash
             of fewer than this many members loses none of it.
 
@@ -134,14 +138,17 @@ class TrainConfig:
             raise ConfigError(f"grad_clip_norm must be positive, got {self.grad_clip_norm}")
         if not self.bucket_mb > 0:
             raise ConfigError(f"bucket_mb must be positive, got {self.bucket_mb}")
-        if self.shard_level not in (0, 1):
-            raise ConfigError(f"shard_level must be 0 or 1 (levels 2 and 3 are not built yet), "
+        if self.shard_level not in (0, 1, 2):
+            raise ConfigError(f"shard_level must be 0, 1 or 2 (level 3 is not built yet), "
                               f"got {self.shard_level}")
+        if self.shard_level >= 2:
+            self._check_level_2()
         if self.shard_redundancy < 1:
             raise ConfigError(f"shard_redundancy must be at least 1, got "
                               f"{self.shard_redundancy}")
         if self.shard_level and self.checkpoint_every_seconds is not None:
-            raise ConfigError("checkpoint_every_seconds is not supported with shard_level 1 "
+            raise ConfigError(f"checkpoint_every_seconds is not supported with shard_level "
+                              f"{self.shard_level} "
                               "(every member must know a checkpoint is due): use "
                               "checkpoint_every_steps")
         if self.noise_scale and self.num_chunks < 2:
@@ -181,6 +188,20 @@ class TrainConfig:
         """
         steps = self.epochs * self.steps_per_epoch(dataset_size)
         return min(steps, self.max_steps) if self.max_steps is not None else steps
+
+    def _check_level_2(self) -> None:
+        """Refuse what level 2 cannot do exactly (one line each, naming the reason)."""
+        if self.grad_clip_norm is not None:
+            raise ConfigError("grad_clip_norm is not supported with shard_level 2: no member "
+                              "holds the whole reduced gradient, and the exact per-tensor "
+                              "global norm (docs/architecture/sharding.md) is not built yet; "
+                              "use shard_level 1, or no clipping")
+        if self.noise_scale:
+            raise ConfigError("noise_scale is not supported with shard_level 2: its |G|^2 "
+                              "needs the whole reduced gradient; use shard_level 1")
+        if not (self.exact_reduction and self.exact_ring):
+            raise ConfigError("shard_level 2 needs exact_reduction and exact_ring: its "
+                              "gradient sums are the exact ring's reduce-scatter")
 
     def fingerprint(self) -> str:
         """A short hash that workers compare so that nobody joins a job with other settings.

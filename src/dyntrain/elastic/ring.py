@@ -12,6 +12,10 @@ all-reduce's 16 (W - 1) / W: half at W = 2, two thirds at W = 4.
 
 The rounded result is the float64 sum rounded once, as with a float64 all-reduce.
 
+``ring_reduce_scatter`` is the first phase alone, over segments of any sizes, each member ending
+with the float64 sum of its own segment: ZeRO-2 (``dyntrain.elastic.gradshard``) cuts a bucket
+into one segment per member (the tensors it is primary owner of) and gathers no gradient.
+
 The hops are point-to-point sends on the generation's gloo group, driven by one thread per group
 (``RingThread``) that takes buckets in the order they were submitted, so every member runs the
 same sends in the same order while backward goes on. Once its generation is abandoned the
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -62,6 +67,47 @@ def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.T
         _exchange(pg, out[seg(rank + 1 - h)], nxt, out[seg(rank - h)], prv, fenced)
 
 
+def ring_reduce_scatter(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.Tensor,
+                        bounds: Sequence[int], fenced: threading.Event | None = None
+                        ) -> torch.Tensor:
+    """Sum ``contrib`` (float32 or float64, 1-D, same dtype on every member) over the group,
+    segment by segment, and return this rank's segment ``bounds[rank]:bounds[rank + 1]`` of
+    the sum in float64, unrounded: the float64 sum of the same terms as ``exact_ring_sum``'s.
+    ``bounds`` (``size + 1`` offsets, the same on every member) may cut uneven segments.
+    Raises ``Fenced`` before any hop once ``fenced`` is set."""
+
+    def seg(i: int) -> slice:
+        i %= size
+        return slice(bounds[i], bounds[i + 1])
+
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    # as exact_ring_sum's reduce-scatter, shifted by one segment so that this rank ends with
+    # the sum of its own: at hop h send segment rank - 1 - h, add to segment rank - 2 - h
+    outgoing = contrib[seg(rank - 1)]
+    total = contrib[seg(rank)].to(torch.float64)
+    for h in range(size - 1):
+        part = seg(rank - h - 2)
+        incoming = torch.empty(part.stop - part.start, device=contrib.device,
+                               dtype=contrib.dtype if h == 0 else torch.float64)
+        _exchange(pg, outgoing, nxt, incoming, prv, fenced)
+        total = contrib[part].to(torch.float64) + incoming
+        outgoing = total
+    _check(fenced)
+    return total
+
+
+def exchange(pg: dist.ProcessGroup, sends: Sequence[tuple[torch.Tensor, int]],
+             recvs: Sequence[tuple[torch.Tensor, int]], fenced: threading.Event | None = None,
+             tag: int = 1) -> None:
+    """Send each ``(tensor, to)`` and receive each ``(tensor, source)`` at once, then wait for
+    all (one message per direction and peer: gloo matches them by peer and tag in order)."""
+    _check(fenced)
+    works = [pg.send([t], to, tag) for t, to in sends if t.numel()]
+    works += [pg.recv([t], source, tag) for t, source in recvs if t.numel()]
+    for work in works:
+        work.wait()
+
+
 def _check(fenced: threading.Event | None) -> None:
     if fenced is not None and fenced.is_set():
         raise Fenced()
@@ -91,8 +137,16 @@ class RingThread:
         self._thread.start()
 
     def submit(self, contrib: torch.Tensor, out: torch.Tensor) -> torch.futures.Future:
+        """Queue ``exact_ring_sum`` of ``contrib`` into ``out``."""
+        return self.submit_job(lambda pg, rank, size, fenced: exact_ring_sum(
+            pg, rank, size, contrib, out, fenced))
+
+    def submit_job(self, job: Callable[[dist.ProcessGroup, int, int, threading.Event], None]
+                   ) -> torch.futures.Future:
+        """Queue ``job(pg, rank, size, fenced)``: point-to-point exchanges on the group, in
+        queue order with the sums (a job checks ``fenced`` before each exchange)."""
         fut: torch.futures.Future = torch.futures.Future()
-        self._jobs.put((contrib, out, fut))
+        self._jobs.put((job, fut))
         return fut
 
     def fence(self) -> None:
@@ -110,10 +164,10 @@ class RingThread:
     def _run(self) -> None:
         failure: Exception | None = None
         while (job := self._jobs.get()) is not None:
-            contrib, out, fut = job
+            run, fut = job
             if failure is None:
                 try:
-                    exact_ring_sum(self.pg, self.rank, self.size, contrib, out, self._fenced)
+                    run(self.pg, self.rank, self.size, self._fenced)
                 except Exception as exc:  # gloo reports a dead peer as a RuntimeError
                     failure = exc
             if failure is None:

@@ -1,4 +1,4 @@
-"""ZeRO-1: the optimizer state sharded by whole tensors among a generation's members.
+"""ZeRO-1/2: the optimizer state sharded by whole tensors among a generation's members.
 
 After the exact all-reduce every member holds the whole reduced gradient (and clips it by the
 global norm as today), but only the owners of a tensor (``shardplan.plan_ownership``, ``r``
@@ -18,6 +18,10 @@ parameters' broadcast counts where it was applied: ``settle_interrupted``). A te
 that no member holds any more (``r`` or more members crashed, or ``r = 1``) is lost: the
 trainer then falls back to the newest checkpoint. Copies a member no longer owns are dropped
 after the generation's first applied step, once every member has finished the re-sharding.
+
+At level 2 the members also keep only the reduced gradients of the tensors they own: the
+stepper sums each tensor's gradient into its owners only (``dyntrain.elastic.gradshard``, laid out
+from this plan's ``owner_ranks``); the rest of this module is the same at both levels.
 
 Checkpoints keep today's full format: before one, the primaries send their tensors' state to
 the writer, which holds the whole optimizer state just for the write.
@@ -60,23 +64,29 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
 
 
 def shards_for(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-               params: Sequence[torch.Tensor]) -> OptimizerShards | None:
-    """The member's ``OptimizerShards`` for ``config.shard_level`` 1, None at level 0.
+               params: Sequence[torch.Tensor], scaler=None) -> OptimizerShards | None:
+    """The member's ``OptimizerShards`` for ``config.shard_level`` 1 or 2, None at level 0.
 
     Args:
         config: The run's settings (``shard_level``, ``shard_redundancy``).
         model: The model, for its parameters' names.
         optimizer: The user's optimizer.
         params: The trainable parameters in the stepper's order.
+        scaler: The run's loss scaler, if any (refused at level 2).
 
     Raises:
-        ConfigError: The optimizer cannot be sharded exactly.
+        ConfigError: The optimizer cannot be sharded exactly, or a loss scaler at level 2.
     """
     if not config.shard_level:
         return None
+    if config.shard_level >= 2 and scaler is not None:
+        raise ConfigError("a loss scaler is not supported with shard_level 2: its overflow "
+                          "check needs the whole reduced gradient, which no member holds (an "
+                          "exact all-reduce of the check is not built); use shard_level 1, or "
+                          "bf16 without a scaler")
     names = {id(q): n for n, q in model.named_parameters()}
     return OptimizerShards(optimizer, params, [names[id(q)] for q in params],
-                           config.shard_redundancy)
+                           config.shard_redundancy, config.shard_level)
 
 
 def lost_message(lost: Sequence[str], redundancy: int, checkpoint_step: int | None) -> str:
@@ -114,15 +124,17 @@ class OptimizerShards:
         params: The trainable parameters in the stepper's order (``ChunkStepper.params``).
         names: Their names, in the same order.
         redundancy: Owners per tensor (``TrainConfig.shard_redundancy``).
+        level: The ``TrainConfig.shard_level`` (1 or 2).
 
     Raises:
         ConfigError: The optimizer cannot be sharded exactly.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
-                 names: Sequence[str], redundancy: int) -> None:
+                 names: Sequence[str], redundancy: int, level: int = 1) -> None:
         check_shardable(optimizer)
         self.optimizer, self.params, self.redundancy = optimizer, list(params), redundancy
+        self.level = ShardLevel(level)
         self.specs = tuple(TensorSpec(n, q.numel() * q.element_size())
                            for n, q in zip(names, self.params, strict=True))
         # the tensors whose state this member holds, valid at the trainer's step (the whole
@@ -131,6 +143,7 @@ class OptimizerShards:
         self.plan: ShardPlan | None = None
         self.owned: set[int] = set(self.held)
         self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
+        self.owner_ranks: list[tuple[int, ...]] = []  # per tensor: its owners' ranks, primary first
         self.torn = False  # a step applied here whose parameters did not all arrive
 
     # ---- what this member holds --------------------------------------------------------------
@@ -190,7 +203,7 @@ class OptimizerShards:
         lost = [self.specs[t].name for t in range(count) if not holders[t]]
         if lost:
             return lost
-        level = ShardLevel.OPTIMIZER
+        level = self.level
         held = ShardPlan(level, self.redundancy, members, self.specs, holders)
         everywhere = all(len(h) == len(members) for h in holders)
         plan = plan_ownership(self.specs, members, self.redundancy, level,
@@ -207,6 +220,8 @@ class OptimizerShards:
         self.plan, self.owned = plan, set(plan.owned_by(me))
         self._by_primary = [[t for t in range(count) if plan.owners[t][0] == m]
                             for m in members]
+        self.owner_ranks = [tuple(members.index(o) for o in plan.owners[t])
+                            for t in range(count)]
         return []
 
     def _move(self, group: Group, root: int, moves, me: str,

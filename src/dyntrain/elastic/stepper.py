@@ -33,6 +33,7 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 from dyntrain.elastic.buffers import BatchNormChunkStats
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.gradshard import SUMS, GradientShards
 from dyntrain.elastic.noise import NoiseScale, NoiseScaleTracker
 from dyntrain.elastic.plan import assign_chunks
 from dyntrain.elastic.reducer import StepReduction, plan_buckets
@@ -115,9 +116,11 @@ class ChunkStepper:
                                            ema=config.noise_ema, population=self.dataset_size)
         parts.noise = self.noise  # so that its state travels with the training state
         self._pads: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        # ZeRO-1 (``TrainConfig.shard_level`` 1, in a job): this member's share of the optimizer
-        # state, set by the trainer (``dyntrain.elastic.sharded``); None steps everything.
+        # ZeRO-1/2 (``TrainConfig.shard_level``, in a job): this member's share of the optimizer
+        # state, set by the trainer (``use_shards``); None steps everything. At level 2 also
+        # its share of the reduced gradient (``dyntrain.elastic.gradshard``).
         self.shards: OptimizerShards | None = None
+        self.grad_shards: GradientShards | None = None
 
     def batch_indices(self, step: int) -> torch.Tensor:
         """The sample indices of global step ``step`` (epochs run back to back)."""
@@ -136,13 +139,33 @@ class ChunkStepper:
         red = self.start(step, chunks, None)
         return torch.cat([*(contrib for contrib, _ in red.wires), red.meta])
 
+    def use_shards(self, shards: OptimizerShards, rank: int, size: int) -> None:
+        """Step only the tensors ``shards`` owns (its plan of this generation, in which this
+        member has rank ``rank`` of ``size``); at level 2 also lay the gradient buckets out by
+        primary owner, and sum each step's gradient only into its owners (``gradshard``)."""
+        self.shards = shards
+        if shards.level >= 2:
+            if self.grad_shards is None:
+                self.grad_shards = GradientShards(self.buckets, [q.numel() for q in self.params])
+            self.offsets = self.grad_shards.arrange(shards.owner_ranks, rank, size)
+
+    def gradient_bytes(self) -> int:
+        """Bytes of the gradient buffers this member holds: the flat buffer backward writes
+        into, the float64 chunk sum (several chunks, levels 0-1) or the primaries' float64 sums
+        of several rounds (level 2)."""
+        held = self._buffers or {}
+        return sum(held[k].numel() * held[k].element_size() for k in ("grads", "total", SUMS)
+                   if k in held)
+
     def start(self, step: int, chunks: Sequence[int], group: Group | None,
-              most_chunks: int | None = None, slots: int = 0) -> StepReduction:
+              most_chunks: int | None = None, slots: int = 0,
+              should_abort: Callable[[], bool] | None = None) -> StepReduction:
         """Forward/backward over ``chunks`` of step ``step``. The gradient buckets of the last
         chunk are summed over ``group`` as backward finishes them (``TrainConfig.overlap``);
         ``finish`` completes the step. ``most_chunks``: the most chunks any member computes in
         this step (1 lets the exact ring send single-chunk gradients as float32). ``slots``:
-        how many numbers the members add up besides (see ``finish``)."""
+        how many numbers the members add up besides (see ``finish``). ``should_abort``: at
+        level 2 the gradient is summed here, chunk by chunk (waits give up when it is true)."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
         self._bind(group.buffers if group is not None else self._spare)
@@ -158,6 +181,12 @@ class ChunkStepper:
         # there is no float64 copy at all.
         direct = len(chunks) <= 1 and group is not None and (
             group.size == 1 or (ring and most_chunks is not None and most_chunks <= 1))
+        # Level 2: every chunk's gradient is summed into its owners right after its backward,
+        # in rounds, without a float64 copy of the whole (``gradshard``); no overlap yet.
+        zero2 = ring and self.grad_shards is not None and most_chunks is not None
+        if zero2:
+            self.grad_shards.begin(group, most_chunks)
+            direct, measure = True, False  # noise_scale is refused at level 2 (TrainConfig)
         # A chunk's own gradient is needed apart (float64 sum, or its norm for the noise scale):
         # backward writes it alone into the zeroed buffer, which is then added to ``total``. In
         # float32 that is the very addition backward would have done, so the sum is unchanged.
@@ -185,8 +214,8 @@ class ChunkStepper:
 
         layout = TailLayout(self.bn.width * cfg.num_chunks, cfg.num_chunks if measure else 0,
                             slots)
-        red = StepReduction(group, self.buckets, wire, overlap=cfg.overlap, ring=ring,
-                            layout=layout)
+        red = StepReduction(group, [] if zero2 else self.buckets, wire, overlap=cfg.overlap,
+                            ring=ring, layout=layout)
         if self.loader is not None:
             self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
@@ -204,9 +233,9 @@ class ChunkStepper:
             # chunk/global makes the sum over all chunks of all workers the global-batch mean.
             loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
             scaled = scaler.scale(loss) if scaler is not None else loss
-            if last and cfg.overlap:
+            if last and cfg.overlap and not zero2:
                 self._mark_unused(scaled, red)
-            self._live = red if last else None
+            self._live = red if last and not zero2 else None
             try:
                 scaled.backward()
             finally:
@@ -218,6 +247,12 @@ class ChunkStepper:
             if separate and not last:
                 total += self._grads
                 self._grads.zero_()
+            if zero2:
+                self.grad_shards.add_round(group, self._grads, should_abort or _never)
+        if zero2:
+            for _ in range(most_chunks - len(chunks)):  # zeros, as the busiest member's rounds
+                self.grad_shards.add_round(group, self._grads, should_abort or _never)
+            self.grad_shards.finish(group, self._grads, should_abort or _never)
         self.bn.before_chunk()
         red.launch_all()
         if norms is not None and chunks:
@@ -400,6 +435,10 @@ def clip_flat_(grads: torch.Tensor, max_norm: float) -> float:
     norm = torch.linalg.vector_norm(grads, dtype=torch.float32)
     grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads.dtype))
     return float(norm)
+
+
+def _never() -> bool:
+    return False
 
 
 def _reachable_leaves(loss: torch.Tensor) -> set[int]:

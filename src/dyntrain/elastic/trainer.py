@@ -153,7 +153,8 @@ class ElasticTrainer:
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
-        self.shards = shards_for(config, model, optimizer, self.stepper.params)  # ZeRO-1, jobs
+        self.shards = shards_for(config, model, optimizer, self.stepper.params,
+                                 scaler)  # ZeRO-1/2, in jobs
         if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
@@ -371,7 +372,7 @@ class ElasticTrainer:
                     self.has_state = False
                     ch.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=what))
                     return Outcome.REFORM
-                self.stepper.shards = self.shards
+                self.stepper.use_shards(self.shards, self.rank, gen.world_size)
             outcome = self._train(gen, group, aborted)
             clean = True
             return outcome
@@ -419,7 +420,7 @@ class ElasticTrainer:
             chunks = plan[self.rank]
             began = time.perf_counter()
             red = stepper.start(self.step, chunks, group, max(map(len, plan)),
-                                self.balancer.slots)
+                                self.balancer.slots, aborted)
             own = self.balancer.measured(time.perf_counter() - began, len(chunks))
             word = ch.ctl(gen.number)
             if word is p.Control.ABORT:
