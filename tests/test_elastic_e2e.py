@@ -225,13 +225,18 @@ def test_standby_worker_leaves_on_sigterm_and_job_goes_on(tmp_path):
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
              "--epochs", "30", "--step-delay", "0.004"], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        joined = 0
+        # the standby's own hello (by its pid: the job's worker may say hello again, should a
+        # loaded machine make it start over), so that its SIGTERM handler is in place
+        seen = []
         for line in launcher.stdout:
-            joined += "wants to join" in line
-            if joined == 2:
+            seen.append(line)
+            if f"pid {standby.pid}) wants to join" in line:
                 break
+        else:
+            raise AssertionError(f"the standby never said hello: {''.join(seen)[-3000:]}")
         standby.send_signal(signal.SIGTERM)
-        assert standby.wait(timeout=30) == 0
+        code = standby.wait(timeout=30)
+        assert code == 0, (code, standby.stdout.read()[-3000:], "".join(seen)[-3000:])
         rest = launcher.communicate(timeout=240)[0]
     finally:
         launcher.kill()
