@@ -16,9 +16,10 @@ micro-batches/chunks of ``--chunk-size``):
 * **re-shard latency** (``--reshard-models``): one ``dyntrain run --workers 1:3 --nproc 3`` at
   level 1 (``r = 2``) with a graceful leave (3 -> 2), a join (2 -> 3) and a SIGKILL (3 -> 2);
   per change the latency of ``events.jsonl`` (the request, or the joiner's hello, to the first
-  step of the new world), the state hand-over inside it, and from the members' probes
-  the time in the re-sharding (the slowest member) and the bytes of optimizer state the members
-  received against the bytes of the tensors whose owners changed (``shardplan.diff_plans``).
+  step of the new world), the state hand-over inside it, and from the members' probes the
+  time in the re-sharding (the last member's entry to the last exit) and the bytes of optimizer
+  state the members received against the bytes of the tensors whose owners changed
+  (``shardplan.diff_plans``).
 
 A level 2 is one more entry of ``SETUPS``.
 
@@ -127,12 +128,15 @@ def steady_step_s(ends: list[float]) -> float | None:
 
 def run_dyntrain(args, setup: Setup, model: str, world: int, out: Path) -> dict:
     cmd = [sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", f"{world}:{world}",
-           "--nproc", str(world), "--out", str(out), "--quiet", str(WORKER), "dyntrain",
+           "--nproc", str(world), "--out", str(out),
+           # the members' count walks every Python object: slower than the 3 s heartbeat
+           # timeout on a loaded machine
+           "--failure-timeout", "60", str(WORKER), "dyntrain",
            *gpt_args(args, model, args.model_steps[model], setup.level,
                      setup.redundancy)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode:
-        return {"error": (proc.stdout + proc.stderr)[-3000:]}
+        return {"error": f"exit {proc.returncode}\n" + (proc.stdout + proc.stderr)[-3000:]}
     ends = [r.time for r in sorted(read_metrics(out), key=lambda r: r.step)]
     return {"members": [json.loads(p.read_text()) for p in sorted(out.glob("member-*.json"))],
             "step_ends": ends}
@@ -183,14 +187,15 @@ def reshard_run(args, model: str, steps: int, work: Path) -> dict:
     """The join / leave / crash run at level 1 (``r = 2``), and what each change cost."""
     out = work / f"reshard-{model}"
     cmd = [sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", "1:3", "--nproc", "3",
-           "--out", str(out), "--quiet", "--events", RESHARD_EVENTS, str(WORKER), "dyntrain",
+           "--out", str(out), "--events", RESHARD_EVENTS, str(WORKER), "dyntrain",
            *gpt_args(args, model, steps, 1, 2)]
     before, began = load1(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
     row = {"model": model, "events": RESHARD_EVENTS, "load_before": before,
-           "load_after": load1(), "wall_s": round(time.perf_counter() - began, 1)}
+           "load_after": load1(), "wall_s": round(time.perf_counter() - began, 1),
+           "launcher_output": proc.stdout[-4000:]}
     if proc.returncode:
-        return {**row, "error": (proc.stdout + proc.stderr)[-3000:]}
+        return {**row, "error": f"exit {proc.returncode}\n" + (proc.stdout + proc.stderr)[-3000:]}
     reshards: dict[int, list[dict]] = {}
     for path in out.glob("reshard-*.jsonl"):
         for rec in read_jsonl(path):
@@ -211,7 +216,9 @@ def reshard_run(args, model: str, steps: int, work: Path) -> dict:
             "change": event["event"], "world_before": event["world_before"],
             "world_after": event["world_after"], "latency_s": event.get("latency_s"),
             "state_sync_s": event.get("state_sync_s"),
-            "reshard_s": max(r["reshard_s"] for r in recs),
+            # from the last member's entry (the plan's all-reduce waits for it) to the last exit
+            "reshard_s": max(r["ended_at"] for r in recs) - max(r["began_at"] for r in recs),
+            "reshard_s_slowest_member": max(r["reshard_s"] for r in recs),
             "state_needed_bytes": sum(r["state_needed_bytes"] for r in recs),
             "state_received_bytes": sum(r["state_received_bytes"] for r in recs),
             "moves": recs[0]["moves"], "param_bytes": recs[0]["param_bytes"],
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--setups", default=PLAN,
                     help="what runs per model: MODEL=KEY[@W/W],...;... (KEY one of SETUPS; "
                          "without @ at the setup's own world sizes)")
-    ap.add_argument("--steps", default="25m=4;100m=3",
+    ap.add_argument("--steps", default="25m=5;100m=4",
                     help="steps per memory/speed run, per model: MODEL=N;...")
     ap.add_argument("--reshard-steps", default="25m=16;100m=12",
                     help="steps of the re-shard run per model, MODEL=N;... (enough for the "
@@ -290,8 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     started, load_start = time.perf_counter(), load1()
     result: dict = {"benchmark": "sharded data parallelism (CPU, gloo)",
                     "machine": machine_info(), "loadavg_before": list(os.getloadavg()),
-                    "command": "bench/sharded.py " + shlex.join(sys.argv[1:] if argv is None
-                                                                else argv),
+                    "command": " ".join([".venv/bin/python bench/sharded.py", shlex.join(
+                        sys.argv[1:] if argv is None else argv)]).rstrip(),
                     "config": {k: v for k, v in vars(args).items() if k != "out"},
                     "runs": [], "reshard": []}
     with tempfile.TemporaryDirectory(prefix="dyntrain-sharded-") as tmp:

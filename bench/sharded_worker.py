@@ -94,7 +94,7 @@ class ReshardProbe:
         def timed_reshard(shards, group, gen, me, should_abort):
             self.diff, self.received, self.needed, self.me = None, 0, 0, me
             self.active = True
-            began = time.perf_counter()
+            began, began_at = time.perf_counter(), time.time()
             try:
                 lost = reshard(shards, group, gen, me, should_abort)
             finally:
@@ -103,6 +103,7 @@ class ReshardProbe:
             moves = self.diff.moves if self.diff is not None else ()
             record = {"generation": gen.number, "world": gen.world_size, "member": me,
                       "members": list(gen.members), "reshard_s": round(seconds, 4),
+                      "began_at": began_at, "ended_at": began_at + seconds,
                       "state_received_bytes": self.received,
                       "state_needed_bytes": self.needed,
                       "moves": len(moves), "moves_to_me": sum(m.target == me for m in moves),
