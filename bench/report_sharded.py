@@ -1,0 +1,211 @@
+"""The benchmark report of sharded data parallelism (``bench/sharded.py``)."""
+
+from __future__ import annotations
+
+from report_pages import Page, Run, md_table, text_block
+
+MB = 1e6
+RERUN_NOTE = """
+The 100M row at world 1 was run again alone right after the benchmark (its `rerun` entry in the
+result file, load 7.6 before, 7.3 after): in the benchmark its worker was declared lost (no
+heartbeat for 3 s) while it counted its tensors, which walks every Python object; the memory
+runs now pass `--failure-timeout 60`.
+"""
+
+
+def _goal(setup: dict, world: int) -> float:
+    """The fraction of the unsharded optimizer state a member should hold."""
+    if setup["system"] == "fsdp2":
+        return 1 / world
+    if setup["system"] == "dyntrain" and setup["level"] >= 1:
+        return min(setup["redundancy"], world) / world
+    return 1.0
+
+
+def _memory(data: dict) -> str:
+    level0 = {r["model"]: r for r in data["runs"] if "error" not in r
+              and r["setup"]["system"] == "dyntrain" and r["setup"]["level"] == 0}
+    rows = []
+    for r in data["runs"]:
+        if "error" in r:
+            rows.append([r["model"], r["setup"]["name"], r["world"], "failed", "", "", "", "",
+                         "", ""])
+            continue
+        ms = r["members"]
+        state = [m["optimizer_state_bytes"] for m in ms]
+        base = level0.get(r["model"])
+        ratio = (f"{max(state) / base['members'][0]['optimizer_state_bytes']:.2f} "
+                 f"({_goal(r['setup'], r['world']):.2f})" if base else "")
+        spread = (f"{min(state) / MB:.0f}-{max(state) / MB:.0f}" if min(state) != max(state)
+                  else f"{max(state) / MB:.0f}")
+        rows.append([r["model"], r["setup"]["name"], r["world"],
+                     f"{max(m['params_bytes'] for m in ms) / MB:.0f}",
+                     f"{max(m['grads_bytes'] for m in ms) / MB:.0f}", spread, ratio,
+                     f"{max(m['other_bytes'] for m in ms) / MB:.0f}",
+                     f"{max(m['total_bytes'] - m['data_bytes'] for m in ms) / MB:.0f}",
+                     f"{max(m['peak_rss_bytes'] for m in ms) / MB:.0f}"])
+    return md_table(["model", "setup", "world", "params MB", "grads MB",
+                     "AdamW state MB per worker", "state vs level 0 (goal)",
+                     "other tensors MB", "all tensors MB", "peak RSS MB"], rows,
+                    right=(2, 3, 4, 5, 6, 7, 8, 9))
+
+
+def _speed(data: dict) -> str:
+    ok = [r for r in data["runs"] if "error" not in r and r.get("step_s")]
+    base = {(r["model"], r["world"], r["setup"]["system"]): r["samples_per_s"] for r in ok
+            if r["setup"]["system"] in ("ddp", "fsdp2")}
+
+    def vs(r: dict, system: str) -> str:
+        other = base.get((r["model"], r["world"], system))
+        return f"{r['samples_per_s'] / other:.2f}x" if other else ""
+
+    rows = [[r["model"], r["world"], r["setup"]["name"], f"{r['step_s']:.2f}",
+             f"{r['samples_per_s']:.2f}", vs(r, "ddp"), vs(r, "fsdp2"),
+             f"{r['load_before']:.1f} / {r['load_after']:.1f}"]
+            for r in sorted(ok, key=lambda r: (r["parameters"], r["world"]))]
+    return md_table(["model", "world", "setup", "step s (median)", "samples/s", "vs DDP",
+                     "vs FSDP2", "load before / after"], rows, right=(1, 3, 4, 5, 6))
+
+
+def _reshard(data: dict) -> str:
+    rows = []
+    for run in data["reshard"]:
+        if "error" in run:
+            rows.append([run["model"], "failed", "", "", "", "", "", "", "", "", "", ""])
+            continue
+        for c in run["changes"]:
+            step = c["step_s_at_world_after"]
+            resent = c["param_bytes"] * (c["world_after"] - 1)
+            event = c["event"]
+            rows.append([run["model"], c["change"], f"{c['world_before']} -> {c['world_after']}",
+                         f"{c['latency_s']:.2f}",
+                         f"{event['reformed_at'] - event['requested_at']:.2f}",
+                         f"{event['first_step_at'] - event['reformed_at']:.2f}",
+                         f"{c['reshard_s']:.2f}",
+                         "" if c["state_sync_s"] is None else f"{c['state_sync_s']:.2f}",
+                         "" if step is None else f"{step:.2f}",
+                         f"{c['state_needed_bytes'] / MB:.0f}",
+                         f"{c['state_received_bytes'] / MB:.0f}", f"{resent / MB:.0f}"])
+    loads = "; ".join(f"{r['model']}: {r['load_before']:.1f} before, {r['load_after']:.1f} "
+                      "after" for r in data["reshard"])
+    return (md_table(["model", "change", "world", "latency s", "of which: to the new world",
+                      "then to its first step", "re-sharding s", "state hand-over s",
+                      "step s in the new world", "state needed MB", "state received MB",
+                      "parameters re-sent MB"], rows, right=range(3, 12))
+            + f"\n\nLoad (1-minute average) of the re-shard runs: {loads}.")
+
+
+def _failures(data: dict) -> str:
+    failed = [r for r in data["runs"] + data["reshard"] if "error" in r]
+    return "\n\n".join(
+        f"{r['model']} {r.get('setup', {}).get('name', 're-shard run')} "
+        f"{'at world ' + str(r['world']) if 'world' in r else ''} failed:\n\n"
+        + text_block(r["error"][-1500:]) for r in failed)
+
+
+def _spec(spec: str) -> str:
+    """``25m=4;100m=3`` as ``25m: 4, 100m: 3``."""
+    return spec.replace("=", ": ").replace(";", ", ")
+
+
+def _sharded(data: dict, run: Run) -> str:
+    cfg = data["config"]
+    parts = [f"Global batch {cfg['global_batch']} windows of {cfg['seq_len']} bytes, "
+             f"micro-batches (chunks) of {cfg['chunk_size']}, steps per run: "
+             f"{_spec(cfg['steps'])}; the re-shard runs: "
+             f"{_spec(cfg['reshard_steps'])} steps with "
+             f"`{data['reshard'][0]['events'] if data['reshard'] else ''}`. "
+             f"Whole benchmark: {data['total_seconds'] / 60:.0f} minutes.", "",
+             "### Memory per worker", "",
+             "The largest member's figures (the AdamW state: smallest-largest member). "
+             "\"state vs level 0\": the largest member's optimizer state over the unsharded "
+             "one, the goal (`r / N`, `min(r, N) / N`; FSDP2 `1 / N`) in brackets.", "",
+             _memory(data), "", "### Step time", "", _speed(data), "",
+             "### Re-sharding at level 1 (`r = 2`)", "", _reshard(data)]
+    failures = _failures(data)
+    if failures:
+        parts += ["", "### Runs that failed", "", failures]
+    return "\n".join(parts)
+
+
+SHARDED = Page(
+    slug="sharded",
+    title="Sharded data parallelism",
+    headline="ZeRO-1 memory, speed beside DDP and FSDP2, and re-shard latency (GPT 25M/100M)",
+    what="""
+dyntrain's shard levels (level 0: every worker holds everything; level 1, ZeRO-1: the AdamW
+state owned by whole tensors, `r` copies of each) beside plain torch DDP and torch's FSDP2
+(`fully_shard` per transformer block and the root), on the GPT workload
+(`dyntrain.workloads.gpt`, presets `25m` and `100m`) with AdamW, weight decay and clipping by
+the global norm, one torch thread per worker, gloo on loopback. Every setup trains the same
+global batch in the same micro-batches (dyntrain's chunks; DDP and FSDP2 accumulate them and
+synchronise the last).
+
+- **Memory**: after the last step (before the final checkpoint), every worker counts the bytes
+  of the tensor storages it holds (found through Python's garbage collector, each storage once):
+  parameters, gradients (`.grad`), optimizer state, and the other tensors (dyntrain: the flat
+  float64 chunk sums, the reduction buffers, level 1's parameter-broadcast buffers; the data set
+  left out), and reads its peak RSS so far (`VmHWM`). Tensors that only C++ holds are not
+  counted: DDP's gradient buckets (one more copy of the gradients) and gloo's buffers; the RSS
+  includes them.
+- **Step time**: the median time between step ends, the first and the last step left out
+  (the last includes the count), in one run per setup and world; samples/s = global batch /
+  step time. The runs follow one another, so the load differs from run to run: compare within
+  a world size, and read the load column.
+- **Re-sharding**: one `dyntrain run --workers 1:3 --nproc 3` at level 1, `r = 2`: a graceful
+  leave (3 -> 2), a join (2 -> 3) and a SIGKILL (3 -> 2). Per change: the latency of
+  `events.jsonl` (the request, or the joiner's hello, to the first step completed in the new
+  world: it includes that step); the state hand-over of the replicated part (parameters and
+  the like, to the joiner); the time in `OptimizerShards.reshard` (from the last member's entry,
+  which the plan's all-reduce waits for, to the last member's exit: that all-reduce, the moves
+  of optimizer state, every parameter sent again); the bytes of AdamW state
+  the ownership change requires (the state of every tensor the diff of the plans,
+  `shardplan.diff_plans`, gives a new owner) against what the members received (each move is a
+  broadcast over the flat hand-over to every member); and the parameters sent again
+  (the model's bytes to each of the other members).
+""",
+    command=".venv/bin/python bench/sharded.py",
+    runs=[Run("sharded.json", "Run of 2026-11-27", note=RERUN_NOTE)],
+    tables=_sharded,
+    reading="""
+**Memory.** Level 1 shards the AdamW state as designed: the largest member holds 0.50 of the
+unsharded state at 4 workers with `r = 2` (goal `r / N` = 0.50) and 0.28 with `r = 1` (goal 0.25:
+whole tensors, so the largest member holds up to one tensor more than its share), and 0.50 at
+100M with 2 workers and `r = 1`. Parameters and gradients stay whole at level 1 (sharding them
+is levels 2 and 3; FSDP2 holds 1/N of all three), and level 1 adds the parameters' broadcast
+buffers (4 bytes per parameter, "other tensors"): at 25M, 4 workers, `r = 2` a member's tensors
+come to what level 0 holds (511 MB against 510 MB), with `r = 1` to 465 MB. Level 0's "other"
+also holds the float64 chunk sum (8 bytes per parameter) where a member computes several
+chunks (world 1 and 2 here, not 4); with the reduction buffers it is why a dyntrain worker's
+peak RSS is above DDP's (1.3 GB against 0.94 GB at 25M, 2 workers; 4.1 GB against 2.6 GB at 100M).
+
+**Step time.** At 25M dyntrain level 1 (`r = 2`) ran at 1.62x (2 workers) and 1.91x (4 workers)
+FSDP2's samples/s and 0.90x-1.09x DDP's; at 100M, 2 workers, level 0 and level 1 (`r = 1`) ran
+at 1.54x and 1.44x FSDP2's. Our goal (at least 0.9x FSDP2's samples/s) is met in every
+run here, with caveats: one run per setup, 2-3 timed steps each, one after the other on a
+shared machine, and the FSDP2 runs came later, at a higher load (7.6-9.4) than the dyntrain ones
+(1.7-7.9). An earlier attempt the same hour at load 6-13 (its file not kept: the re-sharding
+time was then the slowest member's, waiting included, and the 100M world-1 run also
+failed) gave the same order at 25M (FSDP2 1.63 and 1.19 samples/s at 2 and 4 workers, dyntrain
+level 1 3.58 and 2.73, DDP 2.47 and 0.85) but at 100M, 2 workers, DDP 1.41 samples/s against
+dyntrain level 0's 0.35: across runs the load moves these figures by more than the systems
+differ. FSDP2 on CPU with gloo ran without error in torch 2.13.
+
+**Re-sharding.** The time in the re-sharding itself (the plan's all-reduce, the moves of AdamW
+state, every parameter sent again) was 0.56-0.68 s at 25M and 2.8-5.2 s at 100M at load 6-8:
+the goal (< 2 s at 100M) is not met on this machine. For a leave and a crash the members
+received exactly the state the ownership change needs (530 MB at 100M); for a join twice that
+(1058 MB for 529 MB), because each move is a broadcast to every member rather than a send to
+its new owner (as level 1 is built), and every re-sharding sends all parameters again (397-795
+MB at 100M) where only a joiner needs them: the two places to cut. The latency to the first
+step in the new world is dominated by this machine's step time (3-4 s at 25M, 18-19 s at
+100M): a leaver first finishes the step in flight (20 s of the leave's 48 s at 100M), and the
+new world's first step is part of the latency. The 25M crash took 305 s: the coordinator formed
+the new world 1.4 s after the SIGKILL, but its members began re-sharding 299 s later, about the
+300 s collective timeout: likely a collective that the abort did not cut short (not diagnosed
+here; the 100M crash and both crashes of the earlier attempt, 7.8 s and 16.2 s,
+did not).
+""",
+)
+
+SHARDED_PAGES = [SHARDED]
