@@ -219,7 +219,12 @@ def test_workers_with_other_settings_are_rejected(tmp_path):
 def test_standby_worker_leaves_on_sigterm_and_job_goes_on(tmp_path):
     """A worker beyond MAX waits on standby; a preemption notice then just ends it."""
     out = tmp_path / "run"
-    launcher, address = start_launcher(out, "1:1", "--epochs", "30", "--step-delay", "0.004")
+    # held slow (0.4 s a step, 72 s in all) until the standby has left: a worker started on a
+    # loaded machine takes many seconds to say hello, and the job must not end before that
+    gate = tmp_path / "hold"
+    gate.touch()
+    launcher, address = start_launcher(out, "1:1", "--epochs", "30", "--step-delay", "0.004",
+                                       "--slow-while", str(gate))
     try:
         standby = subprocess.Popen(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
@@ -237,6 +242,7 @@ def test_standby_worker_leaves_on_sigterm_and_job_goes_on(tmp_path):
         standby.send_signal(signal.SIGTERM)
         code = standby.wait(timeout=30)
         assert code == 0, (code, standby.stdout.read()[-3000:], "".join(seen)[-3000:])
+        gate.unlink()
         rest = launcher.communicate(timeout=240)[0]
     finally:
         launcher.kill()
