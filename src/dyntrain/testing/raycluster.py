@@ -34,6 +34,10 @@ HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_timeout_ms": "1
           "RAY_health_check_failure_threshold": "3"}
 
 
+#: what `ray start` says when the raylet did not register with the GCS in its fixed 30 s
+REGISTRATION_TIMEOUT = "The current node timed out during startup"
+NODE_START_TRIES = 3
+
 class NodeHost(Protocol):
     """Where a node runs: a host of a bed (``dyntrain.testing.hosts.Host``)."""
 
@@ -131,22 +135,33 @@ class LocalRayCluster:
                                    "--resources", json.dumps(resources)], host)
 
     def _launch(self, name: str, args: list[str], host: NodeHost | None = None) -> RayNode:
+        """Start one node; once more when Ray gave up on its own registration (``ray start``
+        waits a fixed 30 s for the raylet to register with the GCS, which a loaded 2-core
+        machine can exceed), within ``start_timeout`` in all."""
         ray = shutil.which("ray", path=self.env()["PATH"])
         if ray is None:
             raise RuntimeError("no `ray` command: pip install 'dyntrain[ray]'")
         log = self.dir / f"{name}.out"
         argv = [ray, "start", "--block", *args, *self._common(host)]
         popen = subprocess.Popen if host is None else host.popen
-        with open(log, "w") as out:
-            proc = popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
-                         start_new_session=True)
-        node = self.nodes[name] = RayNode(name, proc, log)
-        deadline = time.monotonic() + self.start_timeout
-        while "block forever" not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
+
+        def start() -> RayNode:
+            with open(log, "w") as out:
+                proc = popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                             start_new_session=True)
+            node = self.nodes[name] = RayNode(name, proc, log)
+            return node
+
+        deadline, attempt, node = time.monotonic() + self.start_timeout, 1, start()
+        while "block forever" not in (said := log.read_text(errors="replace")):
+            if node.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop_node(name)
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                raise RuntimeError(f"ray node {name} did not start: {' | '.join(tail)}")
+                if (REGISTRATION_TIMEOUT not in said or attempt == NODE_START_TRIES
+                        or time.monotonic() > deadline):
+                    tail = said.strip().splitlines()[-3:]
+                    raise RuntimeError(f"ray node {name} did not start (try {attempt}): "
+                                       f"{' | '.join(tail)}")
+                attempt, node = attempt + 1, start()  # Ray's own wait ran out: again
             time.sleep(0.1)
         return node
 
