@@ -58,20 +58,29 @@ class Cluster:
 
     def __init__(self, bed: HostBed, ray: LocalRayCluster, url: str, token: str, state) -> None:
         self.bed, self.ray, self.url, self.token, self.state = bed, ray, url, token, state
+        self.cut: set[int] = set()  # hosts cut off since their node started
+
+    def partition(self, i: int) -> None:
+        """Cut host i off; its node is started afresh the next time a test asks for it (Ray
+        may have declared it dead while its processes live on)."""
+        self.cut.add(i)
+        self.bed.partition(i)
 
     def client(self) -> Client:
         return Client(self.url, token=self.token)
 
     def node(self, i: int) -> None:
-        """A live Ray node on host i (started again if a fault ended the last one)."""
+        """A live Ray node on host i (started again if a fault ended the last one, or if the
+        host was cut off since: a node Ray declared dead stays dead though its process runs)."""
         name = f"host{i}"
         known = self.ray.nodes.get(name)
-        if known is not None and known.proc.poll() is None:
+        if known is not None and known.proc.poll() is None and i not in self.cut:
             return
         if known is not None:  # a node that was cut off: the host starts afresh, like a reboot
             self.ray.stop_node(name)
             self.bed.lose(i)
             self.bed.heal(i)
+        self.cut.discard(i)
         self.ray.add_node(name, 1, RESOURCES[i], host=self.bed.host(i))
 
     def running(self, i: int, marker: str) -> list[int]:
@@ -188,7 +197,7 @@ def test_elastic_job_spans_hosts_grows_on_a_join_shrinks_on_a_partition_and_matc
         # its peers at the address it advertised (its own host's)
         for i in (1, 2, 3):
             assert len(c.running(i, LEDGER)) == 1, f"host{i}: {c.running(i, LEDGER)}"
-        c.bed.partition(2)  # host 2 is cut off; its raylet and worker live on
+        c.partition(2)  # host 2 is cut off; its raylet and worker live on
         try:
             grows_to(2, "the job to re-form without host 2", 120)
             # the worker on the cut-off host is killed there by its actor (the fence)
@@ -245,14 +254,14 @@ def test_a_plain_job_on_a_cut_off_node_is_retried_once_per_cut_and_never_runs_tw
         # actor kills the run once cut off for 3 s, and that exit, read when the link is
         # back, is a loss: the job is retried at once
         short = host_of(1)
-        c.bed.partition(short)
+        c.partition(short)
         try:
             wait_for(lambda: not c.running(short, str(log)), "the fence to end attempt 1", 60)
         finally:
             c.bed.heal(short)
         # a long cut: Ray declares the node dead; the service waits out the fence first
         long = host_of(2)
-        c.bed.partition(long)
+        c.partition(long)
         try:
             host_of(3)
             assert not c.running(long, str(log))
@@ -364,7 +373,7 @@ def test_a_torchrun_gang_spans_hosts_and_restarts_without_a_cut_off_host(cluster
             "an epoch of the three-host gang", 120)
         pause.touch()
         cut = int(hosts[1][-1])  # rank 1's host
-        c.bed.partition(cut)
+        c.partition(cut)
         try:
             second, envs = wait_job(client, job["id"], lambda: (
                 g := gang(2)) and g[0] > first and g, "a gang without the cut-off host", 240)
