@@ -82,9 +82,11 @@ browser:
 # Two test processes (pytest-xdist), each taking whole files (module-scoped servers and clusters
 # start once): most end-to-end tests wait on other processes, so two keep the 2 cores busy.
 TEST_PROCS ?= 2
+# PYTEST_ARGS: more pytest arguments (e.g. --junitxml=report.xml for every test's time)
+PYTEST_ARGS ?=
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile --durations=25 $(PYTEST_ARGS) tests
 
 # The documentation site (MkDocs with Material; the API reference from the docstrings) into
 # build/site; nothing is fetched while it builds. `make test` builds it too, strictly.
