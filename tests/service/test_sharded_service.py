@@ -16,14 +16,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import SCRIPTS, read_jsonl, start_server, stop_server, wait_for
 from dyntrain.service.client import Client
-from dyntrain.workloads import gpt
 from test_elastic_e2e import world_sizes
 
 pytestmark = pytest.mark.slow
@@ -41,17 +42,24 @@ SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    """The unsharded reference: the workload alone in this process (no coordinator)."""
+    """The unsharded reference, `python -m dyntrain.workloads.gpt` alone (no coordinator),
+    started at once so that it trains while the server starts and the first job is held slow:
+    a function that waits for it and returns its run folder."""
     out = tmp_path_factory.mktemp("static")
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DYNTRAIN_OUT", str(out))
-        env.delenv("DYNTRAIN_COORDINATOR", raising=False)
-        try:
-            gpt.main(GPT)
-        finally:
-            torch.set_num_threads(threads)
-    return out
+    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+    env.pop("DYNTRAIN_COORDINATOR", None)
+    with open(out / "output.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "dyntrain.workloads.gpt", *GPT], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    def finished() -> Path:
+        assert proc.wait(timeout=300) == 0, (out / "output.log").read_text()[-3000:]
+        return out
+
+    yield finished
+    if proc.poll() is None:  # a test failed before it waited
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +94,7 @@ def pid_of(state, worker: str) -> int:
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_a_sharded_gpt_job_grows_shrinks_and_loses_a_worker_on_the_service_bitwise_static(
-        service, static, level, tmp_path):
+        static, service, level, tmp_path):
     url, state = service
     hold = tmp_path / "hold"
     hold.touch()
@@ -156,6 +164,6 @@ def test_a_sharded_gpt_job_grows_shrinks_and_loses_a_worker_on_the_service_bitwi
     assert read_jsonl(run / "metrics.jsonl")[-1]["step"] == 60
 
     ours = torch.load(run / "final.pt", weights_only=True)
-    theirs = torch.load(static / "final.pt", weights_only=True)
+    theirs = torch.load(static() / "final.pt", weights_only=True)
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), "not bitwise equal"
