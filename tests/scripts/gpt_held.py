@@ -5,9 +5,9 @@ taking 0.5 s more while FILE exists, and says at which sharding level its traine
 reached every worker.
 
 A service test holds a job in its slow phase until it has seen the membership changes it waits
-for (a join, a leave), however slowly workers start on a loaded machine, then removes FILE and
-lets the job finish at full speed. The sleep is outside the arithmetic: the trained model is the
-one the workload makes without it.
+for (a join, a leave, a crash), however slowly workers start on a loaded machine, then removes
+FILE and lets the job finish at full speed. The sleep is outside the arithmetic: the trained
+model is the one the workload makes without it.
 """
 
 from __future__ import annotations
