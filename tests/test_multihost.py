@@ -104,6 +104,10 @@ def test_a_host_behind_a_slow_link_keeps_training_and_balancing_stays_bitwise(ho
     hosts.slow_link(1, rate="100mbit")
     job = ledger_job(hosts, "slow", args=("--ballast-mb", "8", "--step-delay", "0.02",
                                           "--slow-in", "host:host1", "--slow-factor", "10"))
+    # host 0's own worker trains first, so host 1's joins it as rank 1 (the rows' chunks are by
+    # rank: when host 1's worker said hello first, under load, it was rank 0 and had the 2 of
+    # [2, 6] that this test then waited for on the wrong side)
+    wait_for(lambda: job.world() == 1, "host 0's worker training", timeout=180)
     job.add_worker(hosts.host(1))
     wait_for(lambda: job.world() == 2, "the slow host training", timeout=180)
     # while the job is held, host 1's chunks sleep 0.25 s and host 0's 0.07 s. The balancer

@@ -68,6 +68,14 @@ def wait_log(spec: WorkerSpec, text: str) -> str:
     return wait_for(lambda: text in log_of(spec) and log_of(spec), f"{text!r} in the log")
 
 
+def wait_grandchild(spec: WorkerSpec) -> int:
+    """The pid the worker printed, once its whole line is in the log (a print may reach the
+    file piece by piece: "grandchild" was once read before its pid)."""
+    found = wait_for(lambda: re.search(r"grandchild (\d+)\n", log_of(spec)),
+                     "the grandchild's pid in the log")
+    return int(found.group(1))
+
+
 def collect(ex, *wids: str, timeout: float = 60.0) -> dict[str, WorkerExit]:
     """Poll until every one of ``wids`` was reported; fail on a second report of any worker."""
     seen: dict[str, WorkerExit] = {}
@@ -161,7 +169,7 @@ def test_worker_killed_by_a_signal_of_its_own(executor, tmp_path):
 def test_kill_takes_the_whole_process_group(executor, tmp_path):
     spec = make_spec(tmp_path, "j4-a1-w0", GRANDCHILD + "time.sleep(60)\n")
     executor.start(spec)
-    pid = int(re.search(r"grandchild (\d+)", wait_log(spec, "grandchild")).group(1))
+    pid = wait_grandchild(spec)
     assert running(pid)
     executor.signal(spec.worker_id, "KILL")
     collect(executor, spec.worker_id)
@@ -171,7 +179,7 @@ def test_kill_takes_the_whole_process_group(executor, tmp_path):
 def test_leftover_processes_are_killed_when_the_exit_is_reported(executor, tmp_path):
     spec = make_spec(tmp_path, "j5-a1-w0", GRANDCHILD)  # exits 0, leaves `sleep 60` behind
     executor.start(spec)
-    pid = int(re.search(r"grandchild (\d+)", wait_log(spec, "grandchild")).group(1))
+    pid = wait_grandchild(spec)
     e = collect(executor, spec.worker_id)[spec.worker_id]
     assert e.exit_code == 0
     wait_for(lambda: not running(pid), "the leftover grandchild to die")
