@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--slow-while", default=None, metavar="FILE",
                     help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
                          "in a phase until they saw what they wait for, then let it finish)")
+    ap.add_argument("--slow-only-held", action="store_true",
+                    help="the --slow-in factor applies only while the --slow-while FILE exists")
     ap.add_argument("--checkpoint-every", type=int, default=10)
     ap.add_argument("--report-threads", action="store_true",
                     help="report the worker's intra-op thread count too")
@@ -80,11 +82,13 @@ def main():
         if args.raise_in and args.raise_in in ("all", os.environ.get("DYNTRAIN_WORKER_ID")) \
                 and calls[0] > args.raise_after:
             raise RuntimeError("simulated device failure")
+        held = bool(args.slow_while) and os.path.exists(args.slow_while)
         if args.step_delay:
             slow = args.slow_in is not None and \
-                args.slow_in in (os.environ.get("DYNTRAIN_WORKER_ID"), f"host:{host}")
+                args.slow_in in (os.environ.get("DYNTRAIN_WORKER_ID"), f"host:{host}") and \
+                (held or not args.slow_only_held)
             time.sleep(args.step_delay * (args.slow_factor if slow else 1.0))
-        if args.slow_while and os.path.exists(args.slow_while):
+        if held:
             time.sleep(0.05)
         target = x.sum(1, keepdim=True)
         fit = nn.functional.mse_loss(model.net(x), target)
