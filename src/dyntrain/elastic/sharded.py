@@ -1,4 +1,4 @@
-"""ZeRO-1/2: the optimizer state sharded by whole tensors among a generation's members.
+"""ZeRO-1/2/3: the optimizer state sharded by whole tensors among a generation's members.
 
 After the exact all-reduce every member holds the whole reduced gradient (and clips it by the
 global norm as today), but only the owners of a tensor (``shardplan.plan_ownership``, ``r``
