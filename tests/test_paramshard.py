@@ -68,6 +68,7 @@ def _level_3(model: nn.Module):
 @pytest.mark.parametrize("chunks", [(1, 1, 1), (2, 1, 0)])
 def test_members_hold_their_own_parameters_and_gather_the_owners_bits(chunks):
     reference = _model()
+    initial = reference.state_dict()  # (members are threads: the global generator is shared)
     whole = [q.detach().clone() for q in reference.parameters()]
     grads = {}
     for rank, count in enumerate(chunks):  # each member's chunks, unsharded
@@ -77,7 +78,8 @@ def test_members_hold_their_own_parameters_and_gather_the_owners_bits(chunks):
             grads[rank, c] = [q.grad.clone() for q in reference.parameters()]
 
     def body(group: Group):
-        model = _model()
+        model = Tiny()
+        model.load_state_dict(initial)
         params, shards, units = _level_3(model)
         members = ("a", "b", "c")
         assert shards.reshard(group, p.Generation(0, members, 0), members[group.rank],
