@@ -1,8 +1,8 @@
-"""ZeRO-3's parameters (``dyntrain.elastic.paramshard``) on a real gloo group of three: between
-uses a member holds only its owned tensors' parameters (the others' storage is freed), a unit's
-gathered parameters are its primary's bits, a chunk's gradients are the unsharded model's bit
-for bit, a member without a chunk joins the busiest member's gathers, and a model that uses a
-unit out of the fixed order is refused."""
+"""ZeRO-3's parameters (``dyntrain.elastic.paramshard``) on a real gloo group of three: between uses
+a member holds only its owned tensors' parameters (the others' storage is freed), a unit's
+gathered parameters are its primary's bits, the other blocks stay freed while a block computes, a
+chunk's gradients are the unsharded model's bit for bit, a member without a chunk joins the
+busiest member's gathers, and a model that uses a unit out of the fixed order is refused."""
 
 import pytest
 import torch
@@ -89,12 +89,20 @@ def test_members_hold_their_own_parameters_and_gather_the_owners_bits(chunks):
         held = set(shards.held)
         assert held == shards.owned and 0 < len(held) < len(params)  # r = 1: a third or so
         seen = []  # what a unit's forward reads, right after its gather
+        extra = []  # per gather of a block: the non-held tensors allocated besides the root's
 
         def look(module, args):
             seen.append([q.detach().clone() for q in module.parameters()])
+            extra.append(units.present - held - root)
 
+        def look_back(module, grad_output):
+            extra.append(units.present - held - root)
+
+        root = set(units.units[0].tensors)
+        assert units.units[0].name == "" and len(units.units) == 4
         for block in model.blocks:
             block.register_forward_pre_hook(look)
+            block.register_full_backward_pre_hook(look_back)
         units.begin(group, lambda: False)
         freed = [units.params[t].untyped_storage().nbytes() for t in range(len(params))]
         between = units.present_bytes()
@@ -111,6 +119,14 @@ def test_members_hold_their_own_parameters_and_gather_the_owners_bits(chunks):
         units.whole()
         zeros = all(not q.any() for t, q in enumerate(params) if t not in held)
         shards.after_applied(group, False, True, lambda: False)  # a validation: the whole model
+        # forward: only the block being gathered; backward: it and at most the one after it
+        # (whose parameters are freed as their gradients land)
+        blocks = [set(u.tensors) for u in units.units[1:]]
+        for c in range(chunks[group.rank]):
+            at = extra[6 * c : 6 * c + 6]
+            assert all(at[k] <= blocks[k] for k in range(3)), at
+            assert all(at[5 - k] <= blocks[k] | blocks[k + 1] for k in range(2)), at
+            assert at[3] <= blocks[2], at
         return (held, freed, after, between, seen, got, zeros,
                 [q.detach().clone() for q in params])
 
