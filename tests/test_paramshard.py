@@ -11,8 +11,9 @@ from torch import nn
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.comm import Group
+from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.paramshard import ParamUnits, check_level_3
-from dyntrain.elastic.sharded import OptimizerShards
+from dyntrain.elastic.sharded import OptimizerShards, shards_for
 from dyntrain.errors import ConfigError
 from test_gradshard import _run_members
 
@@ -165,3 +166,23 @@ def test_parameters_that_cannot_be_freed_one_by_one_are_refused():
     with pytest.raises(ConfigError, match="a contiguous storage of its own"):
         check_level_3([nn.Parameter(flat[:5]), nn.Parameter(flat[5:])])
     check_level_3(list(nn.Linear(3, 2).parameters()))
+
+
+def test_level_3_refuses_what_level_2_refuses_and_builds_its_units():
+    base = {"global_batch": 4, "chunk_size": 2, "shard_level": 3}
+    for extra, reason in (({"grad_clip_norm": 1.0}, "grad_clip_norm is not supported with "
+                           "shard_level 3"),
+                          ({"noise_scale": True}, "noise_scale is not supported with "
+                           "shard_level 3"),
+                          ({"exact_ring": False}, "shard_level 3 needs exact_reduction")):
+        with pytest.raises(ConfigError, match=reason):
+            TrainConfig(**base, **extra)
+    model = _model()
+    params = list(model.parameters())
+    with pytest.raises(ConfigError, match="a loss scaler is not supported with shard_level 3"):
+        shards_for(TrainConfig(**base), model, torch.optim.AdamW(params), params,
+                   torch.amp.GradScaler("cpu"))
+    units = shards_for(TrainConfig(**base), model, torch.optim.AdamW(params), params).units
+    assert [u.name for u in units.units] == ["", "blocks.0", "blocks.1", "blocks.2"]
+    assert units.schedule == [("root", 0), ("forward", 1), ("forward", 2), ("forward", 3),
+                              ("backward", 3), ("backward", 2), ("backward", 1)]
