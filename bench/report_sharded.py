@@ -202,9 +202,12 @@ step in the new world is dominated by this machine's step time (3-4 s at 25M, 18
 100M): a leaver first finishes the step in flight (20 s of the leave's 48 s at 100M), and the
 new world's first step is part of the latency. The 25M crash took 305 s: the coordinator formed
 the new world 1.4 s after the SIGKILL, but its members began re-sharding 299 s later, about the
-300 s collective timeout: likely a collective that the abort did not cut short (not diagnosed
-here; the 100M crash and both crashes of the earlier attempt, 7.8 s and 16.2 s,
-did not).
+300 s collective timeout: likely a collective that the abort did not cut short, holding up the
+survivor's close of its old group (the survivors report before they close it, so the world formed
+at once). Not diagnosed: the 100M crash and both crashes of the earlier attempt (7.8 s and
+16.2 s) did not stall, and a small reproduction (4 processes, a member SIGKILLed amid queued
+broadcasts or ring sums) failed and closed everything within 0.3 s. A close that takes over 30 s
+now says so on the worker's stderr with every thread's stack (`comm.watch_slow`).
 """,
 )
 

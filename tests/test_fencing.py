@@ -132,3 +132,33 @@ def test_a_worker_declared_dead_starts_over_under_a_new_id_or_says_why_not():
     first, second = proc.stdout.splitlines()
     assert proc.returncode == 0 and second == f"{first} w3.r1"  # the same process, new id
     assert "starting over as the new worker w3.r1" in proc.stderr
+
+
+def test_a_slow_close_says_so_with_every_threads_stack(capfd):
+    """A teardown stuck past its bound names what it waits for and where every thread is (the
+    300 s re-shard stall had no trace); one that ends in time says nothing."""
+    import threading
+
+    from dyntrain.elastic.comm import watch_slow
+
+    stuck = threading.Event()
+
+    def waiting_in_gloo() -> None:
+        stuck.wait(30)
+
+    thread = threading.Thread(target=waiting_in_gloo, name="pretend-gloo-work")
+    thread.start()
+    try:
+        watch = watch_slow(lambda: "rank 1: closing a process group (dropping it)", 0.05)
+        watch.join(10)  # the timer thread ends once it has reported
+        err = capfd.readouterr().err
+        said = "dyntrain: rank 1: closing a process group (dropping it) has taken over 0.05 s"
+        assert said in err
+        assert "in waiting_in_gloo" in err  # the stuck thread's own frame is in the dump
+    finally:
+        stuck.set()
+        thread.join()
+    quick = watch_slow(lambda: "never said", 5)
+    quick.cancel()
+    quick.join(10)
+    assert "never said" not in capfd.readouterr().err

@@ -17,6 +17,8 @@ collective at once, and a late peer's sends find no socket to land in.
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -30,6 +32,10 @@ POLL_SECONDS = 0.05
 # The tag of the receive that severs a group: no member ever sends with it.
 SEVER_TAG = 1 << 30
 SEVER_WAIT = timedelta(milliseconds=1)
+#: A group whose close takes longer than this says so on stderr, with every thread's stack: a
+#: gloo operation that severing did not fail keeps the process group's destructor waiting up to
+#: the collective timeout (seen once: a re-shard began 300 s after its world formed).
+SLOW_CLOSE_SECONDS = 30.0
 
 
 class Aborted(Exception):
@@ -151,17 +157,40 @@ class Group:
         and nothing a cut-off peer sends later can arrive. A generation that ended cleanly
         (every collective completed on every member) is dropped without severing: a peer may
         still be reading the last bytes this member sent."""
-        if self._ring_thread is not None:
-            self._ring_thread.fence()  # from now on it starts no hop and writes nothing
-        if self.pg is not None and abandoned:
-            sever(self.pg, self.rank, self.size)
-        if self._ring_thread is not None:
-            # after severing: its pending receives fail rather than blocking the join (a
-            # thread still running when the process exits makes gloo call std::terminate)
-            self._ring_thread.stop()
-            self._ring_thread = None
-        self.buffers = {}
-        self.pg = None  # the last reference: gloo joins its threads and closes the sockets
+        phase = ["severing the group"]
+        watch = watch_slow(lambda: f"rank {self.rank}: closing a process group ({phase[0]})",
+                           SLOW_CLOSE_SECONDS)
+        try:
+            if self._ring_thread is not None:
+                self._ring_thread.fence()  # from now on it starts no hop and writes nothing
+            if self.pg is not None and abandoned:
+                sever(self.pg, self.rank, self.size)
+            if self._ring_thread is not None:
+                # after severing: its pending receives fail rather than blocking the join (a
+                # thread still running when the process exits makes gloo call std::terminate)
+                phase[0] = "stopping the ring thread"
+                self._ring_thread.stop()
+                self._ring_thread = None
+            self.buffers = {}
+            phase[0] = "dropping the process group: gloo waits for its pending operations"
+            self.pg = None  # the last reference: gloo joins its threads and closes the sockets
+        finally:
+            watch.cancel()
+
+
+def watch_slow(what: Callable[[], str], seconds: float) -> threading.Timer:
+    """Start a timer that, unless cancelled within ``seconds``, says on stderr that ``what()``
+    has taken that long and prints every thread's stack (where it waits); cancel it when done."""
+
+    def report() -> None:
+        print(f"dyntrain: {what()} has taken over {seconds:g} s; every thread's stack follows",
+              file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    timer = threading.Timer(seconds, report)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def sever(pg: dist.ProcessGroup, rank: int, size: int) -> None:
