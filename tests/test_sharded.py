@@ -98,6 +98,12 @@ def _joins_kill_leave(tmp_path, static, argv, level):
 
 
 @pytest.mark.slow
+def test_parameters_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path,
+                                                                        static_unclipped):
+    _joins_kill_leave(tmp_path, static_unclipped, UNCLIPPED, "3")
+
+
+@pytest.mark.slow
 def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_path, static):
     _kill_without_a_copy(tmp_path, static, SMALL, "1")
 
@@ -106,6 +112,12 @@ def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_p
 def test_gradients_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
         tmp_path, static_unclipped):
     _kill_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "2")
+
+
+@pytest.mark.slow
+def test_parameters_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
+        tmp_path, static_unclipped):
+    _kill_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "3")
 
 
 def _kill_without_a_copy(tmp_path, static, argv, level):
@@ -138,6 +150,18 @@ def test_random_strikes_end_like_the_unsharded_static_run(tmp_path, static):
     assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_parameters_sharded_random_strikes_end_like_the_static_run(tmp_path, static_unclipped):
+    """``--chaos`` at level 3: a strike in a unit's gather, a phantom round or the whole-model
+    gathers of the re-sharding and the checkpoints still ends with the static run's model."""
+    elastic = tmp_path / "chaos"
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
+                    "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
+                    *UNCLIPPED, "--shard", "3", "--step-delay", "0.5"], check=True)
+    _same_final(static_unclipped, elastic)
+    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
+
+
 def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
     model = torch.nn.Linear(3, 2)
     for ok in (torch.optim.SGD(model.parameters(), lr=0.1),
@@ -148,8 +172,8 @@ def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
         check_shardable(torch.optim.LBFGS(model.parameters()))
     with pytest.raises(ConfigError, match="checkpoint_every_seconds"):
         TrainConfig(global_batch=4, chunk_size=2, shard_level=1, checkpoint_every_seconds=5)
-    with pytest.raises(ConfigError, match="level 3 is not built"):
-        TrainConfig(global_batch=4, chunk_size=2, shard_level=3)
+    with pytest.raises(ConfigError, match="shard_level must be 0, 1, 2 or 3, got 4"):
+        TrainConfig(global_batch=4, chunk_size=2, shard_level=4)
 
 
 def test_what_reads_the_whole_reduced_gradient_is_refused_at_level_2():
@@ -172,13 +196,14 @@ def test_what_reads_the_whole_reduced_gradient_is_refused_at_level_2():
                       torch.amp.GradScaler("cpu")).level == 1
 
 
-def test_the_gpt_workload_at_level_2_with_clipping_exits_with_one_line(tmp_path):
+@pytest.mark.parametrize("level", ["2", "3"])
+def test_the_gpt_workload_at_level_2_or_3_with_clipping_exits_with_one_line(tmp_path, level):
     proc = subprocess.run([sys.executable, "-m", "dyntrain.workloads.gpt", *SMALL, "--shard",
-                           "2"], capture_output=True, text=True, timeout=120,
+                           level], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "DYNTRAIN_OUT": str(tmp_path)})
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--shard 2 needs --grad-clip 0" in lines[0], lines
+    assert len(lines) == 1 and f"--shard {level} needs --grad-clip 0" in lines[0], lines
 
 
 def test_a_script_with_a_refused_optimizer_exits_with_one_line(tmp_path):

@@ -49,6 +49,9 @@ class TrainConfig:
     each tensor's sum goes only to its owners. It needs the exact ring (``exact_reduction``,
     ``exact_ring``) and refuses ``grad_clip_norm``, ``noise_scale`` and a loss scaler, which
     read the whole reduced gradient that no member holds at level 2.
+    ``shard_level`` 3 shards the parameters too (ZeRO-3, ``dyntrain.elastic.paramshard``): a
+    member keeps only its owned tensors' parameters between uses and gathers each unit (the
+    GPT: a transformer block) for its forward and its backward; what level 2 refuses it refuses.
 
     ``grad_clip_norm`` clips the gradient by its global L2 norm after the all-reduce, on the
     reduced (and, with a loss scaler, unscaled) gradient: the same on every worker, so clipping
@@ -76,7 +79,7 @@ class TrainConfig:
         balance: Give faster members more chunks.
         bucket_mb: Size of a gradient bucket in MiB.
         shard_level: 0: every member holds everything; 1: the optimizer state is sharded
-            (ZeRO-1); 2: the reduced gradients too (ZeRO-2). Level 3 is not built yet.
+            (ZeRO-1); 2: the reduced gradients too (ZeRO-2); 3: the parameters too (ZeRO-3).
         shard_redundancy: Members that hold each tensor's optimizer state (at least 1): a crash
             of fewer than this many members loses none of it.
 
@@ -138,9 +141,8 @@ class TrainConfig:
             raise ConfigError(f"grad_clip_norm must be positive, got {self.grad_clip_norm}")
         if not self.bucket_mb > 0:
             raise ConfigError(f"bucket_mb must be positive, got {self.bucket_mb}")
-        if self.shard_level not in (0, 1, 2):
-            raise ConfigError(f"shard_level must be 0, 1 or 2 (level 3 is not built yet), "
-                              f"got {self.shard_level}")
+        if self.shard_level not in (0, 1, 2, 3):
+            raise ConfigError(f"shard_level must be 0, 1, 2 or 3, got {self.shard_level}")
         if self.shard_level >= 2:
             self._check_level_2()
         if self.shard_redundancy < 1:
@@ -192,15 +194,18 @@ class TrainConfig:
     def _check_level_2(self) -> None:
         """Refuse what level 2 cannot do exactly (one line each, naming the reason)."""
         if self.grad_clip_norm is not None:
-            raise ConfigError("grad_clip_norm is not supported with shard_level 2: no member "
+            raise ConfigError(f"grad_clip_norm is not supported with shard_level "
+                              f"{self.shard_level}: no member "
                               "holds the whole reduced gradient, and the exact per-tensor "
                               "global norm (docs/architecture/sharding.md) is not built yet; "
                               "use shard_level 1, or no clipping")
         if self.noise_scale:
-            raise ConfigError("noise_scale is not supported with shard_level 2: its |G|^2 "
+            raise ConfigError(f"noise_scale is not supported with shard_level "
+                              f"{self.shard_level}: its |G|^2 "
                               "needs the whole reduced gradient; use shard_level 1")
         if not (self.exact_reduction and self.exact_ring):
-            raise ConfigError("shard_level 2 needs exact_reduction and exact_ring: its "
+            raise ConfigError(f"shard_level {self.shard_level} needs exact_reduction and "
+                              "exact_ring: its "
                               "gradient sums are the exact ring's reduce-scatter")
 
     def fingerprint(self) -> str:

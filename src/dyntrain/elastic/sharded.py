@@ -1,4 +1,4 @@
-"""ZeRO-1/2: the optimizer state sharded by whole tensors among a generation's members.
+"""ZeRO-1/2/3: the optimizer state sharded by whole tensors among a generation's members.
 
 After the exact all-reduce every member holds the whole reduced gradient (and clips it by the
 global norm as today), but only the owners of a tensor (``shardplan.plan_ownership``, ``r``
@@ -21,7 +21,10 @@ after the generation's first applied step, once every member has finished the re
 
 At level 2 the members also keep only the reduced gradients of the tensors they own: the
 stepper sums each tensor's gradient into its owners only (``dyntrain.elastic.gradshard``, laid out
-from this plan's ``owner_ranks``); the rest of this module is the same at both levels.
+from this plan's ``owner_ranks``); the rest of this module is the same at both levels. At level 3
+they keep only the parameters of the tensors they hold too (``dyntrain.elastic.paramshard``,
+``units``): every owner steps its tensors, so no parameter is sent after a step; the whole model
+is gathered only where it is read whole (the re-sharding, a checkpoint, a validation).
 
 Checkpoints keep today's full format: before one, the primaries send their tensors' state to
 the writer, which holds the whole optimizer state just for the write.
@@ -38,6 +41,7 @@ from torch import nn
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.paramshard import ParamUnits
 from dyntrain.elastic.protocol import Generation
 from dyntrain.elastic.shardplan import ShardLevel, ShardPlan, TensorSpec, diff_plans, plan_ownership
 from dyntrain.elastic.storage import RunStore
@@ -65,28 +69,33 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
 
 def shards_for(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                params: Sequence[torch.Tensor], scaler=None) -> OptimizerShards | None:
-    """The member's ``OptimizerShards`` for ``config.shard_level`` 1 or 2, None at level 0.
+    """The member's ``OptimizerShards`` for ``config.shard_level`` 1 to 3, None at level 0.
 
     Args:
         config: The run's settings (``shard_level``, ``shard_redundancy``).
         model: The model, for its parameters' names.
         optimizer: The user's optimizer.
         params: The trainable parameters in the stepper's order.
-        scaler: The run's loss scaler, if any (refused at level 2).
+        scaler: The run's loss scaler, if any (refused from level 2 on).
 
     Raises:
-        ConfigError: The optimizer cannot be sharded exactly, or a loss scaler at level 2.
+        ConfigError: The optimizer cannot be sharded exactly, a loss scaler from level 2 on,
+            or parameters that level 3 cannot gather (``paramshard.check_level_3``).
     """
     if not config.shard_level:
         return None
     if config.shard_level >= 2 and scaler is not None:
-        raise ConfigError("a loss scaler is not supported with shard_level 2: its overflow "
+        raise ConfigError(f"a loss scaler is not supported with shard_level "
+                          f"{config.shard_level}: its overflow "
                           "check needs the whole reduced gradient, which no member holds (an "
                           "exact all-reduce of the check is not built); use shard_level 1, or "
                           "bf16 without a scaler")
     names = {id(q): n for n, q in model.named_parameters()}
-    return OptimizerShards(optimizer, params, [names[id(q)] for q in params],
-                           config.shard_redundancy, config.shard_level)
+    shards = OptimizerShards(optimizer, params, [names[id(q)] for q in params],
+                             config.shard_redundancy, config.shard_level)
+    if config.shard_level >= 3:
+        shards.units = ParamUnits(model, params, [names[id(q)] for q in params], shards)
+    return shards
 
 
 def lost_message(lost: Sequence[str], redundancy: int, checkpoint_step: int | None) -> str:
@@ -124,7 +133,7 @@ class OptimizerShards:
         params: The trainable parameters in the stepper's order (``ChunkStepper.params``).
         names: Their names, in the same order.
         redundancy: Owners per tensor (``TrainConfig.shard_redundancy``).
-        level: The ``TrainConfig.shard_level`` (1 or 2).
+        level: The ``TrainConfig.shard_level`` (1 to 3; at 3 the caller sets ``units``).
 
     Raises:
         ConfigError: The optimizer cannot be sharded exactly.
@@ -145,6 +154,7 @@ class OptimizerShards:
         self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
         self.owner_ranks: list[tuple[int, ...]] = []  # per tensor: its owners' ranks, primary first
         self.torn = False  # a step applied here whose parameters did not all arrive
+        self.units: ParamUnits | None = None  # level 3: the parameters held, gathered per unit
 
     # ---- what this member holds --------------------------------------------------------------
 
@@ -257,7 +267,13 @@ class OptimizerShards:
     def after_step(self, group: Group, should_abort: Callable[[], bool]) -> None:
         """Send every updated parameter from its primary owner to every member, as bits; then
         drop the copies this member no longer owns (every member has re-sharded by now). Until
-        it returns the step is ``torn``: applied here, but not all parameters are in."""
+        it returns the step is ``torn``: applied here, but not all parameters are in. At level 3
+        every owner stepped its tensors' parameters: nothing is sent, the rest is freed."""
+        if self.units is not None:
+            if self.held != self.owned:
+                self._keep_owned()
+            self.units.release()
+            return
         self.torn = True
         self._send_params(group, self._by_primary, True, should_abort)
         self.torn = False
@@ -314,6 +330,23 @@ class OptimizerShards:
                     offset += q.numel()
 
     # ---- checkpoints ---------------------------------------------------------------------------
+
+    def whole(self) -> None:
+        """At level 3, allocate every parameter again (a generation starts: the hand-over and
+        the re-sharding read and write the whole model); nothing at levels 1-2."""
+        if self.units is not None:
+            self.units.whole()
+
+    def after_applied(self, group: Group, checkpoint: bool, validate: bool,
+                      should_abort: Callable[[], bool]) -> None:
+        """After a step: for a ``checkpoint`` give the leader (rank 0) the whole optimizer
+        state; at level 3, for a checkpoint or a ``validate`` (the leader's), give every member
+        the whole model (the next step frees it again)."""
+        if checkpoint:
+            self.gather(group, 0, should_abort)
+        if self.units is not None and (checkpoint or validate):
+            self.units.whole()
+            self._send_params(group, self._by_primary, False, should_abort)
 
     def gather(self, group: Group, root: int, should_abort: Callable[[], bool]) -> None:
         """Give the member of rank ``root`` the whole optimizer state (in the order an

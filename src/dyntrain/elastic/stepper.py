@@ -22,6 +22,7 @@ training state (``TrainingParts.noise``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -184,9 +185,12 @@ class ChunkStepper:
         # Level 2: every chunk's gradient is summed into its owners right after its backward,
         # in rounds, without a float64 copy of the whole (``gradshard``); no overlap yet.
         zero2 = ring and self.grad_shards is not None and most_chunks is not None
+        units = self.shards.units if zero2 else None  # level 3: parameters gathered per unit
         if zero2:
             self.grad_shards.begin(group, most_chunks)
             direct, measure = True, False  # noise_scale is refused at level 2 (TrainConfig)
+        if units is not None:
+            units.begin(group, should_abort or _never)
         # A chunk's own gradient is needed apart (float64 sum, or its norm for the noise scale):
         # backward writes it alone into the zeroed buffer, which is then added to ``total``. In
         # float32 that is the very addition backward would have done, so the sum is unchanged.
@@ -229,17 +233,18 @@ class ChunkStepper:
             self._seed(chunk_seed(cfg.seed, step, chunk))
             batch = self._fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
             self.bn.before_chunk()
-            # loss_fn returns the chunk mean; each .backward() adds to .grad, so weighting by
-            # chunk/global makes the sum over all chunks of all workers the global-batch mean.
-            loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
-            scaled = scaler.scale(loss) if scaler is not None else loss
-            if last and cfg.overlap and not zero2:
-                self._mark_unused(scaled, red)
-            self._live = red if last and not zero2 else None
-            try:
-                scaled.backward()
-            finally:
-                self._live = None
+            with units.round() if units is not None else contextlib.nullcontext():
+                # loss_fn returns the chunk mean; each .backward() adds to .grad, so weighting
+                # by chunk/global makes the sum over all chunks of all workers the global mean.
+                loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
+                scaled = scaler.scale(loss) if scaler is not None else loss
+                if last and cfg.overlap and not zero2:
+                    self._mark_unused(scaled, red)
+                self._live = red if last and not zero2 else None
+                try:
+                    scaled.backward()
+                finally:
+                    self._live = None
             self.bn.record_chunk(table[chunk])
             loss_sum += loss.detach()
             if norms is not None and not last:
@@ -251,6 +256,8 @@ class ChunkStepper:
                 self.grad_shards.add_round(group, self._grads, should_abort or _never)
         if zero2:
             for _ in range(most_chunks - len(chunks)):  # zeros, as the busiest member's rounds
+                if units is not None:
+                    units.phantom()  # and its gathers
                 self.grad_shards.add_round(group, self._grads, should_abort or _never)
             self.grad_shards.finish(group, self._grads, should_abort or _never)
         self.bn.before_chunk()

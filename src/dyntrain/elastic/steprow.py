@@ -49,12 +49,16 @@ class StepRows:
                           noise=noise_scale(self.noise, result),
                           validation=self._maybe_validate(step))
 
+    def validation_due(self, step: int) -> bool:
+        """Whether the validation hook runs after ``step`` (on the leader)."""
+        v = self.validation
+        return v is not None and v.due(step, self.steps_per_epoch, self.total_steps)
+
     def _maybe_validate(self, step: int) -> dict:
         """Run the validation hook if it is due after ``step``; its ``val_*`` fields."""
-        v = self.validation
-        if v is None or not v.due(step, self.steps_per_epoch, self.total_steps):
+        if not self.validation_due(step):
             return {}
-        fields = v.run(self.model)
+        fields = self.validation.run(self.model)
         self.validations.append({"step": step, **fields})
         log.info("validation after step %d: %s", step, fields)
         return fields

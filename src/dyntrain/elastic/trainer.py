@@ -142,8 +142,7 @@ class ElasticTrainer:
     ) -> None:
         install_excepthook()  # a DyntrainError from here on is one line in a script
         out = out_dir or os.environ.get(ENV_OUT)
-        # a local folder exists from here on: a path that cannot be one is one line, naming its
-        # source
+        # a local folder exists from here on: one that cannot be is one line, naming its source
         self.store: RunStore | None = (open_store(out, "out_dir" if out_dir else ENV_OUT)
                                        if out else None)
         self.config = config
@@ -153,8 +152,7 @@ class ElasticTrainer:
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
-        self.shards = shards_for(config, model, optimizer, self.stepper.params,
-                                 scaler)  # ZeRO-1/2, in jobs
+        self.shards = shards_for(config, model, optimizer, self.stepper.params, scaler)  # ZeRO
         if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
@@ -363,6 +361,8 @@ class ElasticTrainer:
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
+            if self.shards is not None:  # level 3: the hand-over reads the whole model
+                self.shards.whole()
             self._sync_state(gen, group, aborted)
             if self.shards is not None:
                 lost = self.shards.reshard(group, gen, self.worker_id, aborted)
@@ -431,9 +431,10 @@ class ElasticTrainer:
                 slot=(self.rank, own) if self.balancer.slots else None)
             self.balancer.observe(self.step, result.slots)
             self.step += 1
-            if self.shards is not None and checkpoint_due(self.config, self.step, self.total_steps,
-                                                          result.leavers == gen.world_size):
-                self.shards.gather(group, 0, aborted)  # the leader writes the whole state
+            if self.shards is not None:  # the leader writes the whole state, validates the model
+                self.shards.after_applied(group, checkpoint_due(
+                    self.config, self.step, self.total_steps, result.leavers == gen.world_size),
+                    self.rows.validation_due(self.step), aborted)
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
                 self.writer.maybe_checkpoint(self.step, force=result.leavers == gen.world_size

@@ -83,13 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker [1]")
     ap.add_argument("--step-delay", type=float, default=0.0,
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
-    ap.add_argument("--shard", type=int, choices=(0, 1, 2), default=0,
+    ap.add_argument("--shard", type=int, choices=(0, 1, 2, 3), default=0,
                     help="0: every worker holds everything; 1: the AdamW state is sharded "
                          "(ZeRO-1); 2: the reduced gradients too (ZeRO-2, needs --grad-clip "
-                         "0); the same result at every level [0]")
+                         "0); 3: the parameters too, gathered per block (ZeRO-3, needs "
+                         "--grad-clip 0); the same result at every level [0]")
     ap.add_argument("--shard-redundancy", type=int, default=2,
-                    help="workers holding each tensor's optimizer state (and, with --shard 2, "
-                         "its reduced gradient) [2]")
+                    help="workers holding each tensor's optimizer state (and, with --shard 2 "
+                         "or 3, its reduced gradient; with 3, its parameter) [2]")
     return ap
 
 
@@ -168,9 +169,9 @@ def build(args: argparse.Namespace) -> ElasticTrainer:
     if args.grad_clip < 0 or args.step_delay < 0:
         raise DyntrainError("--grad-clip and --step-delay must not be negative")
     if args.shard >= 2 and args.grad_clip:
-        raise DyntrainError("--shard 2 needs --grad-clip 0: clipping by the global norm reads "
-                            "the whole reduced gradient, which no worker holds at level 2 (the "
-                            "exact per-tensor norm is not built yet)")
+        raise DyntrainError(f"--shard {args.shard} needs --grad-clip 0: clipping by the global "
+                            f"norm reads the whole reduced gradient, which no worker holds at "
+                            f"level {args.shard} (the exact per-tensor norm is not built yet)")
     cfg = model_config(args)
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
                          epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
