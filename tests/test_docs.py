@@ -160,3 +160,20 @@ def test_the_public_api_documents_its_arguments():
     objects = list(_documented_objects())
     assert any(name.endswith("ElasticTrainer") for name, _ in objects)
     assert [n for name, obj in objects for n in _undocumented(name, obj)] == []
+
+
+CONFLICT = re.compile(r"^(<{7}|>{7}) ", re.MULTILINE)  # a merge's conflict markers
+
+
+def test_no_file_keeps_a_merge_conflict():
+    """A committed conflict (CHANGELOG.md kept one for a stop) is caught here, not by a reader."""
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "Makefile", ROOT / "mkdocs.yml",
+             ROOT / "pyproject.toml",
+             *(path for folder in ("docs", "src", "tests", "bench", "examples", "tools")
+               for path in (ROOT / folder).rglob("*")
+               if path.suffix in (".md", ".py", ".toml", ".yml", ".yaml", ".json", ".txt")
+               and ".venv" not in path.parts)]
+    kept = [str(path.relative_to(ROOT)) for path in files if path.is_file()
+            and CONFLICT.search(path.read_text(errors="replace"))]
+    assert not kept, f"merge conflict markers in {kept}"
+    assert CONFLICT.search("text\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> branch\n")
