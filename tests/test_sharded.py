@@ -1,6 +1,7 @@
 """ZeRO-1 (``TrainConfig.shard_level`` 1): the optimizer state sharded by whole tensors with
 redundancy, re-sharded in place through joins, a kill and a leave, bitwise the unsharded static
-run; a crash with redundancy 1 falls back to the newest checkpoint and says so; optimizers that
+run; a crash with redundancy 1 falls back to the newest checkpoint and says so, a graceful
+leave with redundancy 1 hands the leaver's shard over and needs none; optimizers that
 cannot be sharded exactly are refused. ZeRO-2 (level 2, the reduced gradients sharded too): the
 same runs without clipping (refused at level 2, as are the noise scale and a loss scaler)."""
 
@@ -135,6 +136,45 @@ def _kill_without_a_copy(tmp_path, static, argv, level):
     assert any(e["event"] == "crash" and "lost the optimizer state" in e.get("reason", "")
                for e in events), events
     assert any(e["event"] == "resume" and e["start_step"] == int(found[1]) for e in events)
+
+
+@pytest.mark.slow
+def test_a_leaver_hands_its_shard_over_with_redundancy_1(tmp_path, static):
+    _leave_without_a_copy(tmp_path, static, SMALL, "1", "rank:1")
+
+
+@pytest.mark.slow
+def test_gradients_sharded_a_leaver_hands_its_shard_over_with_redundancy_1(
+        tmp_path, static_unclipped):
+    _leave_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "2", "rank:2")
+
+
+@pytest.mark.slow
+def test_parameters_sharded_the_leader_hands_its_shard_over_with_redundancy_1(
+        tmp_path, static_unclipped):
+    _leave_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "3", "rank:0")
+
+
+def _leave_without_a_copy(tmp_path, static, argv, level, who):
+    """1 -> 3 (joins) -> 2 (a graceful leave, r = 1): the leaver's tensors are in no other
+    member, so it hands them over before it goes; the run goes on without a checkpoint."""
+    elastic = tmp_path / "elastic"
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
+                    f"step=2:join=2,step=6:leave={who}", "-m", "dyntrain.workloads.gpt", *argv,
+                    "--shard", level, "--shard-redundancy", "1", "--step-delay", "0.15"],
+                   check=True)
+    out = proc.stdout + proc.stderr
+    assert "event(s) never fired" not in proc.stdout
+    assert world_sizes(elastic) == [1, 3, 2], out
+    assert "lost the optimizer state" not in out, out
+    assert "checkpoint" not in " ".join(
+        line for line in proc.stdout.splitlines() if "generation" in line and "from step" in line)
+    events = read_jsonl(elastic / "events.jsonl")
+    assert not [e for e in events if e["event"] in ("resume", "crash")], events
+    assert [(e["world_before"], e["world_after"]) for e in events
+            if e["event"] == "leave"] == [(3, 2)], events
+    _same_final(static, elastic)
+    assert (elastic / "result.json").read_text() == (static / "result.json").read_text()
 
 
 @pytest.mark.slow

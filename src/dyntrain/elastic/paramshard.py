@@ -214,10 +214,17 @@ class ParamUnits:
                 for t in tensors:
                     q = self.params[t]
                     if t not in self.present:
-                        q.untyped_storage().resize_(q.numel() * q.element_size())
-                        q.data.copy_(flat[offset : offset + q.numel()].view(q.shape))
-                        self.present.add(t)
+                        self.fill(t, flat[offset : offset + q.numel()].view(q.shape))
                     offset += q.numel()
+
+    def fill(self, t: int, value: torch.Tensor) -> None:
+        """Write ``value``'s bits into parameter ``t``, allocating it again if it is freed."""
+        q = self.params[t]
+        with torch.no_grad():
+            if t not in self.present:
+                q.untyped_storage().resize_(q.numel() * q.element_size())
+            q.data.copy_(value)
+        self.present.add(t)
 
     def _free_unit(self, k: int) -> None:
         for t in self.units[k].tensors:

@@ -15,9 +15,12 @@ that (stable: owners that stay keep their tensors), and the state of every tenso
 change is sent by one holder over the flat hand-over (``transfer.broadcast_state``); then every
 parameter is sent again from a member that holds its state (a step interrupted in the
 parameters' broadcast counts where it was applied: ``settle_interrupted``). A tensor
-that no member holds any more (``r`` or more members crashed, or ``r = 1``) is lost: the
-trainer then falls back to the newest checkpoint. Copies a member no longer owns are dropped
-after the generation's first applied step, once every member has finished the re-sharding.
+that no member holds any more (``r`` or more members crashed; with ``r = 1`` one crash) is
+lost: the trainer then falls back to the newest checkpoint. A graceful leave loses nothing
+even with ``r = 1``: right after the step in which it is agreed, the ending generation gives
+the members that stay every tensor that only leavers hold (``hand_over``), then the leavers
+go. Copies a member no longer owns are dropped after the generation's first applied step, once
+every member has finished the re-sharding.
 
 At level 2 the members also keep only the reduced gradients of the tensors they own: the
 stepper sums each tensor's gradient into its owners only (``dyntrain.elastic.gradshard``, laid out
@@ -203,26 +206,14 @@ class OptimizerShards:
             self.hold_none()
         members = tuple(gen.members)
         count = len(self.params)
-        rows = torch.zeros(len(members), count, dtype=torch.int32, device=group.device)
-        if self.held:
-            rows[group.rank, sorted(self.held)] = 1
-        group.allreduce_sum(rows, should_abort)
-        rows = rows.cpu()
-        holders = tuple(tuple(members[m] for m in range(len(members)) if rows[m, t])
-                        for t in range(count))
+        holders, _ = self._survey(group, members, False, should_abort)
         lost = [self.specs[t].name for t in range(count) if not holders[t]]
         if lost:
             return lost
-        level = self.level
-        held = ShardPlan(level, self.redundancy, members, self.specs, holders)
+        held = ShardPlan(self.level, self.redundancy, members, self.specs, holders)
         everywhere = all(len(h) == len(members) for h in holders)
-        plan = plan_ownership(self.specs, members, self.redundancy, level,
-                              None if everywhere else held)
-        moves = diff_plans(held, plan).moves
-        for source in members:
-            sent = [m for m in moves if m.source == source]
-            if sent:
-                self._move(group, members.index(source), sent, me, should_abort)
+        plan = self._replan(group, members, held, None if everywhere else held, me, False,
+                            should_abort)
         # every parameter from a member that holds its state (its parameter is of this step
         # even where the last step was interrupted: settle_interrupted)
         self._send_params(group, [[t for t in range(count) if holders[t][0] == m]
@@ -234,19 +225,72 @@ class OptimizerShards:
                             for t in range(count)]
         return []
 
-    def _move(self, group: Group, root: int, moves, me: str,
+    def hand_over(self, group: Group, me: str, leaving: bool, leavers: int,
+                  should_abort: Callable[[], bool]) -> None:
+        """After the step in which ``leavers`` members (this one if ``leaving``) agreed to
+        leave, before they go: give the members that stay the state (at level 3 also the
+        parameter) of every tensor that only leavers hold, planned for the staying members from
+        this generation's plan as ``reshard`` plans (their copies stay where they are); the
+        next generation's re-sharding then finds every tensor held. Nothing when no member
+        leaves, or all do (the leader checkpoints then: ``checkpoint_due``)."""
+        members = self.plan.members if self.plan is not None else ()
+        if not 0 < leavers < len(members):
+            return
+        holders, leaving_members = self._survey(group, members, leaving, should_abort)
+        stayers = tuple(m for m in members if m not in leaving_members)
+        if not stayers or all(set(h) - set(leaving_members) for h in holders):
+            return  # every tensor is held by a member that stays
+        held = ShardPlan(self.level, self.redundancy, members, self.specs, holders)
+        self._replan(group, stayers, held, self.plan, me, self.units is not None, should_abort)
+
+    def _survey(self, group: Group, members: tuple[str, ...], leaving: bool,
+                should_abort: Callable[[], bool]) -> tuple[tuple[tuple[str, ...], ...],
+                                                           tuple[str, ...]]:
+        """Which members hold each tensor's state, and which members leave (``leaving`` says
+        this one does): one exact all-reduce of a 0/1 matrix, a row per member."""
+        count = len(self.params)
+        rows = torch.zeros(len(members), count + 1, dtype=torch.int32, device=group.device)
+        if self.held:
+            rows[group.rank, sorted(self.held)] = 1
+        rows[group.rank, count] = int(leaving)
+        group.allreduce_sum(rows, should_abort)
+        rows = rows.cpu()
+        holders = tuple(tuple(members[m] for m in range(len(members)) if rows[m, t])
+                        for t in range(count))
+        return holders, tuple(members[m] for m in range(len(members)) if rows[m, count])
+
+    def _replan(self, group: Group, owners: tuple[str, ...], held: ShardPlan,
+                previous: ShardPlan | None, me: str, params: bool,
+                should_abort: Callable[[], bool]) -> ShardPlan:
+        """Plan the ownership among ``owners`` (from ``previous``, None: from scratch) and send
+        each tensor that a new owner lacks from one of its holders (``held``, whose members
+        are the group's); ``params``: its parameter too. Returns the plan."""
+        plan = plan_ownership(self.specs, owners, self.redundancy, self.level, previous)
+        moves = diff_plans(held, plan).moves
+        for source in held.members:
+            sent = [m for m in moves if m.source == source]
+            if sent:
+                self._move(group, held.members.index(source), sent, me, params, should_abort)
+        return plan
+
+    def _move(self, group: Group, root: int, moves, me: str, params: bool,
               should_abort: Callable[[], bool]) -> None:
-        """Send the state of ``moves`` (all from the member of rank ``root``) to their targets."""
+        """Send the state of ``moves`` (all from the member of rank ``root``) to their targets;
+        ``params``: their parameters too (level 3, where only holders have them)."""
         tensors = sorted({m.tensor for m in moves})
         payload = None
         if group.rank == root:
             payload = {"optimizer": {t: dict(self.optimizer.state.get(self.params[t], {}))
                                      for t in tensors}}
-        got = broadcast_state(group, payload, root, [root], should_abort)["optimizer"]
+            if params:
+                payload["params"] = {t: self.params[t].detach() for t in tensors}
+        got = broadcast_state(group, payload, root, [root], should_abort)
         if group.rank == root:
             return
         for t in sorted({m.tensor for m in moves if m.target == me}):
-            self._load(t, got[t])
+            if params:
+                self.units.fill(t, got["params"][t])
+            self._load(t, got["optimizer"][t])
 
     def _load(self, t: int, state: dict) -> None:
         """Take tensor ``t``'s received state (copied out of the hand-over's buffers); an empty

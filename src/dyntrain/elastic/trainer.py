@@ -171,8 +171,7 @@ class ElasticTrainer:
         self._leave_requested = False
         self._channel: WorkerChannel | None = None
         self.last_result: StepResult | None = None  # of the last step this worker applied
-        # terminal and files of a world of one
-        self._alone = AloneOutput(self.store, tensorboard=tensorboard)
+        self._alone = AloneOutput(self.store, tensorboard=tensorboard)  # a world of one's output
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
         self.balancer: ChunkBalancer | None = None
         self._state_sync_s: float | None = None  # this generation's state hand-over, seconds
@@ -254,9 +253,8 @@ class ElasticTrainer:
                 serialisable.
         """
         if self._channel is not None and self.is_leader:
-            # fit() has returned and the process may exit right after this call: the message
-            # must reach the store before (the sender thread dies with the process), and the
-            # launcher reads it once this worker has exited.
+            # fit() has returned and the process may exit right after this call: the message must
+            # reach the store before (the sender thread dies with it); the launcher reads it then.
             self._channel.send(p.Result(self.generation.number, values))
             self._channel.flush()
         elif self._channel is None:
@@ -451,6 +449,8 @@ class ElasticTrainer:
             if self.step == self.total_steps:
                 break
             if result.reform:
+                if self.shards is not None:  # the tensors only leavers hold, to those that stay
+                    self.shards.hand_over(group, self.worker_id, leave, result.leavers, aborted)
                 if leave:
                     ch.send(p.Left(gen.number, self.step))
                     return Outcome.LEFT
