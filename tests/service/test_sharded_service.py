@@ -29,8 +29,9 @@ from test_elastic_e2e import world_sizes
 
 pytestmark = pytest.mark.slow
 
-#: the sharding levels run through the service; each trains without clipping (refused at levels
-#: 2 and 3), so the one static run below is the reference of all of them
+#: the sharding levels run through the service; each trains without clipping (as when levels 2
+#: and 3 refused it: clipping at every level is tested in tests/test_sharded.py), so the one
+#: static run below is the reference of all of them
 LEVELS = ["1", "2", "3"]
 
 #: tiny GPT (~250k parameters, 32-byte samples, 4 chunks per step), 60 steps
