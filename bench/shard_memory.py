@@ -1,7 +1,7 @@
 """Parameter, gradient and optimizer-state bytes per member and step time, unsharded
 (``--shard 0``) against ZeRO-1 (``--shard 1``), ZeRO-2 (``--shard 2``) and ZeRO-3
-(``--shard 3``), redundancy ``r``, with the GPT workload and AdamW (no clipping: levels 2-3
-refuse it) on loopback gloo.
+(``--shard 3``), redundancy ``r``, with the GPT workload and AdamW (no clipping, as when
+levels 2-3 refused it: the recorded results were measured so) on loopback gloo.
 
 For each level, one ``dyntrain run --workers N:N --nproc N`` of this script as the worker
 (``--worker``: the GPT workload of ``dyntrain.workloads.gpt``, which then writes what it holds

@@ -2,10 +2,11 @@
 redundancy, re-sharded in place through joins, a kill and a leave, bitwise the unsharded static
 run; a crash with redundancy 1 falls back to the newest checkpoint and says so, a graceful
 leave with redundancy 1 hands the leaver's shard over and needs none; optimizers that
-cannot be sharded exactly are refused. ZeRO-2 (level 2, the reduced gradients sharded too): the
-same runs without clipping (refused at level 2, as are the noise scale and a loss scaler)."""
+cannot be sharded exactly are refused. ZeRO-2 and ZeRO-3 (levels 2 and 3, the reduced gradients
+and the parameters sharded too): the same runs, clipping by the global norm included (the noise
+scale and a loss scaler are refused there). Every run clips in every step (a max norm under the
+gradient's norm), so a clipping norm that differed anywhere would show in the bits."""
 
-import os
 import re
 import subprocess
 import sys
@@ -31,8 +32,9 @@ from dyntrain.workloads import gpt
 from test_elastic_e2e import world_sizes
 from test_gpt_workload import SMALL
 
-#: level 2 refuses clipping by the global norm: its runs and their reference train without
-UNCLIPPED = [*SMALL, "--grad-clip", "0"]
+#: the GPT workload's default --grad-clip, which SMALL's runs clip by in every step (their norms
+#: are 1.8-4.3): the clip coefficient is in every step's bits
+MAX_NORM = 1.0
 
 
 def _static_run(out, argv):
@@ -49,12 +51,7 @@ def _static_run(out, argv):
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    return _static_run(tmp_path_factory.mktemp("static"), SMALL)
-
-
-@pytest.fixture(scope="module")
-def static_unclipped(tmp_path_factory):
-    return _static_run(tmp_path_factory.mktemp("static_unclipped"), UNCLIPPED)
+    return _static_run(tmp_path_factory.mktemp("static"), SMALL)  # clipped: MAX_NORM
 
 
 def _same_final(a, b) -> None:
@@ -69,9 +66,8 @@ def test_a_sharded_elastic_run_is_bitwise_the_unsharded_static_run(tmp_path, sta
 
 
 @pytest.mark.slow
-def test_gradients_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path,
-                                                                       static_unclipped):
-    _joins_kill_leave(tmp_path, static_unclipped, UNCLIPPED, "2")
+def test_gradients_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path, static):
+    _joins_kill_leave(tmp_path, static, SMALL, "2")
 
 
 def _joins_kill_leave(tmp_path, static, argv, level):
@@ -88,6 +84,7 @@ def _joins_kill_leave(tmp_path, static, argv, level):
     assert "lost the optimizer state" not in proc.stdout + proc.stderr
     _same_final(static, elastic)
     assert (elastic / "result.json").read_text() == (static / "result.json").read_text()
+    _same_clipping(static, elastic)
     # the checkpoints hold the whole optimizer state, as an unsharded run's do: resumable at
     # any level (the static run resumes from the sharded run's last checkpoint to the same end)
     step, _, state = latest_valid_checkpoint(open_store(str(elastic), "out"))
@@ -98,10 +95,19 @@ def _joins_kill_leave(tmp_path, static, argv, level):
         assert all(torch.equal(v[key], state["optimizer"]["state"][k][key]) for key in v)
 
 
+def _same_clipping(static, elastic) -> None:
+    """Every step of the static run clipped, and every step the elastic run wrote a row for
+    took the same global norm, to the bit."""
+    norms = {r["step"]: r["grad_norm"] for r in read_jsonl(static / "metrics.jsonl")
+             if "grad_norm" in r}
+    assert len(norms) == 20 and min(norms.values()) > MAX_NORM, norms
+    rows = [r for r in read_jsonl(elastic / "metrics.jsonl") if "grad_norm" in r]
+    assert len(rows) >= 15 and all(r["grad_norm"] == norms[r["step"]] for r in rows), rows
+
+
 @pytest.mark.slow
-def test_parameters_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path,
-                                                                        static_unclipped):
-    _joins_kill_leave(tmp_path, static_unclipped, UNCLIPPED, "3")
+def test_parameters_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path, static):
+    _joins_kill_leave(tmp_path, static, SMALL, "3")
 
 
 @pytest.mark.slow
@@ -111,14 +117,14 @@ def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_p
 
 @pytest.mark.slow
 def test_gradients_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
-        tmp_path, static_unclipped):
-    _kill_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "2")
+        tmp_path, static):
+    _kill_without_a_copy(tmp_path, static, SMALL, "2")
 
 
 @pytest.mark.slow
 def test_parameters_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
-        tmp_path, static_unclipped):
-    _kill_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "3")
+        tmp_path, static):
+    _kill_without_a_copy(tmp_path, static, SMALL, "3")
 
 
 def _kill_without_a_copy(tmp_path, static, argv, level):
@@ -145,14 +151,14 @@ def test_a_leaver_hands_its_shard_over_with_redundancy_1(tmp_path, static):
 
 @pytest.mark.slow
 def test_gradients_sharded_a_leaver_hands_its_shard_over_with_redundancy_1(
-        tmp_path, static_unclipped):
-    _leave_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "2", "rank:2")
+        tmp_path, static):
+    _leave_without_a_copy(tmp_path, static, SMALL, "2", "rank:2")
 
 
 @pytest.mark.slow
 def test_parameters_sharded_the_leader_hands_its_shard_over_with_redundancy_1(
-        tmp_path, static_unclipped):
-    _leave_without_a_copy(tmp_path, static_unclipped, UNCLIPPED, "3", "rank:0")
+        tmp_path, static):
+    _leave_without_a_copy(tmp_path, static, SMALL, "3", "rank:0")
 
 
 def _leave_without_a_copy(tmp_path, static, argv, level, who):
@@ -191,14 +197,14 @@ def test_random_strikes_end_like_the_unsharded_static_run(tmp_path, static):
 
 
 @pytest.mark.slow
-def test_parameters_sharded_random_strikes_end_like_the_static_run(tmp_path, static_unclipped):
+def test_parameters_sharded_random_strikes_end_like_the_static_run(tmp_path, static):
     """``--chaos`` at level 3: a strike in a unit's gather, a phantom round or the whole-model
     gathers of the re-sharding and the checkpoints still ends with the static run's model."""
     elastic = tmp_path / "chaos"
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
                     "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
-                    *UNCLIPPED, "--shard", "3", "--step-delay", "0.5"], check=True)
-    _same_final(static_unclipped, elastic)
+                    *SMALL, "--shard", "3", "--step-delay", "0.5"], check=True)
+    _same_final(static, elastic)
     assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
 
 
@@ -219,9 +225,9 @@ def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
 def test_what_reads_the_whole_reduced_gradient_is_refused_at_level_2():
     base = {"global_batch": 4, "chunk_size": 2, "shard_level": 2}
     TrainConfig(**base)
-    for extra, reason in (({"grad_clip_norm": 1.0}, "grad_clip_norm is not supported with "
-                           "shard_level 2: no member holds the whole reduced gradient"),
-                          ({"noise_scale": True}, "noise_scale is not supported with "
+    for level in (2, 3):  # clipping by the global norm is not: its norm comes in the tail
+        assert TrainConfig(**{**base, "shard_level": level}, grad_clip_norm=1.0).grad_clip_norm
+    for extra, reason in (({"noise_scale": True}, "noise_scale is not supported with "
                            "shard_level 2"),
                           ({"exact_ring": False}, "shard_level 2 needs exact_reduction and "
                            "exact_ring")):
@@ -236,14 +242,18 @@ def test_what_reads_the_whole_reduced_gradient_is_refused_at_level_2():
                       torch.amp.GradScaler("cpu")).level == 1
 
 
-@pytest.mark.parametrize("level", ["2", "3"])
-def test_the_gpt_workload_at_level_2_or_3_with_clipping_exits_with_one_line(tmp_path, level):
-    proc = subprocess.run([sys.executable, "-m", "dyntrain.workloads.gpt", *SMALL, "--shard",
-                           level], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "DYNTRAIN_OUT": str(tmp_path)})
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"--shard {level} needs --grad-clip 0" in lines[0], lines
+@pytest.mark.slow
+def test_the_gpt_workload_at_level_3_clips_by_default(tmp_path):
+    """The README's command: ``--shard 3`` with the workload's default clipping (1.0), two
+    workers, the model of the unsharded static run with the same clipping."""
+    short = [*SMALL, "--max-steps", "4"]
+    static = _static_run(tmp_path / "static", short)
+    elastic = tmp_path / "elastic"
+    run_cli(["run", "--workers", "1:4", "--nproc", "2", "--out", elastic, "-m",
+             "dyntrain.workloads.gpt", *short, "--shard", "3"], check=True)
+    _same_final(static, elastic)
+    rows = [r for r in read_jsonl(elastic / "metrics.jsonl") if "grad_norm" in r]
+    assert len(rows) == 4 and rows[0]["world_size"] == 2, rows
 
 
 def test_a_script_with_a_refused_optimizer_exits_with_one_line(tmp_path):

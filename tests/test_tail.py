@@ -41,6 +41,21 @@ def test_a_summed_tail_is_read_by_name():
     assert (values.loss, values.reform, values.leavers) == (1.5, True, 2)
     set_flags(tail, reform=False, leave=False)
     assert not layout.read(tail).reform and layout.read(tail).leavers == 0
+    assert values.squares == []
+
+
+def test_the_norm_terms_lie_after_the_callers_slots():
+    """Levels 2-3 with clipping: one slot per tensor, each filled by its primary owner."""
+    layout = TailLayout(bn_numel=3, norms=0, slots=2, squares=4)
+    assert (layout.caller_slots, layout.square_slots) == (slice(3, 5), slice(5, 9))
+    assert (layout.loss, layout.size) == (9, 12)
+    tail = torch.zeros(layout.size, dtype=torch.float64)
+    tail[layout.caller_slots] = torch.tensor([7.0, 8.0])
+    tail[layout.square_slots] = torch.tensor([0.25, 1e-30, 0.0, 3e7], dtype=torch.float64)
+    tail[layout.loss] = 2.5
+    values = layout.read(tail)
+    assert values.slots == [7.0, 8.0] and values.squares == [0.25, 1e-30, 0.0, 3e7]
+    assert values.loss == 2.5 and values.norms == []
 
 
 def test_the_stepper_builds_the_tail_it_reads():

@@ -47,15 +47,17 @@ class TrainConfig:
     who alone step it; the result is the same as with 0 (nothing sharded, the default).
     ``shard_level`` 2 shards the reduced gradients too (ZeRO-2, ``dyntrain.elastic.gradshard``):
     each tensor's sum goes only to its owners. It needs the exact ring (``exact_reduction``,
-    ``exact_ring``) and refuses ``grad_clip_norm``, ``noise_scale`` and a loss scaler, which
-    read the whole reduced gradient that no member holds at level 2.
+    ``exact_ring``) and refuses ``noise_scale`` and a loss scaler, which read the whole reduced
+    gradient that no member holds at level 2 (clipping by the global norm works at every level:
+    ``dyntrain.elastic.gradnorm``).
     ``shard_level`` 3 shards the parameters too (ZeRO-3, ``dyntrain.elastic.paramshard``): a
     member keeps only its owned tensors' parameters between uses and gathers each unit (the
     GPT: a transformer block) for its forward and its backward; what level 2 refuses it refuses.
 
     ``grad_clip_norm`` clips the gradient by its global L2 norm after the all-reduce, on the
     reduced (and, with a loss scaler, unscaled) gradient: the same on every worker, so clipping
-    does not depend on the world size.
+    does not depend on the world size nor on the sharding level (the norm is taken from
+    float64 per-tensor terms, ``dyntrain.elastic.gradnorm``).
 
     Args:
         global_batch: Samples per optimizer step, whatever the world size.
@@ -193,12 +195,6 @@ class TrainConfig:
 
     def _check_level_2(self) -> None:
         """Refuse what level 2 cannot do exactly (one line each, naming the reason)."""
-        if self.grad_clip_norm is not None:
-            raise ConfigError(f"grad_clip_norm is not supported with shard_level "
-                              f"{self.shard_level}: no member "
-                              "holds the whole reduced gradient, and the exact per-tensor "
-                              "global norm (docs/architecture/sharding.md) is not built yet; "
-                              "use shard_level 1, or no clipping")
         if self.noise_scale:
             raise ConfigError(f"noise_scale is not supported with shard_level "
                               f"{self.shard_level}: its |G|^2 "

@@ -1,13 +1,13 @@
 """ZeRO-1/2/3: the optimizer state sharded by whole tensors among a generation's members.
 
 After the exact all-reduce every member holds the whole reduced gradient (and clips it by the
-global norm as today), but only the owners of a tensor (``shardplan.plan_ownership``, ``r``
-owners per tensor) hold its optimizer state and step it: the other members' gradients of that
-tensor are set to None for the step, which every allowed optimizer skips. Each updated
-parameter then travels as bits from its primary owner to every member (one broadcast per
-primary, into buffers of the generation's group). Owning whole tensors keeps every element of a
-tensor on the kernel path of the unsharded step, so the run is bitwise the unsharded one for the
-optimizers that are elementwise within a tensor (``SHARDABLE``).
+global norm: ``dyntrain.elastic.gradnorm``), but only the owners of a tensor
+(``shardplan.plan_ownership``, ``r`` owners per tensor) hold its optimizer state and step it:
+the other members' gradients of that tensor are set to None for the step, which every allowed
+optimizer skips. Each updated parameter then travels as bits from its primary owner to every
+member (one broadcast per primary, into buffers of the generation's group). Owning whole tensors
+keeps every element of a tensor on the kernel path of the unsharded step, so the run is bitwise
+the unsharded one for the optimizers that are elementwise within a tensor (``SHARDABLE``).
 
 Re-sharding happens at the start of every generation, after the state hand-over: the members
 all-reduce which tensors' state each holds (a 0/1 matrix, exact), derive the new plan from
@@ -184,6 +184,11 @@ class OptimizerShards:
         print(f"dyntrain: worker {worker}: {what}", file=sys.stderr, flush=True)
         self.hold_none()
         return what
+
+    def primary_of(self, rank: int) -> list[int]:
+        """The tensors whose primary owner is the member of ``rank`` in this generation's plan
+        (each takes its tensors' terms of the global norm at levels 2-3: ``gradnorm``)."""
+        return list(self._by_primary[rank])
 
     def owned_state_bytes(self) -> int:
         """Bytes of tensor data in the optimizer state of the tensors this member owns: what it

@@ -34,6 +34,8 @@ from torch.utils.data import Dataset, TensorDataset, default_collate
 from dyntrain.elastic.buffers import BatchNormChunkStats
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.gradnorm import clip_flat_ as clip_flat_  # (its old home: importable)
+from dyntrain.elastic.gradnorm import clip_to_norm_, global_norm, tensor_squares
 from dyntrain.elastic.gradshard import SUMS, GradientShards
 from dyntrain.elastic.noise import NoiseScale, NoiseScaleTracker
 from dyntrain.elastic.plan import assign_chunks
@@ -102,6 +104,7 @@ class ChunkStepper:
         for index, q in enumerate(self.params):
             q.register_post_accumulate_grad_hook(functools.partial(self._grad_ready, index))
         self._numel, self._param_dtype = numel, param_dtype
+        self._numels = [q.numel() for q in self.params]
         # The flat buffers that a step's sums are written into belong to the generation whose
         # group sums them (``Group.buffers``; ``_bind``): a late write of an abandoned
         # generation cannot reach the next one's. ``compute`` (no group) uses ``_spare``.
@@ -216,8 +219,10 @@ class ChunkStepper:
                 total[part] += self._grads[part]
             return total[part], self._grads[part]
 
+        # levels 2-3 with clipping: each tensor's primary sends its term of the global norm
+        squares = len(self.params) if zero2 and cfg.grad_clip_norm is not None else 0
         layout = TailLayout(self.bn.width * cfg.num_chunks, cfg.num_chunks if measure else 0,
-                            slots)
+                            slots, squares)
         red = StepReduction(group, [] if zero2 else self.buckets, wire, overlap=cfg.overlap,
                             ring=ring, layout=layout)
         if self.loader is not None:
@@ -270,6 +275,9 @@ class ChunkStepper:
             pieces += self._norm_slots(chunks, norms)
         if slots:
             pieces.append(torch.zeros(slots, device=self.device, dtype=self.reduce_dtype))
+        if squares:
+            pieces.append(tensor_squares(self._grads, self.offsets, self._numels,
+                                         self.shards.primary_of(self.grad_shards.rank)))
         # only float64 parameters with a float32 reduction make the norms wider
         red.meta = torch.cat([*pieces, layout.scalars(loss_sum)]).to(self.reduce_dtype)
         return red
@@ -386,7 +394,10 @@ class ChunkStepper:
         if self.config.grad_clip_norm is not None:
             if scaler is not None:
                 scaler.unscale_(opt)  # clip the true gradient; the scaler knows it is unscaled
-            grad_norm = clip_flat_(self._grads, self.config.grad_clip_norm)
+            squares = (meta[layout.square_slots] if layout.squares else
+                       tensor_squares(self._grads, self.offsets, self._numels))
+            grad_norm = global_norm(squares)  # (``gradnorm``: the same at every level)
+            clip_to_norm_(self._grads, grad_norm, self.config.grad_clip_norm)
         lr = opt.param_groups[0].get("lr") if opt.param_groups else None
         if self.shards is not None:
             if scaler is not None and self.config.grad_clip_norm is None:
@@ -433,15 +444,6 @@ class ChunkStepper:
         else:
             batch = default_collate([ds[i] for i in idx.tolist()])
         return _to_device(batch, self.device)
-
-
-def clip_flat_(grads: torch.Tensor, max_norm: float) -> float:
-    """Scale the flat reduced gradient in place so its global L2 norm is at most ``max_norm``;
-    returns the norm before clipping. Every worker holds the same reduced gradient, so every
-    worker clips alike, whatever the world size."""
-    norm = torch.linalg.vector_norm(grads, dtype=torch.float32)
-    grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(grads.dtype))
-    return float(norm)
 
 
 def _never() -> bool:

@@ -3,8 +3,10 @@
 A tail holds, in buffer order: ``bn``, the BatchNorm rows (``num_chunks`` rows of the model's
 BatchNorm width: each chunk's statistics, zeros for chunks of other workers); ``norms``, with the
 noise scale measured in this step, one number per chunk (the norm of what that chunk added to the
-gradient); ``slots``, the caller's numbers (the balancer's chunk times, one per member); and
-three scalars: the ``loss`` and the two flags, ``reform`` and ``leave``, by which the members
+gradient); ``slots``, the caller's numbers (the balancer's chunk times, one per member);
+``squares``, with clipping at sharding levels 2-3, one number per trainable tensor (its term of
+the global norm, put there by its primary owner: ``dyntrain.elastic.gradnorm``); and three
+scalars: the ``loss`` and the two flags, ``reform`` and ``leave``, by which the members
 agree, without a round trip to the coordinator, to re-form after this step. Every member builds
 the same layout, so after the sum every member reads the same numbers at the same offsets.
 """
@@ -26,6 +28,7 @@ class TailValues:
 
     norms: list[float]  # per chunk; empty when the step did not measure the noise scale
     slots: list[float]
+    squares: list[float]  # per tensor; empty unless the step's owners sent their norm terms
     loss: float
     reform: bool  # some member asked to re-form after this step
     leavers: int  # how many members leave after this step
@@ -39,11 +42,14 @@ class TailLayout:
         bn_numel: Numbers in the BatchNorm rows (``num_chunks`` x width).
         norms: Chunk-norm slots (``num_chunks`` when the step measures the noise scale, else 0).
         slots: The caller's slots.
+        squares: Per-tensor terms of the global norm (the trainable tensors' count at levels
+            2-3 with clipping, else 0).
     """
 
     bn_numel: int
     norms: int = 0
     slots: int = 0
+    squares: int = 0
 
     @property
     def bn(self) -> slice:
@@ -59,8 +65,13 @@ class TailLayout:
         return slice(start, start + self.slots)
 
     @property
+    def square_slots(self) -> slice:
+        start = self.bn_numel + self.norms + self.slots
+        return slice(start, start + self.squares)
+
+    @property
     def loss(self) -> int:
-        return self.bn_numel + self.norms + self.slots
+        return self.bn_numel + self.norms + self.slots + self.squares
 
     @property
     def reform(self) -> int:
@@ -90,10 +101,10 @@ class TailLayout:
     def read(self, tail: torch.Tensor) -> TailValues:
         """The numbers of a summed ``tail`` after its BatchNorm rows (one transfer to Python)."""
         values = tail[self.bn_numel : self.size].tolist()
-        start = self.norms
-        return TailValues(norms=values[:start], slots=values[start : start + self.slots],
-                          loss=values[_LOSS], reform=values[_REFORM] > 0,
-                          leavers=round(values[_LEAVE]))
+        start, squares = self.norms, self.norms + self.slots
+        return TailValues(norms=values[:start], slots=values[start:squares],
+                          squares=values[squares : squares + self.squares], loss=values[_LOSS],
+                          reform=values[_REFORM] > 0, leavers=round(values[_LEAVE]))
 
 
 def set_flags(buffer: torch.Tensor, reform: bool, leave: bool) -> None:

@@ -85,9 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
     ap.add_argument("--shard", type=int, choices=(0, 1, 2, 3), default=0,
                     help="0: every worker holds everything; 1: the AdamW state is sharded "
-                         "(ZeRO-1); 2: the reduced gradients too (ZeRO-2, needs --grad-clip "
-                         "0); 3: the parameters too, gathered per block (ZeRO-3, needs "
-                         "--grad-clip 0); the same result at every level [0]")
+                         "(ZeRO-1); 2: the reduced gradients too (ZeRO-2); 3: the parameters "
+                         "too, gathered per block (ZeRO-3); the same result at every level [0]")
     ap.add_argument("--shard-redundancy", type=int, default=2,
                     help="workers holding each tensor's optimizer state (and, with --shard 2 "
                          "or 3, its reduced gradient; with 3, its parameter) [2]")
@@ -168,10 +167,6 @@ def build(args: argparse.Namespace) -> ElasticTrainer:
             raise DyntrainError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.grad_clip < 0 or args.step_delay < 0:
         raise DyntrainError("--grad-clip and --step-delay must not be negative")
-    if args.shard >= 2 and args.grad_clip:
-        raise DyntrainError(f"--shard {args.shard} needs --grad-clip 0: clipping by the global "
-                            f"norm reads the whole reduced gradient, which no worker holds at "
-                            f"level {args.shard} (the exact per-tensor norm is not built yet)")
     cfg = model_config(args)
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
                          epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
