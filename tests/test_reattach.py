@@ -206,3 +206,33 @@ def test_a_worker_without_its_coordinator_exits_with_the_reason(tmp_path, monkey
     assert isinstance(reason, str) and "\n" not in reason
     assert reason.startswith("dyntrain: worker a: lost the coordinator at 127.0.0.1:")
     assert "did not come back within 0.5 s" in reason
+
+
+def test_a_coordinator_lost_between_the_hello_and_the_roster_is_said_as_such(tmp_path):
+    """The window fc9 hit: the coordinator went away after the hello message and before the
+    worker entered the roster; the worker said the store's traceback instead of the reason."""
+    server = serve(tmp_path, "job-1")
+    address = f"127.0.0.1:{server.port}"
+    ch = WorkerChannel(address, "a", reattach_seconds=0.5, heartbeat_interval=0.05)
+    host = [server]
+    del server
+
+    class GoneAtTheRoster:  # the worker's store, whose server ends just before the roster entry
+        def __init__(self, store) -> None:
+            self.store = store
+
+        def __getattr__(self, name):
+            return getattr(self.store, name)
+
+        def append(self, key, value):
+            host.clear()
+            gc.collect()  # the store's server ends with its last reference
+            return self.store.append(key, value)
+
+    ch.store = GoneAtTheRoster(ch.store)
+    with pytest.raises(CoordinatorGone) as err:
+        ch.hello("f", {})
+    message = str(err.value)
+    assert "\n" not in message and f"lost the coordinator at {address}" in message
+    assert "did not come back within 0.5 s" in message
+    ch.close()

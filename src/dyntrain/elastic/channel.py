@@ -373,8 +373,16 @@ class WorkerChannel:
                               address=self.advertise, probe=self.probe.endpoint)
         self.send(self._hello)
         self.flush()  # the roster entry must not overtake the hello message
-        self.store.append(p.ROSTER, self.worker + " ")
-        self.store.add(p.ROSTER_COUNT, 1)
+        while True:
+            epoch = self._epoch
+            try:
+                self.store.append(p.ROSTER, self.worker + " ")
+                self.store.add(p.ROSTER_COUNT, 1)
+                return
+            except Exception as exc:  # the coordinator went away between the hello and here:
+                self._on_lost(exc, epoch)  # its reason, not the store's traceback
+                self._check_gone()
+                self._wait_online()  # back (then enter the roster again), or CoordinatorGone
 
     def job_state(self) -> p.JobStatus:
         return p.JobStatus.decode(self.store.get(p.JOB_STATE))
