@@ -11,7 +11,9 @@ save that reaches their step. A record whose parts are missing or do not match i
 a corrupt file. Old checkpoints are pruned as in a local folder (records first, then parts).
 
 Either kind is read from either kind of store, so a run folder copied between a disk and a
-bucket resumes where it was.
+bucket resumes where it was. At shard levels 1-3 a local folder holds checkpoints in torch's
+Distributed Checkpoint format instead, one folder each, written by every member
+(``dcpckpt``); they are listed, read, described and pruned here with the others.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from dyntrain.elastic import checkpoint as files
+from dyntrain.elastic import dcpckpt
 from dyntrain.elastic.checkpoint import CorruptCheckpoint, decode_checkpoint, encode_checkpoint
 from dyntrain.elastic.storage import RunStore, StorageError, open_store, parent_and_name
 
 FOLDER = "checkpoints"
 RECORD_FORMAT = 1
 PART_BYTES = 32 << 20  # below s3fs's single-PUT limit (2 x 50 MiB): each part is one request
-_ENTRY_RE = re.compile(r"ckpt-(\d{9,})\.(dtck|commit)")
+_ENTRY_RE = re.compile(r"ckpt-(\d{9,})\.(dtck|commit|dcp)")
 _PART_RE = re.compile(r"ckpt-(\d{9,})\.[0-9a-f]+\.part\d{4,}")
 
 
@@ -54,15 +57,24 @@ def commit_name(step: int) -> str:
 
 def list_checkpoints(store: RunStore) -> list[tuple[int, str]]:
     """The checkpoints in ``store`` as ``(step, name)``, oldest first (a step with both a file
-    and a commit record counts once, as the record)."""
-    return _entries(store.list(FOLDER))
+    and a commit record, or a DCP folder, counts once, as the record or the folder)."""
+    return _entries(_listing(store))
+
+
+def _listing(store: RunStore) -> dict[str, int]:
+    """The files in the checkpoints folder, and its DCP checkpoint folders, with their bytes."""
+    listing = store.list(FOLDER)
+    if store.local is not None:
+        listing.update({f"{FOLDER}/{name}": size for name, size
+                        in dcpckpt.list_folders(store.local / FOLDER).items()})
+    return listing
 
 
 def _entries(listing: dict[str, int]) -> list[tuple[int, str]]:
     by_step: dict[int, str] = {}
     for name in listing:
         match = _ENTRY_RE.fullmatch(name.rpartition("/")[2])
-        if match and (match.group(2) == "commit" or int(match.group(1)) not in by_step):
+        if match and (match.group(2) != "dtck" or int(match.group(1)) not in by_step):
             by_step[int(match.group(1))] = name
     return sorted(by_step.items())
 
@@ -85,7 +97,9 @@ def save_checkpoint(store: RunStore, step: int, state: dict, keep: int = 3,
         part_bytes: the size of each part on an object store.
     """
     if store.local is not None:
-        return str(files.save_checkpoint(store.local / FOLDER, step, state, keep))
+        where = str(files.save_checkpoint(store.local / FOLDER, step, state, keep))
+        prune_local(store, step, keep)
+        return where
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     blob = encode_checkpoint(state)
@@ -100,6 +114,24 @@ def save_checkpoint(store: RunStore, step: int, state: dict, keep: int = 3,
     store.put(commit_name(step), json.dumps(record).encode())
     _prune(store, step, keep)
     return store.where(commit_name(step))
+
+
+def commit_sharded(store: RunStore, staging: Path, step: int, reports: list[bytes],
+                   keep: int = 3) -> str:
+    """The leader: commit the DCP checkpoint of ``step`` that every member wrote into
+    ``staging`` and reported (``dcpckpt.commit``), prune all but the newest ``keep``, return
+    where it is."""
+    where = dcpckpt.commit(staging, step, reports)
+    prune_local(store, step, keep)
+    return str(where)
+
+
+def prune_local(store: RunStore, step: int, keep: int) -> None:
+    """In a local folder: delete all but the newest ``keep`` checkpoints of either format
+    (never ``step``'s), and the staging folders of DCP checkpoints never committed."""
+    for _, name in [(s, n) for s, n in list_checkpoints(store)[:-keep] if s != step]:
+        dcpckpt.remove(store.local / name)
+    dcpckpt.drop_stale_staging(store.local / FOLDER, step)
 
 
 def _prune(store: RunStore, step: int, keep: int) -> None:
@@ -151,6 +183,10 @@ def read_checkpoint(store: RunStore, name: str) -> dict:
     store cannot be reached (never mistaken for a damaged checkpoint).
     """
     where = _where(store, name)
+    if name.endswith(dcpckpt.SUFFIX):
+        if store.local is None:
+            raise CorruptCheckpoint(where, "a DCP checkpoint is read from a local folder only")
+        return dcpckpt.read_dcp(store.local / name)
     if not name.endswith(".commit"):
         return decode_checkpoint(store.get(name), where)
     record = _record(store, name)
@@ -202,7 +238,7 @@ def latest_valid_checkpoint(store: RunStore, on_skip: Callable[[str, str], None]
 
 def describe_checkpoints(store: RunStore) -> list[CheckpointInfo]:
     """The checkpoints now in ``store``, newest first, with their sizes and times."""
-    listing = store.list(FOLDER)
+    listing = _listing(store)
     out = []
     for step, name in _entries(listing):
         try:
@@ -212,7 +248,7 @@ def describe_checkpoints(store: RunStore) -> list[CheckpointInfo]:
                                           float(record.get("time") or 0.0)))
             elif store.local is not None:
                 st = (store.local / name).stat()
-                out.append(CheckpointInfo(step, name.rpartition("/")[2], st.st_size,
+                out.append(CheckpointInfo(step, name.rpartition("/")[2], listing[name],
                                           st.st_mtime))
             else:
                 out.append(CheckpointInfo(step, name.rpartition("/")[2], listing[name], 0.0))

@@ -34,7 +34,7 @@ from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.rejoin import start_over
 from dyntrain.elastic.runfolder import check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
-from dyntrain.elastic.sharded import checkpoint_due, shards_for, without_tensor_state
+from dyntrain.elastic.sharded import shards_for, without_tensor_state
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
 from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.steprow import StepRows
@@ -429,10 +429,10 @@ class ElasticTrainer:
                 slot=(self.rank, own) if self.balancer.slots else None)
             self.balancer.observe(self.step, result.slots)
             self.step += 1
-            if self.shards is not None:  # the leader writes the whole state, validates the model
-                self.shards.after_applied(group, checkpoint_due(
-                    self.config, self.step, self.total_steps, result.leavers == gen.world_size),
-                    self.rows.validation_due(self.step), aborted)
+            if self.shards is not None:  # every member writes its shard; the leader validates
+                self.writer.after_sharded_step(
+                    self.shards, group, gen.number, self.step, result.leavers == gen.world_size
+                    or self.step == self.total_steps, self.rows.validation_due(self.step), aborted)
             if self.is_leader:
                 # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
                 self.writer.maybe_checkpoint(self.step, force=result.leavers == gen.world_size

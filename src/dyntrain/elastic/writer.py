@@ -1,17 +1,24 @@
 """A worker's writes to the run folder: checkpoints when due and the final model, made only
 while the coordinator confirms that the worker's generation still counts (see the fencing
-section of docs/architecture/elastic.md)."""
+section of docs/architecture/elastic.md). At shard levels 1-3 on a local run folder every member
+writes its shard of a checkpoint in torch's DCP format and the leader commits it (``dcpckpt``);
+elsewhere the leader writes the whole state."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+from dyntrain.elastic import dcpckpt
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import WorkerChannel
 from dyntrain.elastic.checkpoint import dumps
-from dyntrain.elastic.ckptstore import newest_step, save_checkpoint
+from dyntrain.elastic.ckptstore import FOLDER, commit_sharded, newest_step, save_checkpoint
+from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.sharded import checkpoint_due
 from dyntrain.elastic.state import TrainingParts, capture_state
 from dyntrain.elastic.storage import RunStore
 
@@ -37,6 +44,7 @@ class RunWriter:
         self.channel: WorkerChannel | None = None  # in a job: see confirm_with
         self.worker: str | None = None
         self._last_checkpoint = time.monotonic()
+        self._staged: tuple[int, Path, list[bytes]] | None = None  # (step, folder, reports)
 
     def confirm_with(self, channel: WorkerChannel, worker: str) -> None:
         """In a job: from now on each write is confirmed with the coordinator through
@@ -52,13 +60,44 @@ class RunWriter:
         due = force or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
         due = due or (cfg.checkpoint_every_seconds is not None and
                       time.monotonic() - self._last_checkpoint >= cfg.checkpoint_every_seconds)
+        staged, self._staged = self._staged, None
         if not due or self.store is None or not self.may_write(generation, wait=force):
             return
-        state = capture_state(self.parts, step, self.steps_per_epoch)
-        where = save_checkpoint(self.store, step, state, keep=cfg.keep_checkpoints)
+        if staged is not None and staged[0] == step:  # every member wrote its shard
+            where = commit_sharded(self.store, staged[1], step, staged[2], cfg.keep_checkpoints)
+        else:
+            state = capture_state(self.parts, step, self.steps_per_epoch)
+            where = save_checkpoint(self.store, step, state, keep=cfg.keep_checkpoints)
         self._last_checkpoint = time.monotonic()
         if self.channel is not None:
             self.channel.send(p.Checkpoint(generation, step, where))
+
+    def after_sharded_step(self, shards, group: Group, generation: int, step: int,
+                           force: bool, validate: bool,
+                           should_abort: Callable[[], bool]) -> None:
+        """Every member, after an applied step at shard levels 1-3 (``shards``: its
+        ``OptimizerShards``; ``force``: the last step, or every member leaves after it;
+        ``validate``: the leader validates after it): when a checkpoint is due
+        (``checkpoint_due``, as every member can tell), write this member's shard of it
+        into the step's staging folder and exchange the reports (the leader commits it in
+        ``maybe_checkpoint``); on an object store the leader gathers the whole state instead.
+        Then the shards' own work after a step (``OptimizerShards.after_applied``)."""
+        due = force or checkpoint_due(self.config, step, -1, False)
+        sharded = due and self.store is not None and self.store.local is not None
+        if sharded:
+            staging = dcpckpt.staging_folder(self.store.local / FOLDER, step, generation)
+            state = capture_state(self.parts, step, self.steps_per_epoch)
+            named = list(self.parts.model.named_parameters(remove_duplicate=False))
+            names = [[n for n, q in named if q is param] for param in shards.params]
+            mine = dcpckpt.split_writes(shards.owner_ranks, [s.nbytes for s in shards.specs],
+                                        group.size)[group.rank]
+            part = dcpckpt.member_part(state, shards.params, names, self.parts.optimizer, mine,
+                                       group.rank == 0)
+            reports = dcpckpt.exchange_reports(
+                group, dcpckpt.write_part(staging, part, group.rank), should_abort)
+            if group.rank == 0:
+                self._staged = (step, staging, reports)
+        shards.after_applied(group, due and not sharded, validate, should_abort)
 
     def may_write(self, generation: int | None, wait: bool) -> bool:
         """Whether this worker may write the run folder for ``generation``: alone always; in a

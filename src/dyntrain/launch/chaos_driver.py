@@ -56,14 +56,15 @@ class ChaosDriver:
             leader=gen.members[0] if gen else None)
 
     def _writing_checkpoint(self) -> bool:
-        """A checkpoint is being written: its temporary file (``atomic_write_bytes``) exists and
-        grew within the last second (a killed writer leaves one behind)."""
+        """A checkpoint is being written: its temporary file (``atomic_write_bytes``), or a
+        sharded one's staging folder (``dcpckpt``), exists and changed within the last second
+        (a killed writer leaves one behind)."""
         if self.checkpoints is None:
             return False
         now = time.time()
         try:
             with os.scandir(self.checkpoints) as entries:
-                return any(e.name.startswith(".ckpt-") and e.name.endswith(".tmp")
+                return any(e.name.startswith(".ckpt-") and e.name.endswith((".tmp", ".staging"))
                            and now - e.stat().st_mtime < 1.0 for e in entries)
         except OSError:
             return False

@@ -1,0 +1,252 @@
+"""Sharded checkpoints in torch's Distributed Checkpoint (DCP) format, written by every member.
+
+At shard levels 1-3 no member holds the whole optimizer state, so instead of gathering it to
+one writer, every member writes a share of the tensors it owns (their parameters and optimizer
+state, each tensor by one of its owners, balanced by bytes: ``split_writes``; the leader also
+the rest: counters, RNG, scheduler, scaler, hyperparameters, buffers) with DCP's planner and
+storage writer, each as its own one-member save: no process group takes part in the write. A
+checkpoint is a folder ``checkpoints/ckpt-000000012.dcp`` holding DCP's ``.metadata``, one
+``__<rank>_0.distcp`` per member and ``dyntrain.commit`` (JSON: each data file's size and
+SHA-256).
+
+It is seen only once complete: the members write into a staging folder
+(``checkpoints/.ckpt-000000012.g<generation>.staging``), sync their files and report what they
+wrote (DCP's metadata and write results, their files' checksums) to every member over the
+generation's group; the leader then writes ``.metadata`` and the commit record into the staging
+folder, syncs them and renames the folder into place. A folder without its commit record, or
+whose files do not match it, is skipped on resume like a corrupt file; a staging folder that
+never got committed (a member died, the generation was abandoned) is deleted by a later save.
+
+A checkpoint reads back as the plain state dict that ``state.capture_state`` makes (at any world
+size and shard level: every reader loads it whole, without a process group), and torch's own
+tools read it (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+from dyntrain.elastic.checkpoint import CorruptCheckpoint, atomic_write_bytes
+from dyntrain.elastic.comm import Group
+
+SUFFIX = ".dcp"
+COMMIT = "dyntrain.commit"
+COMMIT_FORMAT = 1
+_STAGING_RE = re.compile(r"\.ckpt-(\d{9,})\.g\d+\.staging")
+_FOLDER_RE = re.compile(r"ckpt-(\d{9,})\.dcp")
+
+
+def folder_name(step: int) -> str:
+    """The folder of the DCP checkpoint taken after ``step`` (sorts by step, as the files do)."""
+    return f"ckpt-{step:09d}{SUFFIX}"
+
+
+def staging_folder(directory: Path, step: int, generation: int) -> Path:
+    """Where the members of ``generation`` write the checkpoint of ``step`` before it counts."""
+    return directory / f".ckpt-{step:09d}.g{generation}.staging"
+
+
+def split_writes(owner_ranks: Sequence[Sequence[int]], nbytes: Sequence[int],
+                 size: int) -> list[list[int]]:
+    """Pure: which tensors each of ``size`` members writes, balanced by bytes: every tensor goes
+    to the one of its owners (``owner_ranks[t]``, the ranks holding its state) that writes the
+    fewest bytes so far, largest tensor first (ties by tensor index and rank), so the same on
+    every member. With ``r`` owners per tensor the writes spread even where one member is the
+    primary of most tensors (every member owns every tensor when ``r`` is the world size)."""
+    load, out = [0] * size, [[] for _ in range(size)]
+    for t in sorted(range(len(nbytes)), key=lambda i: (-nbytes[i], i)):
+        rank = min(owner_ranks[t], key=lambda r: (load[r], r))
+        load[rank] += nbytes[t]
+        out[rank].append(t)
+    return [sorted(ts) for ts in out]
+
+
+def member_part(state: dict, params: Sequence[torch.Tensor], names: Sequence[Sequence[str]],
+                optimizer: torch.optim.Optimizer, mine: Sequence[int], leader: bool) -> dict:
+    """What one member writes: the parameters and optimizer state of the tensors ``mine``
+    (indices into ``params``, named ``names``; ``split_writes``), and on the ``leader`` the rest
+    of ``state`` (``capture_state``'s dict, taken on that member).
+
+    Args:
+        state: The member's ``capture_state`` dict (its optimizer holds its own tensors).
+        params: The trainable parameters in the stepper's order.
+        names: Each one's names in the model's ``state_dict`` (a tied parameter has several).
+        optimizer: The member's optimizer, for each parameter's index in its ``state_dict``.
+        mine: The tensors this member writes (it holds their state).
+        leader: Whether this member also writes everything that is not a tensor's shard.
+    """
+    order = {id(q): i for i, q in enumerate(q for g in optimizer.param_groups
+                                             for q in g["params"])}
+    tensor_state = state["optimizer"]["state"]
+    part: dict = {"model": {n: state["model"][n] for t in mine for n in names[t]},
+                  "optimizer": {"state": {order[id(params[t])]: tensor_state[order[id(params[t])]]
+                                          for t in mine
+                                          if order[id(params[t])] in tensor_state}}}
+    if leader:
+        sharded = {n for aliases in names for n in aliases}
+        part["model"].update({k: v for k, v in state["model"].items() if k not in sharded})
+        part["optimizer"]["param_groups"] = state["optimizer"]["param_groups"]
+        part.update({k: v for k, v in state.items() if k not in ("model", "optimizer")})
+    return part
+
+
+def write_part(staging: Path, part: dict, rank: int) -> bytes:
+    """Write one member's ``part`` into ``staging`` as DCP's ``__<rank>_*.distcp`` files,
+    synced, and return its report for the leader (or the error, one line, as the report)."""
+    try:
+        writer = FileSystemWriter(staging, single_file_per_rank=True, sync_files=True)
+        writer.set_up_storage_writer(True)
+        writer.reset(staging)
+        planner = DefaultSavePlanner()
+        planner.set_up_planner(part, None, True)
+        local = writer.prepare_local_plan(planner.create_local_plan())
+        plans, metadata = planner.create_global_plan([local])
+        plan = planner.finish_plan(writer.prepare_global_plan([SavePlan([])] * rank + plans)[-1])
+        results = writer.write_data(plan, planner).wait()
+        files = {}
+        for name in sorted({r.storage_data.relative_path for r in results}):
+            data = (staging / name).read_bytes()
+            files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        return pickle.dumps({"metadata": metadata, "results": results, "files": files})
+    except (OSError, RuntimeError, ValueError) as exc:
+        return pickle.dumps({"error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+
+
+def exchange_reports(group: Group, report: bytes,
+                     should_abort: Callable[[], bool]) -> list[bytes]:
+    """Every member's report, in rank order, on every member (one broadcast per member)."""
+    return [group.broadcast_bytes(report if rank == group.rank else None, rank, should_abort)
+            for rank in range(group.size)]
+
+
+def commit(staging: Path, step: int, reports: Sequence[bytes]) -> Path:
+    """The leader: after every member reported its part written and synced, write DCP's
+    ``.metadata`` and the commit record into ``staging`` and rename it into place; returns the
+    checkpoint's folder.
+
+    Raises:
+        OSError: A member could not write its part (nothing is committed then).
+    """
+    parts = [pickle.loads(r) for r in reports]  # from this generation's members
+    failed = [f"member {rank}: {p['error']}" for rank, p in enumerate(parts) if "error" in p]
+    if failed:
+        raise OSError(f"checkpoint of step {step} not written: {'; '.join(failed)}")
+    metadata = Metadata(
+        state_dict_metadata={k: v for p in parts
+                             for k, v in p["metadata"].state_dict_metadata.items()},
+        planner_data={k: v for p in parts for k, v in (p["metadata"].planner_data or {}).items()})
+    writer = FileSystemWriter(staging, sync_files=True)
+    writer.set_up_storage_writer(True)
+    writer.reset(staging)
+    writer.finish(metadata, [p["results"] for p in parts])
+    files = {name: entry for p in parts for name, entry in p["files"].items()}
+    record = {"format": COMMIT_FORMAT, "step": step, "time": time.time(), "members": len(parts),
+              "files": files}
+    atomic_write_bytes(staging / COMMIT, json.dumps(record).encode())
+    final = staging.parent / folder_name(step)
+    if final.exists():  # the same step's checkpoint of an earlier generation: replaced
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    _sync_dir(staging.parent)
+    return final
+
+
+def read_dcp(path: Path) -> dict:
+    """Load the DCP checkpoint folder ``path`` whole, as ``capture_state``'s dict, after
+    checking its commit record and its files' sizes and checksums.
+
+    Raises:
+        CorruptCheckpoint: No commit record, a file missing or damaged, or DCP cannot load it.
+    """
+    try:
+        record = json.loads((path / COMMIT).read_bytes())
+        files = record["files"]
+        if record.get("format") != COMMIT_FORMAT or not isinstance(files, dict):
+            raise ValueError(f"unknown commit record format {record.get('format')}")
+    except FileNotFoundError:
+        raise CorruptCheckpoint(path, "no commit record: not completely written") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptCheckpoint(path, f"bad commit record ({exc})") from None
+    for name, entry in files.items():
+        try:
+            data = (path / name).read_bytes()
+        except FileNotFoundError:
+            raise CorruptCheckpoint(path, f"file {name} is missing") from None
+        if len(data) != entry["size"]:
+            raise CorruptCheckpoint(path, f"file {name} has {len(data)} of {entry['size']} bytes")
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise CorruptCheckpoint(path, f"file {name}: checksum mismatch")
+    state: dict = {}
+    try:
+        _load_state_dict(state, storage_reader=FileSystemReader(path),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    except Exception as exc:  # DCP raises many types (CheckpointException, ...): unusable
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise CorruptCheckpoint(path, f"DCP cannot load it: {type(exc).__name__}: {first}") \
+            from exc
+    optimizer = state.get("optimizer", {})
+    # DCP names the optimizer's per-tensor state by strings; in the optimizer's order, as an
+    # unsharded optimizer creates it
+    optimizer["state"] = dict(sorted((int(k), v) for k, v in optimizer.get("state", {}).items()))
+    return state
+
+
+def list_folders(directory: Path) -> dict[str, int]:
+    """The DCP checkpoint folders in ``directory`` (``checkpoints``), by name, with their bytes."""
+    found = {}
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return {}
+    for entry in entries:
+        if _FOLDER_RE.fullmatch(entry.name) and entry.is_dir():
+            try:
+                found[entry.name] = sum(f.stat().st_size for f in entry.iterdir())
+            except FileNotFoundError:  # pruned since the listing began
+                continue
+    return found
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint: a DCP folder or a file."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def drop_stale_staging(directory: Path, step: int) -> None:
+    """Delete the staging folders of steps up to ``step`` (never committed: their writers died
+    or their generation was abandoned; a later step's may still be being written)."""
+    try:
+        entries = list(directory.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        match = _STAGING_RE.fullmatch(entry.name)
+        if match and int(match.group(1)) <= step:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _sync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

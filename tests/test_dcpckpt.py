@@ -1,0 +1,109 @@
+"""Sharded checkpoints in torch's Distributed Checkpoint format (``dcpckpt``): at shard levels
+1-3 every member writes its shard in parallel and the leader commits the folder; the newest
+complete one resumes a run at another world size and level (0 and 3 from a level-2 run),
+bitwise the unsharded static run; torch's own ``dcp_to_torch_save`` reads it to the run's
+tensors; a damaged or uncommitted newest one is skipped; old ones are pruned."""
+
+import shutil
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from conftest import run_cli
+from dyntrain.elastic.ckptstore import latest_valid_checkpoint
+from dyntrain.elastic.storage import open_store
+from test_gpt_workload import SMALL
+from test_sharded import _same_final, _static_run
+
+DCP_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp", "dyntrain.commit"}
+
+
+@pytest.fixture(scope="module")
+def static(tmp_path_factory):
+    """The unsharded static run (one process, level 0), with full-format checkpoints."""
+    return _static_run(tmp_path_factory.mktemp("static"), SMALL)
+
+
+@pytest.fixture(scope="module")
+def level2(tmp_path_factory):
+    """A level-2 run of two workers to its end: checkpoints every 4 steps, 3 kept."""
+    out = tmp_path_factory.mktemp("level2") / "run"
+    run_cli(["run", "--workers", "2", "--nproc", "2", "--out", out, "-m",
+             "dyntrain.workloads.gpt", *SMALL, "--shard", "2"], check=True)
+    return out
+
+
+def _resumable_at_12(level2, to):
+    """A copy of the level-2 run folder whose newest checkpoint is step 12's."""
+    shutil.copytree(level2, to)
+    for step in (16, 20):
+        shutil.rmtree(to / "checkpoints" / f"ckpt-{step:09d}.dcp")
+    (to / "final.pt").unlink()
+    return to
+
+
+@pytest.mark.slow
+def test_every_member_writes_its_shard_and_old_checkpoints_are_pruned(level2, static):
+    _same_final(static, level2)
+    folder = level2 / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "ckpt-000000012.dcp", "ckpt-000000016.dcp", "ckpt-000000020.dcp"]  # no staging left
+    for ckpt in folder.iterdir():
+        assert {p.name for p in ckpt.iterdir()} == DCP_FILES, ckpt
+        # both members wrote about half of the tensors (r = 2: each owns every tensor)
+        sizes = [(ckpt / n).stat().st_size for n in ("__0_0.distcp", "__1_0.distcp")]
+        assert min(sizes) > 0.4 * sum(sizes), sizes
+
+
+@pytest.mark.slow
+def test_torch_reads_the_checkpoint_to_the_runs_tensors(level2, static, tmp_path):
+    dcp_to_torch_save(level2 / "checkpoints" / "ckpt-000000020.dcp", tmp_path / "whole.pt")
+    got = torch.load(tmp_path / "whole.pt", weights_only=False)
+    step, _, ref = latest_valid_checkpoint(open_store(str(static), "out"))  # full format
+    assert step == 20 and got["step"] == 20
+    assert got["model"].keys() == ref["model"].keys()
+    assert all(torch.equal(got["model"][k], v) for k, v in ref["model"].items())
+    states = got["optimizer"]["state"]
+    assert sorted(map(int, states)) == sorted(ref["optimizer"]["state"])
+    for k, v in ref["optimizer"]["state"].items():
+        assert v.keys() == states[str(k)].keys()
+        assert all(torch.equal(v[key], states[str(k)][key]) for key in v)
+    assert got["optimizer"]["param_groups"] == ref["optimizer"]["param_groups"]
+    assert {"format", "epoch", "step_in_epoch", "rng", "lr_scheduler"} <= got.keys()
+
+
+@pytest.mark.slow
+def test_a_level_2_checkpoint_resumes_unsharded_alone_bitwise(level2, static, tmp_path):
+    run = _resumable_at_12(level2, tmp_path / "run")
+    _static_run(run, SMALL)  # level 0, one process: resumes from the folder's newest checkpoint
+    _same_final(static, run)
+
+
+@pytest.mark.slow
+def test_a_level_2_checkpoint_resumes_at_level_3_on_three_workers_bitwise(
+        level2, static, tmp_path):
+    run = _resumable_at_12(level2, tmp_path / "run")
+    proc = run_cli(["run", "--workers", "3", "--nproc", "3", "--out", run, "-m",
+                    "dyntrain.workloads.gpt", *SMALL, "--shard", "3"], check=True)
+    assert "from step 12" in proc.stdout + proc.stderr, proc.stdout
+    _same_final(static, run)
+    names = {p.name for p in (run / "checkpoints" / "ckpt-000000020.dcp").iterdir()}
+    assert names == DCP_FILES | {"__2_0.distcp"}
+
+
+@pytest.mark.slow
+def test_a_damaged_or_uncommitted_newest_checkpoint_is_skipped(level2, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(level2, run)
+    folder = run / "checkpoints"
+    (folder / "ckpt-000000020.dcp" / "dyntrain.commit").unlink()  # as if never committed
+    data = folder / "ckpt-000000016.dcp" / "__1_0.distcp"
+    data.write_bytes(data.read_bytes()[:-100])
+    skipped = []
+    step, where, state = latest_valid_checkpoint(
+        open_store(str(run), "out"), on_skip=lambda w, why: skipped.append((w, why)))
+    assert step == 12 and state["step"] == 12 and where.endswith("ckpt-000000012.dcp")
+    assert [why for _, why in skipped] == [
+        "no commit record: not completely written",
+        f"file __1_0.distcp has {data.stat().st_size} of {data.stat().st_size + 100} bytes"]
