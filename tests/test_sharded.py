@@ -137,6 +137,8 @@ def _kill_without_a_copy(tmp_path, static, argv, level):
     found = re.search(r"resuming from the newest checkpoint \(step (\d+)\)", out)
     assert found and int(found[1]) % 4 == 0, out
     assert f"from step {found[1]} (checkpoint" in out, out
+    # from a sharded checkpoint in DCP format, which every member wrote its share of
+    assert re.search(rf"from step {found[1]} \(checkpoint \S*ckpt-0*{found[1]}\.dcp", out), out
     _same_final(static, elastic)
     events = read_jsonl(elastic / "events.jsonl")
     assert any(e["event"] == "crash" and "lost the optimizer state" in e.get("reason", "")
