@@ -29,8 +29,10 @@ they keep only the parameters of the tensors they hold too (``dyntrain.elastic.p
 ``units``): every owner steps its tensors, so no parameter is sent after a step; the whole model
 is gathered only where it is read whole (the re-sharding, a checkpoint, a validation).
 
-Checkpoints keep today's full format: before one, the primaries send their tensors' state to
-the writer, which holds the whole optimizer state just for the write.
+Checkpoints on a local run folder are sharded: every member writes its share in torch's DCP
+format and the leader commits the folder (``dyntrain.elastic.dcpckpt``). On an object store
+they keep today's full format: before one, the primaries send their tensors' state to the
+writer, which holds the whole optimizer state just for the write (``gather``).
 """
 
 from __future__ import annotations
@@ -113,9 +115,10 @@ def lost_message(lost: Sequence[str], redundancy: int, checkpoint_step: int | No
 
 
 def checkpoint_due(config: TrainConfig, step: int, total_steps: int, all_leave: bool) -> bool:
-    """Whether the leader checkpoints after ``step``, as every member can tell (they gather the
-    optimizer state for it): when ``RunWriter.maybe_checkpoint`` would, time-based checkpoints
-    being refused with sharding (``TrainConfig``)."""
+    """Whether the leader checkpoints after ``step``, as every member can tell (they write
+    their shares of it, or gather the optimizer state for it): when
+    ``RunWriter.maybe_checkpoint`` would, time-based checkpoints being refused with sharding
+    (``TrainConfig``)."""
     every = config.checkpoint_every_steps
     return all_leave or step == total_steps or bool(every and step % every == 0)
 
