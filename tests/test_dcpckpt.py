@@ -12,6 +12,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import run_cli
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
+from dyntrain.elastic.dcpckpt import split_writes
 from dyntrain.elastic.storage import open_store
 from test_gpt_workload import SMALL
 from test_sharded import _same_final, _static_run
@@ -107,3 +108,14 @@ def test_a_damaged_or_uncommitted_newest_checkpoint_is_skipped(level2, tmp_path)
     assert [why for _, why in skipped] == [
         "no commit record: not completely written",
         f"file __1_0.distcp has {data.stat().st_size} of {data.stat().st_size + 100} bytes"]
+
+
+def test_each_tensor_is_written_once_by_one_of_its_owners_balanced_by_bytes():
+    owners = [(0, 1), (0, 1), (1, 2), (0,), (2, 0), (1, 2)]
+    nbytes = [400, 400, 300, 100, 300, 100]
+    split = split_writes(owners, nbytes, 3)
+    assert sorted(t for ts in split for t in ts) == list(range(6))
+    assert all(any(t in split[r] for r in owners[t]) for t in range(6))  # by an owner
+    assert [sum(nbytes[t] for t in ts) for ts in split] == [500, 500, 600]
+    # every owner of everything (r = N): the writes still spread
+    assert split_writes([(0, 1)] * 4, [8, 8, 8, 8], 2) == [[0, 2], [1, 3]]
