@@ -35,12 +35,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
-from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from dyntrain.elastic.checkpoint import CorruptCheckpoint, atomic_write_bytes
 from dyntrain.elastic.comm import Group
@@ -109,6 +103,11 @@ def member_part(state: dict, params: Sequence[torch.Tensor], names: Sequence[Seq
 def write_part(staging: Path, part: dict, rank: int) -> bytes:
     """Write one member's ``part`` into ``staging`` as DCP's ``__<rank>_*.distcp`` files,
     synced, and return its report for the leader (or the error, one line, as the report)."""
+    # torch's DCP is imported where it is used: listing checkpoints does not load it
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.planner import SavePlan
+
     try:
         writer = FileSystemWriter(staging, single_file_per_rank=True, sync_files=True)
         writer.set_up_storage_writer(True)
@@ -143,6 +142,9 @@ def commit(staging: Path, step: int, reports: Sequence[bytes]) -> Path:
     Raises:
         OSError: A member could not write its part (nothing is committed then).
     """
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.metadata import Metadata
+
     parts = [pickle.loads(r) for r in reports]  # from this generation's members
     failed = [f"member {rank}: {p['error']}" for rank, p in enumerate(parts) if "error" in p]
     if failed:
@@ -174,6 +176,10 @@ def read_dcp(path: Path) -> dict:
     Raises:
         CorruptCheckpoint: No commit record, a file missing or damaged, or DCP cannot load it.
     """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
     try:
         record = json.loads((path / COMMIT).read_bytes())
         files = record["files"]
