@@ -57,12 +57,12 @@ def assert_exactly_once(out: Path, **kw) -> None:
 
 def test_elastic_run_matches_static_run(tmp_path):
     static, elastic = tmp_path / "static", tmp_path / "elastic"
-    run_cli(["run", "--workers", "1", "--quiet", "--out", static, *DIGITS, "--epochs", "10"],
+    run_cli(["run", "--workers", "1", "--quiet", "--out", static, *DIGITS, "--epochs", "3"],
             check=True)
     # 1 -> 3 (two joins) -> 2 (SIGKILL) -> 4 (two joins) -> 3 (graceful leave of rank 0)
     events = "step=5:join=2,step=10:kill=1,step=15:join=2,step=20:leave=rank:0"
     proc = run_cli(["run", "--workers", "1:4", "--nproc", "1", "--out", elastic,
-                    "--events", events, *DIGITS, "--epochs", "10", "--step-delay", "0.004"],
+                    "--events", events, *DIGITS, "--epochs", "3", "--step-delay", "0.004"],
                    check=True)
     assert world_sizes(elastic)[:5] == [1, 3, 2, 4, 3], proc.stdout
     if not torch.cuda.is_available():  # no GPU: every worker was forked from the fork server
@@ -80,7 +80,7 @@ def test_elastic_run_matches_static_run(tmp_path):
     assert "val_accuracy" in (elastic / "result.json").read_text()
     # every step applied once: no step was reported twice
     steps = [r["step"] for r in read_jsonl(elastic / "metrics.jsonl")]
-    assert steps == sorted(set(steps)) and steps[-1] == 10 * (1438 // 32)
+    assert steps == sorted(set(steps)) and steps[-1] == 3 * (1438 // 32)
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))

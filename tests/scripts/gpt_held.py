@@ -12,27 +12,18 @@ model is the one the workload makes without it.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
+
+from holding import slowed
 
 from dyntrain.workloads import gpt
-
-HELD_CHUNK_S = 0.5
 
 
 def held(make_loss, hold: str):
     """``make_loss`` (gpt's ``next_byte_loss``) whose loss functions sleep while ``hold``
     exists."""
     def make(*args, **kwargs):
-        loss_fn = make_loss(*args, **kwargs)
-
-        def held_loss(model, batch):
-            if os.path.exists(hold):
-                time.sleep(HELD_CHUNK_S)
-            return loss_fn(model, batch)
-
-        return held_loss
+        return slowed(make_loss(*args, **kwargs), hold)
 
     return make
 

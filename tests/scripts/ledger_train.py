@@ -37,8 +37,10 @@ def main():
                     help="worker id (or host:NAME, a hostname) whose chunks take longer")
     ap.add_argument("--slow-factor", type=float, default=3.0, help="its chunks' delay factor")
     ap.add_argument("--slow-while", default=None, metavar="FILE",
-                    help="each chunk takes 0.05 s more while FILE exists (tests hold the job "
-                         "in a phase until they saw what they wait for, then let it finish)")
+                    help="each chunk takes 0.05 s more while FILE exists, and 1 s more in "
+                         "the last tenth of the steps, so that a held job outlasts a test's "
+                         "waits however slowly its workers start (tests hold the job in a phase "
+                         "until they saw what they wait for, then let it finish)")
     ap.add_argument("--slow-only-held", action="store_true",
                     help="the --slow-in factor applies only while the --slow-while FILE exists")
     ap.add_argument("--checkpoint-every", type=int, default=10)
@@ -75,6 +77,7 @@ def main():
     if args.ballast_mb:
         opt.state[model.counts]["ballast"] = torch.zeros(int(args.ballast_mb * 2**18))
     calls, host = [0], socket.gethostname()
+    trainer_ref: list[ElasticTrainer] = []
 
     def loss_fn(model, batch):
         idx, x = batch
@@ -89,12 +92,14 @@ def main():
                 (held or not args.slow_only_held)
             time.sleep(args.step_delay * (args.slow_factor if slow else 1.0))
         if held:
-            time.sleep(0.05)
+            trainer = trainer_ref[0]
+            time.sleep(1.0 if trainer.step >= 0.9 * trainer.total_steps else 0.05)
         target = x.sum(1, keepdim=True)
         fit = nn.functional.mse_loss(model.net(x), target)
         return fit - model.counts[idx].mean()
 
     trainer = ElasticTrainer(config, model, opt, data, loss_fn, device=trainer_device)
+    trainer_ref.append(trainer)
     trainer.fit()
     if trainer.is_leader:
         extra = {"threads": torch.get_num_threads()} if args.report_threads else {}

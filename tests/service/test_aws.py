@@ -26,7 +26,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from conftest import start_server, stop_server
+from conftest import SCRIPTS, start_server, stop_server
 from dyntrain.service.aws.app import with_aws
 
 REGION = "eu-west-1"
@@ -555,6 +555,7 @@ def test_the_2017_workflow_trains_digits(workflow_2017):
 @pytest.mark.slow
 def test_an_elastic_multinode_job_follows_capacity_and_ends_with_the_static_model(
         batch, logs, tmp, workflow_2017):
+    hold = tmp / "digits-elastic.hold"
     batch.create_compute_environment(
         computeEnvironmentName="elastic-spot", type="MANAGED",
         computeResources={"type": "SPOT", "minvCpus": 0, "desiredvCpus": 2, "maxvCpus": 2,
@@ -565,13 +566,16 @@ def test_an_elastic_multinode_job_follows_capacity_and_ends_with_the_static_mode
         jobDefinitionName="digits-elastic", type="multinode", tags={"dyntrain:elastic": "1:2"},
         nodeProperties={"numNodes": 2, "mainNode": 0, "nodeRangeProperties": [{
             "targetNodes": "0:", "container": {"image": "x", "command": [
-                *DIGITS, "--log-every", "2", "--step-delay", "0.05"]}}]})
+                sys.executable, str(SCRIPTS / "digits_held.py"), str(hold), *DIGITS[3:],
+                "--log-every", "2"]}}]})
+    hold.touch()  # the job trains slowly until the test has seen every change of capacity
     job_id = batch.submit_job(jobName="digits-elastic", jobQueue="elastic",
                               jobDefinition="digits-elastic")["jobId"]
     stream = f"digits-elastic/default/{job_id}"
     sizes: list[int] = []  # world sizes it trained at, in order
     # on seeing world size N, set the desired vCPUs to M: capacity goes 2 -> 1 -> 2 (the job may
-    # start at its minimum of one while the second worker is still starting on a loaded machine)
+    # start at its minimum of one while the second worker is still starting on a loaded machine);
+    # then the hold ends and the job finishes at full speed
     plan, done = [(2, 1), (1, 2), (2, None)], 0
     token, deadline = None, time.monotonic() + 180
     while (job := batch.describe_jobs(jobs=[job_id])["jobs"][0])["status"] not in TERMINAL:
@@ -591,6 +595,8 @@ def test_an_elastic_multinode_job_follows_capacity_and_ends_with_the_static_mode
                                 computeEnvironment="elastic-spot",
                                 computeResources={"desiredvCpus": plan[done][1]})
                         done += 1
+                        if done == len(plan):
+                            hold.unlink()
         time.sleep(0.2)
     assert job["status"] == "SUCCEEDED", job
     assert done == len(plan), sizes  # it trained at 2, shrank to 1, grew back to 2
