@@ -20,6 +20,16 @@ AdamW state goes from one holder to its new owner alone (`dyntrain.elastic.moves
 parameter is sent again (none of these changes interrupted a step in the parameters'
 broadcast).
 """
+AFTER_100M_NOTE = """
+The 100M re-shard run again, right after the run of the code before the change below, when the
+machine was less loaded (1-minute load 9.0 at the start, 7.0 at the end; 3-9 across both runs,
+nothing else of ours running).
+"""
+BEFORE_100M_NOTE = """
+The code before the change (commit 33c5468), right before the run above (load 3.1 at the start,
+9.1 at the end); its probe timed `OptimizerShards`' methods (see the note of the earlier
+before-run below).
+"""
 BEFORE_NOTE = """
 The same re-shard runs with the code before the change (commit 33c5468: each move a broadcast
 over the whole generation group, then every parameter sent again), minutes before the run above
@@ -204,7 +214,12 @@ synchronise the last).
   the parameters' broadcast).
 """,
     command=".venv/bin/python bench/sharded.py",
-    runs=[Run("sharded-reshard.json", "Re-sharding with point-to-point moves, run of 2026-11-27",
+    runs=[Run("sharded-reshard-100m.json", "Re-sharding at 100M with point-to-point moves, at a "
+              "lower load, run of 2026-11-27", note=AFTER_100M_NOTE),
+          Run("sharded-reshard-100m-before.json", "Re-sharding at 100M before point-to-point "
+              "moves (the code of 33c5468), at a lower load, run of 2026-11-27",
+              note=BEFORE_100M_NOTE),
+          Run("sharded-reshard.json", "Re-sharding with point-to-point moves, run of 2026-11-27",
               note=AFTER_NOTE),
           Run("sharded-reshard-before.json", "Re-sharding before point-to-point moves (the "
               "code of 33c5468), run of 2026-11-27", note=BEFORE_NOTE),
@@ -234,23 +249,24 @@ level 1 3.58 and 2.73, DDP 2.47 and 0.85) but at 100M, 2 workers, DDP 1.41 sampl
 dyntrain level 0's 0.35: across runs the load moves these figures by more than the systems
 differ. FSDP2 on CPU with gloo ran without error in torch 2.13.
 
-**Re-sharding.** With point-to-point moves (the first run above; the second is the code before
-them, minutes earlier at a similar load of 13-16) the time in the re-sharding at 100M went from
-7.33 / 5.68 / 2.62 s to 1.81 / 3.03 / 0.98 s (leave / join / crash), at 25M from 1.65 / 1.57 /
-1.01 s to 0.19 / 1.24 / 0.21 s. Before, sending every parameter again took most of it (1.6-6.2 s
-at 100M); now no parameter is sent, and the members receive exactly the state the ownership
-change needs in every change (a join: 529 MB at 100M, where the broadcasts carried 1058 MB). The
-goal (< 2 s at 100M on loopback) is met for the leave and the crash at load 12-20; not for the
-join: the joiner receives its whole share (529 MB, two thirds of the AdamW state) and took 3.0 s
-for it, about 175 MB/s on these two loaded cores, the rate every receiver saw here (the leave's
-two members 265 MB each in 1.8 s). Those bytes are the minimum of a join at `r = 2`; what
-remains is the transport's rate on a loaded machine. The last run (load 6-8) is kept for its
-memory and speed tables. In it, the latency to the first step in the new world is dominated by
-this machine's step time (3-4 s at 25M, 18-19 s at 100M; at load 12-20 in the runs above, 10-91
-s): a leaver first finishes the step in flight (20 s of the leave's 48 s at 100M), and the new
-world's first step is part of the latency. The 25M crash took 305 s: the coordinator formed the
-new world 1.4 s after the SIGKILL, but its members began re-sharding 299 s later, about the 300
-s collective timeout: likely a collective that the abort did not cut short, holding up the
+**Re-sharding.** With point-to-point moves the time in the re-sharding at 100M went from 4.91 /
+2.25 / 1.72 s to 0.56 / 0.72 / 0.54 s (leave / join / crash) in the pair of runs at load 3-9
+(the first two runs above), and from 7.33 / 5.68 / 2.62 s to 1.81 / 3.03 / 0.98 s in the pair at
+load 11-20 (the next two, where at 25M it went from 1.65 / 1.57 / 1.01 s to 0.19 / 1.24 / 0.21
+s). Before, sending every parameter again took about half of it (0.95-6.2 s at 100M); now no
+parameter is sent, and the members receive exactly the state the ownership change needs in every
+change (a join: 529 MB at 100M, where the broadcasts carried 1058 MB). The goal (< 2 s at 100M
+on loopback) is met in every change at load 3-9, and at load 11-20 for the leave and the crash
+but not the join: there the joiner took 3.0 s to receive its whole share (529 MB, two thirds of
+the AdamW state), about 175 MB/s, the rate every receiver saw at that load (the leave's two
+members 265 MB each in 1.8 s). Those bytes are the minimum of a join at `r = 2`; what remains is
+the transport's rate on a loaded machine. The last run (load 6-8) is kept for its memory and
+speed tables. In it, the latency to the first step in the new world is dominated by this
+machine's step time (3-4 s at 25M, 18-19 s at 100M; at load 12-20 in the runs above, 10-91 s): a
+leaver first finishes the step in flight (20 s of the leave's 48 s at 100M), and the new world's
+first step is part of the latency. The 25M crash took 305 s: the coordinator formed the new
+world 1.4 s after the SIGKILL, but its members began re-sharding 299 s later, about the 300 s
+collective timeout: likely a collective that the abort did not cut short, holding up the
 survivor's close of its old group (the survivors report before they close it, so the world
 formed at once). Not diagnosed: the 100M crash and both crashes of the earlier attempt (7.8 s
 and 16.2 s) did not stall, and a small reproduction (4 processes, a member SIGKILLed amid queued

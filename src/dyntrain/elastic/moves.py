@@ -105,7 +105,8 @@ def send_moves(group: Group, members: Sequence[str], moves: Iterable[Move], me: 
     Args:
         group: The generation's group; ``members`` are its members in rank order.
         members: The members' ids, in rank order.
-        moves: The copies to send (``Move.source`` and ``Move.target`` among ``members``).
+        moves: The copies to send (``Move.source`` and ``Move.target`` among ``members``; a
+            move without a source is left out).
         me: This member's id.
         payload_of: What tensor ``t`` carries (its state, and its parameter or None), read on
             its sources only.
@@ -119,7 +120,8 @@ def send_moves(group: Group, members: Sequence[str], moves: Iterable[Move], me: 
     stats = stats if stats is not None else MoveStats()
     pairs: dict[tuple[str, str], list[int]] = {}
     for m in moves:
-        pairs.setdefault((m.source, m.target), []).append(m.tensor)
+        if m.source is not None:  # (a copy no holder can send comes from a checkpoint)
+            pairs.setdefault((m.source, m.target), []).append(m.tensor)
     if group.pg is None or not pairs:
         return {}
     rank = {m: i for i, m in enumerate(members)}
