@@ -12,6 +12,34 @@ heartbeat for 3 s) while it counted its tensors, which walks every Python object
 runs now pass `--failure-timeout 60`.
 """
 
+AFTER_NOTE = """
+The re-shard runs alone (`--setups ''`), written elsewhere and copied here, on the 2-core
+machine shared with other test runs (a run of `tests/test_sharded.py` on 2 processes
+alongside): 1-minute load 12.5 at the start, 12.5-20 during the 100M run. Each moving tensor's
+AdamW state goes from one holder to its new owner alone (`dyntrain.elastic.moves`), and no
+parameter is sent again (none of these changes interrupted a step in the parameters'
+broadcast).
+"""
+AFTER_100M_NOTE = """
+The 100M re-shard run again, right after the run of the code before the change below, when the
+machine was less loaded (1-minute load 9.0 at the start, 7.0 at the end; 3-9 across both runs,
+nothing else of ours running).
+"""
+BEFORE_100M_NOTE = """
+The code before the change (commit 33c5468), right before the run above (load 3.1 at the start,
+9.1 at the end); its probe timed `OptimizerShards`' methods (see the note of the earlier
+before-run below).
+"""
+BEFORE_NOTE = """
+The same re-shard runs with the code before the change (commit 33c5468: each move a broadcast
+over the whole generation group, then every parameter sent again), minutes before the run above
+at a similar load (25M: 7.7 before, 16.4 after; 100M: 13.1 before, 14.1 after; a run of four
+test files alongside). The two runs were separate invocations (`--reshard-models 25m`, then
+`100m`), merged into one file; their probe timed `OptimizerShards`' methods, so "state moves"
+is `_move` and "parameters sent again" `_send_params`, and the parameters received are the
+model's bytes to each of the other members, what that code sent.
+"""
+
 
 def _goal(setup: dict, world: int) -> float:
     """The fraction of the unsharded optimizer state a member should hold."""
@@ -67,31 +95,48 @@ def _speed(data: dict) -> str:
                      "vs FSDP2", "load before / after"], rows, right=(1, 3, 4, 5, 6))
 
 
+def _parts(change: dict) -> dict[str, float]:
+    """The slowest member's seconds per part of the re-sharding; a run of before the parts
+    were recorded (the probe then timed ``OptimizerShards``' methods: ``phases``) maps them."""
+    if "parts_s" in change:
+        return change["parts_s"]
+    if not all("phases" in m for m in change["members"]):
+        return {}  # not recorded
+    names = {"_survey": "survey", "_move": "moves", "_send_params": "params"}
+    return {part: max(m.get("phases", {}).get(method, 0.0) for m in change["members"])
+            for method, part in names.items()}
+
+
 def _reshard(data: dict) -> str:
     rows = []
     for run in data["reshard"]:
         if "error" in run:
-            rows.append([run["model"], "failed", "", "", "", "", "", "", "", "", "", ""])
+            rows.append([run["model"], "failed", *[""] * 12])
             continue
         for c in run["changes"]:
             step = c["step_s_at_world_after"]
-            resent = c["param_bytes"] * (c["world_after"] - 1)
+            # before point-to-point moves every member got every parameter again from a
+            # holder: the model's bytes to each of the others
+            params = c.get("params_received_bytes", c["param_bytes"] * (c["world_after"] - 1))
+            parts = _parts(c)
             event = c["event"]
             rows.append([run["model"], c["change"], f"{c['world_before']} -> {c['world_after']}",
                          f"{c['latency_s']:.2f}",
                          f"{event['reformed_at'] - event['requested_at']:.2f}",
                          f"{event['first_step_at'] - event['reformed_at']:.2f}",
                          f"{c['reshard_s']:.2f}",
+                         *(f"{parts[k]:.2f}" if k in parts else "" for k in ("moves", "params")),
                          "" if c["state_sync_s"] is None else f"{c['state_sync_s']:.2f}",
                          "" if step is None else f"{step:.2f}",
                          f"{c['state_needed_bytes'] / MB:.0f}",
-                         f"{c['state_received_bytes'] / MB:.0f}", f"{resent / MB:.0f}"])
+                         f"{c['state_received_bytes'] / MB:.0f}", f"{params / MB:.0f}"])
     loads = "; ".join(f"{r['model']}: {r['load_before']:.1f} before, {r['load_after']:.1f} "
                       "after" for r in data["reshard"])
     return (md_table(["model", "change", "world", "latency s", "of which: to the new world",
-                      "then to its first step", "re-sharding s", "state hand-over s",
+                      "then to its first step", "re-sharding s", "of which: state moves s",
+                      "parameters sent again s", "state hand-over s",
                       "step s in the new world", "state needed MB", "state received MB",
-                      "parameters re-sent MB"], rows, right=range(3, 12))
+                      "parameters received MB"], rows, right=range(3, 14))
             + f"\n\nLoad (1-minute average) of the re-shard runs: {loads}.")
 
 
@@ -110,18 +155,19 @@ def _spec(spec: str) -> str:
 
 def _sharded(data: dict, run: Run) -> str:
     cfg = data["config"]
+    runs = f"steps per run: {_spec(cfg['steps'])}; " if data["runs"] else "no memory runs; "
     parts = [f"Global batch {cfg['global_batch']} windows of {cfg['seq_len']} bytes, "
-             f"micro-batches (chunks) of {cfg['chunk_size']}, steps per run: "
-             f"{_spec(cfg['steps'])}; the re-shard runs: "
+             f"micro-batches (chunks) of {cfg['chunk_size']}, {runs}the re-shard runs: "
              f"{_spec(cfg['reshard_steps'])} steps with "
              f"`{data['reshard'][0]['events'] if data['reshard'] else ''}`. "
-             f"Whole benchmark: {data['total_seconds'] / 60:.0f} minutes.", "",
-             "### Memory per worker", "",
-             "The largest member's figures (the AdamW state: smallest-largest member). "
-             "\"state vs level 0\": the largest member's optimizer state over the unsharded "
-             "one, the goal (`r / N`, `min(r, N) / N`; FSDP2 `1 / N`) in brackets.", "",
-             _memory(data), "", "### Step time", "", _speed(data), "",
-             "### Re-sharding at level 1 (`r = 2`)", "", _reshard(data)]
+             f"Whole benchmark: {data['total_seconds'] / 60:.0f} minutes.", ""]
+    if data["runs"]:
+        parts += ["### Memory per worker", "",
+                  "The largest member's figures (the AdamW state: smallest-largest member). "
+                  "\"state vs level 0\": the largest member's optimizer state over the "
+                  "unsharded one, the goal (`r / N`, `min(r, N) / N`; FSDP2 `1 / N`) in "
+                  "brackets.", "", _memory(data), "", "### Step time", "", _speed(data), ""]
+    parts += ["### Re-sharding at level 1 (`r = 2`)", "", _reshard(data)]
     failures = _failures(data)
     if failures:
         parts += ["", "### Runs that failed", "", failures]
@@ -158,14 +204,26 @@ synchronise the last).
   world: it includes that step); the state hand-over of the replicated part (parameters and
   the like, to the joiner); the time in `OptimizerShards.reshard` (from the last member's entry,
   which the plan's all-reduce waits for, to the last member's exit: that all-reduce, the moves
-  of optimizer state, every parameter sent again); the bytes of AdamW state
-  the ownership change requires (the state of every tensor the diff of the plans,
-  `shardplan.diff_plans`, gives a new owner) against what the members received (each move is a
-  broadcast over the flat hand-over to every member); and the parameters sent again
-  (the model's bytes to each of the other members).
+  of optimizer state, and the parameters where they are sent again), and of it the slowest
+  member's time in the state moves and in sending parameters again; the bytes of AdamW state the
+  ownership change requires (the state of every tensor the diff of the plans,
+  `shardplan.diff_plans`, gives a new owner) against what the members received (counted by the
+  transfer, `moves.MoveStats`; before point-to-point moves each move was a broadcast to every
+  member); and the bytes of parameters the members received (before: every parameter again,
+  the model's bytes to each of the other members; now none, unless a step was interrupted in
+  the parameters' broadcast).
 """,
     command=".venv/bin/python bench/sharded.py",
-    runs=[Run("sharded.json", "Run of 2026-11-27", note=RERUN_NOTE)],
+    runs=[Run("sharded-reshard-100m.json", "Re-sharding at 100M with point-to-point moves, at a "
+              "lower load, run of 2026-11-27", note=AFTER_100M_NOTE),
+          Run("sharded-reshard-100m-before.json", "Re-sharding at 100M before point-to-point "
+              "moves (the code of 33c5468), at a lower load, run of 2026-11-27",
+              note=BEFORE_100M_NOTE),
+          Run("sharded-reshard.json", "Re-sharding with point-to-point moves, run of 2026-11-27",
+              note=AFTER_NOTE),
+          Run("sharded-reshard-before.json", "Re-sharding before point-to-point moves (the "
+              "code of 33c5468), run of 2026-11-27", note=BEFORE_NOTE),
+          Run("sharded.json", "Run of 2026-11-27", note=RERUN_NOTE)],
     tables=_sharded,
     reading="""
 **Memory.** Level 1 shards the AdamW state as designed: the largest member holds 0.50 of the
@@ -191,21 +249,27 @@ level 1 3.58 and 2.73, DDP 2.47 and 0.85) but at 100M, 2 workers, DDP 1.41 sampl
 dyntrain level 0's 0.35: across runs the load moves these figures by more than the systems
 differ. FSDP2 on CPU with gloo ran without error in torch 2.13.
 
-**Re-sharding.** The time in the re-sharding itself (the plan's all-reduce, the moves of AdamW
-state, every parameter sent again) was 0.56-0.68 s at 25M and 2.8-5.2 s at 100M at load 6-8:
-the goal (< 2 s at 100M) is not met on this machine. For a leave and a crash the members
-received exactly the state the ownership change needs (530 MB at 100M); for a join twice that
-(1058 MB for 529 MB), because each move is a broadcast to every member rather than a send to
-its new owner (as level 1 is built), and every re-sharding sends all parameters again (397-795
-MB at 100M) where only a joiner needs them: the two places to cut. The latency to the first
-step in the new world is dominated by this machine's step time (3-4 s at 25M, 18-19 s at
-100M): a leaver first finishes the step in flight (20 s of the leave's 48 s at 100M), and the
-new world's first step is part of the latency. The 25M crash took 305 s: the coordinator formed
-the new world 1.4 s after the SIGKILL, but its members began re-sharding 299 s later, about the
-300 s collective timeout: likely a collective that the abort did not cut short, holding up the
-survivor's close of its old group (the survivors report before they close it, so the world formed
-at once). Not diagnosed: the 100M crash and both crashes of the earlier attempt (7.8 s and
-16.2 s) did not stall, and a small reproduction (4 processes, a member SIGKILLed amid queued
+**Re-sharding.** With point-to-point moves the time in the re-sharding at 100M went from 4.91 /
+2.25 / 1.72 s to 0.56 / 0.72 / 0.54 s (leave / join / crash) in the pair of runs at load 3-9
+(the first two runs above), and from 7.33 / 5.68 / 2.62 s to 1.81 / 3.03 / 0.98 s in the pair at
+load 11-20 (the next two, where at 25M it went from 1.65 / 1.57 / 1.01 s to 0.19 / 1.24 / 0.21
+s). Before, sending every parameter again took about half of it (0.95-6.2 s at 100M); now no
+parameter is sent, and the members receive exactly the state the ownership change needs in every
+change (a join: 529 MB at 100M, where the broadcasts carried 1058 MB). The goal (< 2 s at 100M
+on loopback) is met in every change at load 3-9, and at load 11-20 for the leave and the crash
+but not the join: there the joiner took 3.0 s to receive its whole share (529 MB, two thirds of
+the AdamW state), about 175 MB/s, the rate every receiver saw at that load (the leave's two
+members 265 MB each in 1.8 s). Those bytes are the minimum of a join at `r = 2`; what remains is
+the transport's rate on a loaded machine. The last run (load 6-8) is kept for its memory and
+speed tables. In it, the latency to the first step in the new world is dominated by this
+machine's step time (3-4 s at 25M, 18-19 s at 100M; at load 12-20 in the runs above, 10-91 s): a
+leaver first finishes the step in flight (20 s of the leave's 48 s at 100M), and the new world's
+first step is part of the latency. The 25M crash took 305 s: the coordinator formed the new
+world 1.4 s after the SIGKILL, but its members began re-sharding 299 s later, about the 300 s
+collective timeout: likely a collective that the abort did not cut short, holding up the
+survivor's close of its old group (the survivors report before they close it, so the world
+formed at once). Not diagnosed: the 100M crash and both crashes of the earlier attempt (7.8 s
+and 16.2 s) did not stall, and a small reproduction (4 processes, a member SIGKILLed amid queued
 broadcasts or ring sums) failed and closed everything within 0.3 s. A close that takes over 30 s
 now says so on the worker's stderr with every thread's stack (`comm.watch_slow`).
 """,

@@ -17,9 +17,10 @@ micro-batches/chunks of ``--chunk-size``):
   level 1 (``r = 2``) with a graceful leave (3 -> 2), a join (2 -> 3) and a SIGKILL (3 -> 2);
   per change the latency of ``events.jsonl`` (the request, or the joiner's hello, to the first
   step of the new world), the state hand-over inside it, and from the members' probes the
-  time in the re-sharding (the last member's entry to the last exit) and the bytes of optimizer
-  state the members received against the bytes of the tensors whose owners changed
-  (``shardplan.diff_plans``).
+  time in the re-sharding (the last member's entry to the last exit, and per part the slowest
+  member's: the survey's all-reduce, the plan, the moves, parameters sent again), the bytes
+  of optimizer state the members received against the bytes of the tensors whose owners
+  changed (``shardplan.diff_plans``), and the bytes of parameters they received.
 
 A level 2 is one more entry of ``SETUPS``.
 
@@ -221,6 +222,10 @@ def reshard_run(args, model: str, steps: int, work: Path) -> dict:
             "reshard_s_slowest_member": max(r["reshard_s"] for r in recs),
             "state_needed_bytes": sum(r["state_needed_bytes"] for r in recs),
             "state_received_bytes": sum(r["state_received_bytes"] for r in recs),
+            "params_received_bytes": sum(r["params_received_bytes"] for r in recs),
+            # per part of the re-sharding, the slowest member's seconds
+            "parts_s": {part: max(r["parts_s"].get(part, 0.0) for r in recs)
+                        for part in sorted({k for r in recs for k in r["parts_s"]})},
             "moves": recs[0]["moves"], "param_bytes": recs[0]["param_bytes"],
             "new_world_step_s": median([b - a for a, b in zip(gen_steps, gen_steps[1:],
                                                                 strict=False)]),
@@ -260,14 +265,16 @@ def print_tables(result: dict) -> None:
         if "error" not in r and r["step_s"]:
             print(f"| {r['model']} | {r['world']} | {r['setup']['name']} | {r['step_s']:.2f} "
                   f"| {r['samples_per_s']:.2f} | {r['load_before']}-{r['load_after']} |")
-    print("\n| model | change | world | latency s | re-shard s | state needed MB "
-          "| state received MB |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    print("\n| model | change | world | latency s | re-shard s | parts s | state needed MB "
+          "| state received MB | parameters received MB |")
+    print("| --- | --- | --- | ---: | ---: | --- | ---: | ---: | ---: |")
     for run in result["reshard"]:
         for c in run.get("changes", []):
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in c["parts_s"].items())
             print(f"| {run['model']} | {c['change']} | {c['world_before']} -> "
-                  f"{c['world_after']} | {c['latency_s']} | {c['reshard_s']:.2f} "
-                  f"| {c['state_needed_bytes'] / MB:.0f} | {c['state_received_bytes'] / MB:.0f} |")
+                  f"{c['world_after']} | {c['latency_s']} | {c['reshard_s']:.2f} | {parts} "
+                  f"| {c['state_needed_bytes'] / MB:.0f} | {c['state_received_bytes'] / MB:.0f} "
+                  f"| {c['params_received_bytes'] / MB:.0f} |")
     for r in result["runs"] + result["reshard"]:
         if "error" in r:
             print(f"\n{r['model']} {r.get('setup', {}).get('name', 're-shard')} "

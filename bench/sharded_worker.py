@@ -5,10 +5,11 @@ it holds and how it re-shards, and the same GPT and AdamW under plain DDP or tor
 workload of ``dyntrain.workloads.gpt`` (``GPT-ARGS`` are its flags) and writes into the run
 folder, per member, ``member-<id>.json``: after the last step (before the final checkpoint's
 gather) the bytes of the tensors it holds and its peak RSS so far; and ``reshard-<id>.jsonl``:
-for every re-sharding (level >= 1) its seconds, the bytes of optimizer state it received and
-the bytes of the state of the tensors it became a new owner of (what the ownership change
-requires). The probes wrap ``OptimizerShards.reshard`` and the ``diff_plans`` and
-``broadcast_state`` that ``dyntrain.elastic.sharded`` calls, in this process only.
+for every re-sharding (level >= 1) its seconds (and per part: ``OptimizerShards.stats``), the
+bytes of optimizer state and parameters it received and sent (``moves.MoveStats``) and the
+bytes of the state of the tensors it became a new owner of (what the ownership change
+requires). The probes wrap ``OptimizerShards.reshard`` and the ``diff_plans`` that
+``dyntrain.elastic.sharded`` calls, in this process only.
 
 ``baseline ddp|fsdp2 RANK WORLD PORT OUT GPT-ARGS``: one rank of a plain torch loop (gloo on
 127.0.0.1, no agent) over the same model, corpus windows, AdamW groups, clipping and global
@@ -85,28 +86,28 @@ class ReshardProbe:
 
         self.sharded, self.out = sharded, out
         self.diff = None
-        self.received = self.needed = 0
-        self.me = ""
-        self.active = False
         reshard, diff_plans = sharded.OptimizerShards.reshard, sharded.diff_plans
-        broadcast = sharded.broadcast_state
 
         def timed_reshard(shards, group, gen, me, should_abort):
-            self.diff, self.received, self.needed, self.me = None, 0, 0, me
-            self.active = True
+            self.diff = None
             began, began_at = time.perf_counter(), time.time()
-            try:
-                lost = reshard(shards, group, gen, me, should_abort)
-            finally:
-                self.active = False
+            lost = reshard(shards, group, gen, me, should_abort)
             seconds = time.perf_counter() - began
             moves = self.diff.moves if self.diff is not None else ()
+            mine = {m.tensor for m in moves if m.target == me}
+            stats = shards.stats
             record = {"generation": gen.number, "world": gen.world_size, "member": me,
                       "members": list(gen.members), "reshard_s": round(seconds, 4),
                       "began_at": began_at, "ended_at": began_at + seconds,
-                      "state_received_bytes": self.received,
-                      "state_needed_bytes": self.needed,
-                      "moves": len(moves), "moves_to_me": sum(m.target == me for m in moves),
+                      "parts_s": {k: round(v, 4) for k, v in stats.seconds.items()},
+                      "state_received_bytes": stats.state_received_bytes,
+                      "state_sent_bytes": stats.state_sent_bytes,
+                      "params_received_bytes": stats.params_received_bytes,
+                      # what the ownership change requires: the state of the tensors this
+                      # member became a new owner of, as it holds it now
+                      "state_needed_bytes": sum(_state_bytes(shards.optimizer.state.get(
+                          shards.params[t], {})) for t in mine),
+                      "moves": len(moves), "moves_to_me": len(mine),
                       "param_bytes": sum(s.nbytes for s in shards.specs), "lost": len(lost)}
             with open(self.out / f"reshard-{me}.jsonl", "a") as f:
                 f.write(json.dumps(record) + "\n")
@@ -116,17 +117,8 @@ class ReshardProbe:
             self.diff = diff_plans(old, new, senders)
             return self.diff
 
-        def counted_broadcast(group, payload, root, holders, should_abort):
-            got = broadcast(group, payload, root, holders, should_abort)
-            if self.active and group.rank != root:
-                states = got["optimizer"]
-                self.received += sum(_state_bytes(st) for st in states.values())
-                mine = {m.tensor for m in self.diff.moves if m.target == self.me}
-                self.needed += sum(_state_bytes(states[t]) for t in mine if t in states)
-            return got
-
         sharded.OptimizerShards.reshard = timed_reshard
-        sharded.diff_plans, sharded.broadcast_state = recorded_diff, counted_broadcast
+        sharded.diff_plans = recorded_diff
 
 
 def dyntrain_member(argv: list[str]) -> None:

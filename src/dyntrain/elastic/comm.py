@@ -144,6 +144,31 @@ class Group:
         opts.rootRank = root
         return self.pg.broadcast([tensor], opts)
 
+    def send_async(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        """Start sending ``tensor`` to the member of rank ``peer`` (matched by ``tag``);
+        ``wait_all`` for it.
+
+        Raises:
+            CollectiveFailed: The connection to ``peer`` is closed (it died, or the group was
+                severed): gloo says so when the send is posted.
+        """
+        return _posted(lambda: self.pg.send([tensor], peer, tag))
+
+    def recv_async(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
+        """Start receiving into ``tensor`` what the member of rank ``peer`` sends with ``tag``
+        (of exactly ``tensor``'s size); ``wait_all`` for it.
+
+        Raises:
+            CollectiveFailed: As ``send_async``.
+        """
+        return _posted(lambda: self.pg.recv([tensor], peer, tag))
+
+    @staticmethod
+    def wait_all(works: list[dist.Work], should_abort: Callable[[], bool]) -> None:
+        """Wait for ``works`` of ``send_async`` / ``recv_async`` (gloo's have no future: a
+        thread waits, abandoned on abort; severing the group fails what it waits for)."""
+        run_abortable(lambda: [work.wait() for work in works], should_abort)
+
     def _broadcast(self, tensor, root, should_abort, out: torch.Tensor) -> None:
         self.wait(self.broadcast_async(tensor, root), should_abort)
         if tensor is not out:
@@ -176,6 +201,13 @@ class Group:
             self.pg = None  # the last reference: gloo joins its threads and closes the sockets
         finally:
             watch.cancel()
+
+
+def _posted(post: Callable[[], dist.Work]) -> dist.Work:
+    try:
+        return post()
+    except RuntimeError as exc:  # gloo: a closed connection, at once
+        raise CollectiveFailed(str(exc).splitlines()[0]) from exc
 
 
 def watch_slow(what: Callable[[], str], seconds: float) -> threading.Timer:

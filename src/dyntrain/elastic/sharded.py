@@ -12,9 +12,12 @@ the unsharded one for the optimizers that are elementwise within a tensor (``SHA
 Re-sharding happens at the start of every generation, after the state hand-over: the members
 all-reduce which tensors' state each holds (a 0/1 matrix, exact), derive the new plan from
 that (stable: owners that stay keep their tensors), and the state of every tensor whose owners
-change is sent by one holder over the flat hand-over (``transfer.broadcast_state``); then every
-parameter is sent again from a member that holds its state (a step interrupted in the
-parameters' broadcast counts where it was applied: ``settle_interrupted``). A tensor
+change is sent by one holder to exactly its new owners, point to point
+(``dyntrain.elastic.moves``). At levels 1-2 every member holds the same parameters already (a
+receiver got them in the hand-over), unless a step was interrupted in the parameters'
+broadcast: it counts where it was applied (``settle_interrupted``), and the member says in the
+re-sharding's all-reduce that its parameters are stale; then every parameter is sent again
+from a member that holds its state (at level 3 always: members hold only their own). A tensor
 that no member holds any more (``r`` or more members crashed; with ``r = 1`` one crash) is
 lost: the trainer then falls back to the newest checkpoint. A graceful leave loses nothing
 even with ``r = 1``: right after the step in which it is agreed, the ending generation gives
@@ -38,6 +41,7 @@ writer, which holds the whole optimizer state just for the write (``gather``).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -46,6 +50,7 @@ from torch import nn
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.moves import MoveStats, Payload, send_moves
 from dyntrain.elastic.paramshard import ParamUnits
 from dyntrain.elastic.protocol import Generation
 from dyntrain.elastic.shardplan import ShardLevel, ShardPlan, TensorSpec, diff_plans, plan_ownership
@@ -161,6 +166,10 @@ class OptimizerShards:
         self.owner_ranks: list[tuple[int, ...]] = []  # per tensor: its owners' ranks, primary first
         self.torn = False  # a step applied here whose parameters did not all arrive
         self.units: ParamUnits | None = None  # level 3: the parameters held, gathered per unit
+        # a torn step was settled here: some parameters may be older than the other members'
+        # until a re-sharding sends them all again
+        self.params_stale = False
+        self.stats = MoveStats()  # what the last re-sharding (or hand-over) moved
 
     # ---- what this member holds --------------------------------------------------------------
 
@@ -208,13 +217,18 @@ class OptimizerShards:
         receiver), plan the generation's ownership from what every member holds and move the
         state of the tensors whose owners change; returns the names of the tensors no member
         holds (nothing was changed then: the caller falls back to a checkpoint)."""
+        self.stats = stats = MoveStats()
         if gen.checkpoint is not None:
             self.hold_all()
+            self.params_stale = False  # every member loaded the checkpoint's parameters
         elif me in gen.receivers:
             self.hold_none()
+            self.params_stale = False  # the hand-over's (a stale holder says so below)
         members = tuple(gen.members)
         count = len(self.params)
-        holders, _ = self._survey(group, members, False, should_abort)
+        began = time.perf_counter()
+        holders, _, stale = self._survey(group, members, False, should_abort)
+        stats.timed("survey", began)
         lost = [self.specs[t].name for t in range(count) if not holders[t]]
         if lost:
             return lost
@@ -222,10 +236,18 @@ class OptimizerShards:
         everywhere = all(len(h) == len(members) for h in holders)
         plan = self._replan(group, members, held, None if everywhere else held, me, False,
                             should_abort)
-        # every parameter from a member that holds its state (its parameter is of this step
-        # even where the last step was interrupted: settle_interrupted)
-        self._send_params(group, [[t for t in range(count) if holders[t][0] == m]
-                                  for m in members], False, should_abort)
+        if self.units is not None or stale:
+            # every parameter from a member that holds its state (its parameter is of this
+            # step even where the last step was interrupted: settle_interrupted). At levels
+            # 1-2 only after a torn step: otherwise every member holds the same bits already
+            # (a receiver got them in the hand-over)
+            began = time.perf_counter()
+            self._send_params(group, [[t for t in range(count) if holders[t][0] == m]
+                                      for m in members], False, should_abort)
+            stats.timed("params", began)
+            stats.params_received_bytes += sum(
+                self.specs[t].nbytes for t in range(count) if holders[t][0] != me)
+            self.params_stale = False
         self.plan, self.owned = plan, set(plan.owned_by(me))
         self._by_primary = [[t for t in range(count) if plan.owners[t][0] == m]
                             for m in members]
@@ -244,7 +266,8 @@ class OptimizerShards:
         members = self.plan.members if self.plan is not None else ()
         if not 0 < leavers < len(members):
             return
-        holders, leaving_members = self._survey(group, members, leaving, should_abort)
+        self.stats = MoveStats()
+        holders, leaving_members, _ = self._survey(group, members, leaving, should_abort)
         stayers = tuple(m for m in members if m not in leaving_members)
         if not stayers or all(set(h) - set(leaving_members) for h in holders):
             return  # every tensor is held by a member that stays
@@ -253,57 +276,55 @@ class OptimizerShards:
 
     def _survey(self, group: Group, members: tuple[str, ...], leaving: bool,
                 should_abort: Callable[[], bool]) -> tuple[tuple[tuple[str, ...], ...],
-                                                           tuple[str, ...]]:
-        """Which members hold each tensor's state, and which members leave (``leaving`` says
-        this one does): one exact all-reduce of a 0/1 matrix, a row per member."""
+                                                           tuple[str, ...], bool]:
+        """Which members hold each tensor's state, which members leave (``leaving`` says
+        this one does), and whether any member's parameters are stale (``params_stale``): one
+        exact all-reduce of a 0/1 matrix, a row per member."""
         count = len(self.params)
-        rows = torch.zeros(len(members), count + 1, dtype=torch.int32, device=group.device)
+        rows = torch.zeros(len(members), count + 2, dtype=torch.int32, device=group.device)
         if self.held:
             rows[group.rank, sorted(self.held)] = 1
         rows[group.rank, count] = int(leaving)
+        rows[group.rank, count + 1] = int(self.params_stale)
         group.allreduce_sum(rows, should_abort)
         rows = rows.cpu()
         holders = tuple(tuple(members[m] for m in range(len(members)) if rows[m, t])
                         for t in range(count))
-        return holders, tuple(members[m] for m in range(len(members)) if rows[m, count])
+        return (holders, tuple(members[m] for m in range(len(members)) if rows[m, count]),
+                bool(rows[:, count + 1].any()))
 
     def _replan(self, group: Group, owners: tuple[str, ...], held: ShardPlan,
                 previous: ShardPlan | None, me: str, params: bool,
                 should_abort: Callable[[], bool]) -> ShardPlan:
         """Plan the ownership among ``owners`` (from ``previous``, None: from scratch) and send
         each tensor that a new owner lacks from one of its holders (``held``, whose members
-        are the group's); ``params``: its parameter too. Returns the plan."""
+        are the group's) to that owner alone (``moves.send_moves``); ``params``: its parameter
+        too. Returns the plan."""
+        began = time.perf_counter()
         plan = plan_ownership(self.specs, owners, self.redundancy, self.level, previous)
         moves = diff_plans(held, plan).moves
-        for source in held.members:
-            sent = [m for m in moves if m.source == source]
-            if sent:
-                self._move(group, held.members.index(source), sent, me, params, should_abort)
+        self.stats.timed("plan", began)
+        began = time.perf_counter()
+
+        def payload_of(t: int) -> Payload:
+            return (self.optimizer.state.get(self.params[t], {}),
+                    self.params[t].detach() if params else None)
+
+        got = send_moves(group, held.members, moves, me, payload_of, should_abort, self.stats)
+        for t, (state, param) in sorted(got.items()):
+            if param is not None:
+                self.units.fill(t, param)
+            self._load(t, state, copy=False)
+        self.stats.timed("moves", began)
         return plan
 
-    def _move(self, group: Group, root: int, moves, me: str, params: bool,
-              should_abort: Callable[[], bool]) -> None:
-        """Send the state of ``moves`` (all from the member of rank ``root``) to their targets;
-        ``params``: their parameters too (level 3, where only holders have them)."""
-        tensors = sorted({m.tensor for m in moves})
-        payload = None
-        if group.rank == root:
-            payload = {"optimizer": {t: dict(self.optimizer.state.get(self.params[t], {}))
-                                     for t in tensors}}
-            if params:
-                payload["params"] = {t: self.params[t].detach() for t in tensors}
-        got = broadcast_state(group, payload, root, [root], should_abort)
-        if group.rank == root:
-            return
-        for t in sorted({m.tensor for m in moves if m.target == me}):
-            if params:
-                self.units.fill(t, got["params"][t])
-            self._load(t, got["optimizer"][t])
-
-    def _load(self, t: int, state: dict) -> None:
-        """Take tensor ``t``'s received state (copied out of the hand-over's buffers); an empty
-        one (a tensor not stepped yet) is left to the optimizer to create, as it would."""
-        if state:
+    def _load(self, t: int, state: dict, copy: bool = True) -> None:
+        """Take tensor ``t``'s received state (``copy``: out of a transfer's buffers, which it
+        does not own; else the tensors are its own); an empty one (a tensor not stepped yet) is
+        left to the optimizer to create, as it would."""
+        if state and not copy:
+            self.optimizer.state[self.params[t]] = dict(state)
+        elif state:
             self.optimizer.state[self.params[t]] = {
                 k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         self.held.add(t)
@@ -335,11 +356,11 @@ class OptimizerShards:
     def settle_interrupted(self) -> int:
         """After a generation ended in ``after_step``: the step was applied to the tensors this
         member owns (state and parameter), so it counts (returns 1; else 0); the rest of its
-        parameters may be old, and the next re-sharding sends every parameter again from a
-        member that holds its tensor's state."""
+        parameters may be old (``params_stale``), and the next re-sharding sends every
+        parameter again from a member that holds its tensor's state."""
         if not self.torn:
             return 0
-        self.torn = False
+        self.torn, self.params_stale = False, True
         self._keep_owned()
         return 1
 
