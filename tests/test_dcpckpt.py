@@ -2,7 +2,9 @@
 1-3 every member writes its shard in parallel and the leader commits the folder; the newest
 complete one resumes a run at another world size and level (0 and 3 from a level-2 run),
 bitwise the unsharded static run; torch's own ``dcp_to_torch_save`` reads it to the run's
-tensors; a damaged or uncommitted newest one is skipped; old ones are pruned."""
+tensors; a damaged or uncommitted newest one is skipped; old ones are pruned. Checkpoints by
+time (``checkpoint_every_seconds``) are agreed in the step (the leader's clock): every member
+writes its shard of the same steps."""
 
 import shutil
 
@@ -35,11 +37,12 @@ def level2(tmp_path_factory):
     return out
 
 
-def _resumable_at_12(level2, to):
-    """A copy of the level-2 run folder whose newest checkpoint is step 12's."""
-    shutil.copytree(level2, to)
-    for step in (16, 20):
-        shutil.rmtree(to / "checkpoints" / f"ckpt-{step:09d}.dcp")
+def _resumable_at(run, to, step: int):
+    """A copy of the run folder ``run`` whose newest checkpoint is ``step``'s."""
+    shutil.copytree(run, to)
+    for later in to.glob("checkpoints/ckpt-*.dcp"):
+        if int(later.name[5:14]) > step:
+            shutil.rmtree(later)
     (to / "final.pt").unlink()
     return to
 
@@ -76,7 +79,7 @@ def test_torch_reads_the_checkpoint_to_the_runs_tensors(level2, static, tmp_path
 
 @pytest.mark.slow
 def test_a_level_2_checkpoint_resumes_unsharded_alone_bitwise(level2, static, tmp_path):
-    run = _resumable_at_12(level2, tmp_path / "run")
+    run = _resumable_at(level2, tmp_path / "run", 12)
     _static_run(run, SMALL)  # level 0, one process: resumes from the folder's newest checkpoint
     _same_final(static, run)
 
@@ -84,7 +87,7 @@ def test_a_level_2_checkpoint_resumes_unsharded_alone_bitwise(level2, static, tm
 @pytest.mark.slow
 def test_a_level_2_checkpoint_resumes_at_level_3_on_three_workers_bitwise(
         level2, static, tmp_path):
-    run = _resumable_at_12(level2, tmp_path / "run")
+    run = _resumable_at(level2, tmp_path / "run", 12)
     proc = run_cli(["run", "--workers", "3", "--nproc", "3", "--out", run, "-m",
                     "dyntrain.workloads.gpt", *SMALL, "--shard", "3"], check=True)
     assert "from step 12" in proc.stdout + proc.stderr, proc.stdout
@@ -119,3 +122,27 @@ def test_each_tensor_is_written_once_by_one_of_its_owners_balanced_by_bytes():
     assert [sum(nbytes[t] for t in ts) for ts in split] == [500, 500, 600]
     # every owner of everything (r = N): the writes still spread
     assert split_writes([(0, 1)] * 4, [8, 8, 8, 8], 2) == [[0, 2], [1, 3]]
+
+
+@pytest.mark.slow
+def test_checkpoints_by_time_are_agreed_and_written_by_every_member(static, tmp_path):
+    """Level 2 on three workers, checkpoints every 0.6 s and not by steps (``--checkpoint-every``
+    past the run): the leader's clock decides after which steps, the step's tail tells every
+    member, and each of those checkpoints holds all three members' shards."""
+    out = tmp_path / "run"
+    run_cli(["run", "--workers", "3", "--nproc", "3", "--out", out, "-m",
+             "dyntrain.workloads.gpt", *SMALL, "--shard", "2", "--checkpoint-every", "1000",
+             "--checkpoint-seconds", "0.6", "--step-delay", "0.1"], check=True)
+    _same_final(static, out)
+    folder = out / "checkpoints"
+    names = sorted(p.name for p in folder.iterdir())
+    assert all(n.startswith("ckpt-") and n.endswith(".dcp") for n in names), names  # no staging
+    steps = [int(n[5:14]) for n in names]
+    assert len(steps) == 3 and steps[-1] == 20 and min(steps) < 20, steps  # by time: 3 kept
+    files = DCP_FILES | {"__2_0.distcp"}
+    for ckpt in folder.iterdir():
+        assert {p.name for p in ckpt.iterdir()} == files, ckpt
+    run = _resumable_at(out, tmp_path / "resumed", steps[0])
+    _static_run(run, SMALL)  # resumes from a checkpoint made by time, alone and unsharded
+    _same_final(static, run)
+

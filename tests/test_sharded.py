@@ -218,8 +218,6 @@ def test_optimizers_that_cannot_be_sharded_exactly_are_refused():
     with pytest.raises(ConfigError, match="optimizer LBFGS cannot be sharded exactly; "
                                           "shardable: SGD, Adam, AdamW, LARS"):
         check_shardable(torch.optim.LBFGS(model.parameters()))
-    with pytest.raises(ConfigError, match="checkpoint_every_seconds"):
-        TrainConfig(global_batch=4, chunk_size=2, shard_level=1, checkpoint_every_seconds=5)
     with pytest.raises(ConfigError, match="shard_level must be 0, 1, 2 or 3, got 4"):
         TrainConfig(global_batch=4, chunk_size=2, shard_level=4)
 

@@ -18,16 +18,17 @@ def test_every_part_has_its_offset_in_buffer_order():
     layout = TailLayout(bn_numel=12, norms=4, slots=2)
     assert (layout.bn, layout.norm_slots, layout.caller_slots) == (
         slice(0, 12), slice(12, 16), slice(16, 18))
-    assert (layout.loss, layout.reform, layout.leave, layout.size) == (18, 19, 20, 21)
+    assert (layout.loss, layout.reform, layout.leave, layout.checkpoint, layout.size) == (
+        18, 19, 20, 21, 22)
     plain = TailLayout(bn_numel=12)
     assert plain.norm_slots == slice(12, 12) and plain.caller_slots == slice(12, 12)
-    assert (plain.loss, plain.size) == (12, 15)
-    assert TAIL == len(SCALARS) == 3
+    assert (plain.loss, plain.size) == (12, 16)
+    assert TAIL == len(SCALARS) == 4
 
 
 def test_the_layout_of_a_tail_is_known_from_its_size():
-    assert TailLayout.of_size(21, 12, 4, slots=2) == TailLayout(12, 4, 2)
-    assert TailLayout.of_size(17, 12, 4, slots=2) == TailLayout(12, 0, 2)
+    assert TailLayout.of_size(22, 12, 4, slots=2) == TailLayout(12, 4, 2)
+    assert TailLayout.of_size(18, 12, 4, slots=2) == TailLayout(12, 0, 2)
 
 
 def test_a_summed_tail_is_read_by_name():
@@ -39,16 +40,19 @@ def test_a_summed_tail_is_read_by_name():
     values = layout.read(tail)
     assert values.norms == [3.0, 4.0] and values.slots == [5.0, 6.0]
     assert (values.loss, values.reform, values.leavers) == (1.5, True, 2)
+    assert not values.checkpoint
     set_flags(tail, reform=False, leave=False)
     assert not layout.read(tail).reform and layout.read(tail).leavers == 0
     assert values.squares == []
+    set_flags(tail, reform=False, leave=False, checkpoint=True)  # the leader's clock: due
+    assert layout.read(tail).checkpoint and not layout.read(tail).reform
 
 
 def test_the_norm_terms_lie_after_the_callers_slots():
     """Levels 2-3 with clipping: one slot per tensor, each filled by its primary owner."""
     layout = TailLayout(bn_numel=3, norms=0, slots=2, squares=4)
     assert (layout.caller_slots, layout.square_slots) == (slice(3, 5), slice(5, 9))
-    assert (layout.loss, layout.size) == (9, 12)
+    assert (layout.loss, layout.size) == (9, 13)
     tail = torch.zeros(layout.size, dtype=torch.float64)
     tail[layout.caller_slots] = torch.tensor([7.0, 8.0])
     tail[layout.square_slots] = torch.tensor([0.25, 1e-30, 0.0, 3e7], dtype=torch.float64)

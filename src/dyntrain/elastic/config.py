@@ -150,11 +150,6 @@ class TrainConfig:
         if self.shard_redundancy < 1:
             raise ConfigError(f"shard_redundancy must be at least 1, got "
                               f"{self.shard_redundancy}")
-        if self.shard_level and self.checkpoint_every_seconds is not None:
-            raise ConfigError(f"checkpoint_every_seconds is not supported with shard_level "
-                              f"{self.shard_level} "
-                              "(every member must know a checkpoint is due): use "
-                              "checkpoint_every_steps")
         if self.noise_scale and self.num_chunks < 2:
             raise ConfigError(
                 f"noise_scale needs at least two chunks per step to compare batch sizes, but "

@@ -48,7 +48,7 @@ from dyntrain.errors import ConfigError
 
 LossFn = Callable[[torch.nn.Module, object], torch.Tensor]
 
-#: the flat buffer ends with the tail's scalars (the loss and two flags: ``dyntrain.elastic.tail``)
+#: the flat buffer ends with the tail's scalars (the loss, three flags: ``dyntrain.elastic.tail``)
 TAIL = len(SCALARS)
 
 
@@ -66,6 +66,8 @@ class StepResult:
     lr: float | None = None
     # The summed slots of the step's tail (``ChunkStepper.finish``): the members' chunk times.
     slots: list[float] = field(default_factory=list)
+    # The leader asked for a checkpoint after this step (by time, at sharding levels 1-3).
+    checkpoint: bool = False
 
 
 class ChunkStepper:
@@ -283,11 +285,12 @@ class ChunkStepper:
         return red
 
     def finish(self, red: StepReduction, reform: bool, leave: bool,
-               should_abort: Callable[[], bool],
-               slot: tuple[int, float] | None = None) -> StepResult:
+               should_abort: Callable[[], bool], slot: tuple[int, float] | None = None,
+               checkpoint: bool = False) -> StepResult:
         """Set this worker's flags (and its ``(index, value)`` slot: the others add zeros),
-        wait for every sum of the step and take the optimizer step."""
-        set_flags(red.meta, reform, leave)
+        wait for every sum of the step and take the optimizer step. ``checkpoint``: the
+        leader asks every member for a checkpoint after this step (by time)."""
+        set_flags(red.meta, reform, leave, checkpoint)
         if slot is not None:
             red.meta[red.layout.caller_slots.start + slot[0]] = slot[1]
         meta = red.finish(red.meta, should_abort)
@@ -415,7 +418,7 @@ class ChunkStepper:
         if big is not None:
             noise = self._update_noise(tail.norms, big.item(), loss_scale)
         return StepResult(loss=tail.loss, reform=tail.reform, leavers=tail.leavers, noise=noise,
-                          grad_norm=grad_norm, slots=tail.slots,
+                          grad_norm=grad_norm, slots=tail.slots, checkpoint=tail.checkpoint,
                           lr=float(lr) if isinstance(lr, int | float) else None)
 
     def _update_noise(self, chunk_norms: list[float], big_norm: float,

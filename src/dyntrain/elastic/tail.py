@@ -5,9 +5,11 @@ BatchNorm width: each chunk's statistics, zeros for chunks of other workers); ``
 noise scale measured in this step, one number per chunk (the norm of what that chunk added to the
 gradient); ``slots``, the caller's numbers (the balancer's chunk times, one per member);
 ``squares``, with clipping at sharding levels 2-3, one number per trainable tensor (its term of
-the global norm, put there by its primary owner: ``dyntrain.elastic.gradnorm``); and three
-scalars: the ``loss`` and the two flags, ``reform`` and ``leave``, by which the members
-agree, without a round trip to the coordinator, to re-form after this step. Every member builds
+the global norm, put there by its primary owner: ``dyntrain.elastic.gradnorm``); and four
+scalars: the ``loss`` and three flags: ``reform`` and ``leave``, by which the members
+agree, without a round trip to the coordinator, to re-form after this step, and
+``checkpoint``, by which the leader's clock tells every member that a checkpoint by time is due
+after it (at sharding levels 1-3 every member writes its part of one). Every member builds
 the same layout, so after the sum every member reads the same numbers at the same offsets.
 """
 
@@ -17,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-#: the scalars every tail ends with, in this order: the loss, the re-form flag, the leave flag
-SCALARS = ("loss", "reform", "leave")
-_LOSS, _REFORM, _LEAVE = range(-len(SCALARS), 0)  # their offsets from the end
+#: the scalars every tail ends with, in this order: the loss, the re-form, leave and checkpoint
+#: flags
+SCALARS = ("loss", "reform", "leave", "checkpoint")
+_LOSS, _REFORM, _LEAVE, _CHECKPOINT = range(-len(SCALARS), 0)  # their offsets from the end
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class TailValues:
     loss: float
     reform: bool  # some member asked to re-form after this step
     leavers: int  # how many members leave after this step
+    checkpoint: bool = False  # the leader asked for a checkpoint (by time) after this step
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,10 @@ class TailLayout:
         return self.loss + 2
 
     @property
+    def checkpoint(self) -> int:
+        return self.loss + 3
+
+    @property
     def size(self) -> int:
         return self.loss + len(SCALARS)
 
@@ -104,10 +112,12 @@ class TailLayout:
         start, squares = self.norms, self.norms + self.slots
         return TailValues(norms=values[:start], slots=values[start:squares],
                           squares=values[squares : squares + self.squares], loss=values[_LOSS],
-                          reform=values[_REFORM] > 0, leavers=round(values[_LEAVE]))
+                          reform=values[_REFORM] > 0, leavers=round(values[_LEAVE]),
+                          checkpoint=values[_CHECKPOINT] > 0)
 
 
-def set_flags(buffer: torch.Tensor, reform: bool, leave: bool) -> None:
+def set_flags(buffer: torch.Tensor, reform: bool, leave: bool, checkpoint: bool = False) -> None:
     """Set this worker's flags at the end of ``buffer`` (a tail, or the flat buffer it ends)."""
     buffer[_REFORM] = float(reform)
     buffer[_LEAVE] = float(leave)
+    buffer[_CHECKPOINT] = float(checkpoint)

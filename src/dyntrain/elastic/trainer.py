@@ -424,20 +424,20 @@ class ElasticTrainer:
             if word is p.Control.ABORT:
                 raise Aborted()
             leave = self._leave_requested or word is p.Control.DRAIN
-            result = self.last_result = stepper.finish(
+            result = self.last_result = stepper.finish(  # (a checkpoint by time: leader's clock)
                 red, reform=leave or word is p.Control.REFORM, leave=leave, should_abort=aborted,
-                slot=(self.rank, own) if self.balancer.slots else None)
+                slot=(self.rank, own) if self.balancer.slots else None,
+                checkpoint=self.shards is not None and self.is_leader and self.writer.time_due())
             self.balancer.observe(self.step, result.slots)
             self.step += 1
+            ending = result.leavers == gen.world_size or self.step == self.total_steps
             if self.shards is not None:  # every member writes its shard; the leader validates
                 self.writer.after_sharded_step(
-                    self.shards, group, gen.number, self.step, result.leavers == gen.world_size
-                    or self.step == self.total_steps, self.rows.validation_due(self.step), aborted)
-            if self.is_leader:
-                # Checkpoint before reporting the step: a reported step's checkpoint is on disk.
-                self.writer.maybe_checkpoint(self.step, force=result.leavers == gen.world_size
-                                             or self.step == self.total_steps,
-                                             generation=gen.number)
+                    self.shards, group, gen.number, self.step, ending or result.checkpoint,
+                    self.rows.validation_due(self.step), aborted)
+            if self.is_leader:  # (before the step is reported: its checkpoint is on disk)
+                self.writer.maybe_checkpoint(self.step, ending, gen.number, result.checkpoint
+                                             if self.shards is not None else None)
                 now = time.perf_counter()
                 # the state hand-over's time is reported with the generation's first step
                 sync, self._state_sync_s = self._state_sync_s, None

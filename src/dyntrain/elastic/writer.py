@@ -51,15 +51,22 @@ class RunWriter:
         ``channel`` (which also carries the checkpoint reports); call once, before training."""
         self.channel, self.worker = channel, worker
 
-    def maybe_checkpoint(self, step: int, force: bool = False,
-                         generation: int | None = None) -> None:
+    def time_due(self) -> bool:
+        """Whether ``checkpoint_every_seconds`` have passed since this worker's last
+        checkpoint, by its own clock."""
+        every = self.config.checkpoint_every_seconds
+        return every is not None and time.monotonic() - self._last_checkpoint >= every
+
+    def maybe_checkpoint(self, step: int, force: bool = False, generation: int | None = None,
+                         agreed: bool | None = None) -> None:
         """Write a checkpoint of ``step`` if one is due (or ``force``); in a job, only while
         the coordinator confirms that ``generation`` (None: the worker, between generations)
-        still counts."""
+        still counts. ``agreed``: at sharding levels 1-3, whether the members agreed in the
+        step's tail that one by time is due (the leader's clock); None: this worker's clock
+        decides (``time_due``)."""
         cfg = self.config
         due = force or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
-        due = due or (cfg.checkpoint_every_seconds is not None and
-                      time.monotonic() - self._last_checkpoint >= cfg.checkpoint_every_seconds)
+        due = due or (self.time_due() if agreed is None else agreed)
         staged, self._staged = self._staged, None
         if not due or self.store is None or not self.may_write(generation, wait=force):
             return
@@ -76,7 +83,8 @@ class RunWriter:
                            force: bool, validate: bool,
                            should_abort: Callable[[], bool]) -> None:
         """Every member, after an applied step at shard levels 1-3 (``shards``: its
-        ``OptimizerShards``; ``force``: the last step, or every member leaves after it;
+        ``OptimizerShards``; ``force``: the last step, every member leaves after it, or the
+        members agreed on a checkpoint by time (``StepResult.checkpoint``);
         ``validate``: the leader validates after it): when a checkpoint is due
         (``checkpoint_due``, as every member can tell), write this member's shard of it
         into the step's staging folder and exchange the reports (the leader commits it in

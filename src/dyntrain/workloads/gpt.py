@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a folder of *.py files to train on [this Python's standard library]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps [100]")
+    ap.add_argument("--checkpoint-seconds", type=float, default=None,
+                    help="also checkpoint when this many seconds passed since the last one")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker [1]")
     ap.add_argument("--step-delay", type=float, default=0.0,
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
@@ -171,6 +173,7 @@ def build(args: argparse.Namespace) -> ElasticTrainer:
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
                          epochs=args.epochs, max_steps=args.max_steps, seed=args.seed,
                          checkpoint_every_steps=args.checkpoint_every,
+                         checkpoint_every_seconds=args.checkpoint_seconds,
                          grad_clip_norm=args.grad_clip or None, shard_level=args.shard,
                          shard_redundancy=args.shard_redundancy)
     corpus = load_corpus(args.corpus)
