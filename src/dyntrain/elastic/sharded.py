@@ -120,10 +120,9 @@ def lost_message(lost: Sequence[str], redundancy: int, checkpoint_step: int | No
 
 
 def checkpoint_due(config: TrainConfig, step: int, total_steps: int, all_leave: bool) -> bool:
-    """Whether the leader checkpoints after ``step``, as every member can tell (they write
-    their shares of it, or gather the optimizer state for it): when
-    ``RunWriter.maybe_checkpoint`` would, time-based checkpoints being refused with sharding
-    (``TrainConfig``)."""
+    """Whether the leader checkpoints after ``step`` by steps, as every member can tell (they
+    write their shares of it, or gather the optimizer state for it). A checkpoint by time is
+    agreed in the step itself instead (``StepResult.checkpoint``: the leader's clock)."""
     every = config.checkpoint_every_steps
     return all_leave or step == total_steps or bool(every and step % every == 0)
 
