@@ -297,7 +297,13 @@ def test_plain_and_array_jobs_run_on_ray_nodes_and_survive_a_service_sigkill(ray
             array = client.submit(queue="q", resources=SMALL, array_size=3, command=[
                 PY, "-c", "import os; print('child', os.environ['AWS_BATCH_JOB_ARRAY_INDEX'])"])
             assert ended(client, plain["id"])["status"] == "SUCCEEDED"
-            assert lines(client, plain["id"]) == [f"plain on {plain['id']}"]
+            # it ran once; a worker whose Ray actor died while starting (seen once at load 15)
+            # is retried and leaves the service's note of why before the command's line
+            said = lines(client, plain["id"])
+            assert [x for x in said if not x.startswith("dyntrain: ")] == [
+                f"plain on {plain['id']}"], said
+            assert all("its Ray actor failed while starting" in x for x in said
+                       if x.startswith("dyntrain: ")), said
             assert ended(client, array["id"])["status"] == "SUCCEEDED"
             for i in range(3):
                 assert lines(client, f"{array['id']}:{i}") == [f"child {i}"]
