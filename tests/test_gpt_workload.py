@@ -72,6 +72,11 @@ def test_another_corpus_folder_and_its_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpt.main(["--d-model", "96", "--n-head", "5", "--corpus", str(tmp_path)])
     assert capsys.readouterr().err.strip() == "gpt: error: n_head 5 does not divide d_model 96"
+    with pytest.raises(SystemExit) as exit_:  # checkpoints by time: a positive number
+        gpt.main(["--checkpoint-seconds", "-1", "--corpus", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip() == \
+        "gpt: error: checkpoint_every_seconds must be positive"
 
 
 def test_help_names_the_presets_and_the_corpus(capsys):
