@@ -6,6 +6,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH := $(VENV)/.torch
 PIN := $(VENV)/torch-pin.txt
+# --no-compile: pip would turn every installed .py file into bytecode (torch, ray, lightning:
+# about a minute of CPU on a 2-core machine); Python compiles, once, only what is imported
+PIP := $(PY) -m pip install --quiet --no-compile
 DEMO_STAMP := $(VENV)/.demo-installed
 LAB_STAMP := $(VENV)/.lab-installed
 STAMP := $(VENV)/.installed
@@ -16,23 +19,23 @@ $(TORCH):
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch 2.13.0 (CPU) lies on this machine's disk; a bare `torch` would pull a CUDA build.
-	$(PY) -m pip install --quiet "torch==2.13.0" || $(PY) -m pip install --quiet "torch>=2.3,<2.15"
+	$(PIP) "torch==2.13.0" || $(PIP) "torch>=2.3,<2.15"
 	# pin what was installed: without it pip's resolver may swap it for another build (on this
 	# machine `pip install -e .[dev]` replaced 2.13.0+cpu by a 2.14.1 CUDA build of 3 GB)
 	$(PY) -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(PIN)
 	touch $(TORCH)
 
 $(DEMO_STAMP): pyproject.toml $(TORCH)
-	$(PY) -m pip install --quiet -c $(PIN) -e ".[service,workloads]"
+	$(PIP) -c $(PIN) -e ".[service,workloads]"
 	touch $(DEMO_STAMP)
 
 $(LAB_STAMP): pyproject.toml $(TORCH)
-	$(PY) -m pip install --quiet -c $(PIN) -e ".[lab]"
+	$(PIP) -c $(PIN) -e ".[lab]"
 	touch $(LAB_STAMP)
 
 # everything: every extra and the test tools
 $(STAMP): pyproject.toml $(TORCH)
-	$(PY) -m pip install --quiet -c $(PIN) -e ".[dev]"
+	$(PIP) -c $(PIN) -e ".[dev]"
 	touch $(STAMP)
 
 # DEMO_ARGS=--no-keep-serving: end after the summary instead of serving the dashboard until Ctrl-C
