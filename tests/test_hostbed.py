@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,16 +110,29 @@ def test_a_slow_link_limits_the_rate(hosts):
     assert rate(8 << 20) > 2 * slow
 
 
-def sleeper(host) -> subprocess.Popen:
-    """A process with a child of its own in a new session (not in the bed's process tree)."""
-    return host.popen([sys.executable, "-c", "import subprocess, time; subprocess.Popen("
-                       "['sleep', '600'], start_new_session=True); time.sleep(600)"])
+def sleeper(host, ready: Path) -> subprocess.Popen:
+    """A process with a child of its own in a new session (not in the bed's process tree); it
+    creates ``ready`` once that child runs. (Two pids are seen earlier, from the child's vfork
+    on; a freeze then did not take at load 6, most likely because a parent waiting in the vfork
+    cannot stop while its child is stopped before its exec.)"""
+    return host.popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen("
+                       "['sleep', '600'], start_new_session=True); open(sys.argv[1], 'w').close()"
+                       "; time.sleep(600)", str(ready)])
 
 
-def test_freeze_and_lose_act_on_that_host_only(hosts):
-    procs = [sleeper(h) for h in hosts.hosts]
-    for h in hosts.hosts:
-        wait_for(lambda h=h: len(h.pids()) == 2, f"both processes of {h.name}")
+def sleepers(hosts, folder: Path) -> list[subprocess.Popen]:
+    """A ``sleeper`` on each host, returned once every one is ready (``folder``: on the bed's
+    shared file system)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    procs = [sleeper(h, folder / f"ready-{h.name}") for h in hosts]
+    for h in hosts:
+        wait_for(lambda h=h: (folder / f"ready-{h.name}").exists(), f"the sleeper of {h.name}")
+    return procs
+
+
+def test_freeze_and_lose_act_on_that_host_only(hosts, tmp_path):
+    procs = sleepers(hosts.hosts, hosts.shared / tmp_path.name)
+    assert all(len(h.pids()) == 2 for h in hosts.hosts)
     assert hosts.freeze(1) == 2
     assert all(netns.stopped(pid) for pid in hosts.host(1).pids())
     assert not any(netns.stopped(pid) for h in (0, 2) for pid in hosts.host(h).pids())
@@ -150,8 +164,8 @@ def test_teardown_leaves_nothing_even_after_an_owner_was_killed(tmp_path):
     with HostBed(1) as bed:
         assert not netns.link_exists(f"dt{token}br")
         assert not os.path.exists(record.folder)
-        procs = [sleeper(h) for h in bed.hosts]
-        wait_for(lambda: len(bed.host(0).pids()) == 2, "the processes")
+        procs = sleepers(bed.hosts, bed.shared)
+        assert len(bed.host(0).pids()) == 2
     assert bed.leftovers() == [] and procs[0].wait(10) == -signal.SIGKILL
     assert netns.pids_in(record.netns) == []
     assert token not in {r.token for r in netns.records()}

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, read_jsonl, run_cli
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, wait_for
 from dyntrain import TrainConfig
 
 pl = pytest.importorskip("lightning.pytorch")
@@ -38,11 +38,27 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     static = tmp_path / "static"
     proc = alone(static, "--epochs", "20")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    out = tmp_path / "elastic"
-    proc = run_cli(["run", "--workers", "1:2", "--nproc", "1", "--events", "step=10:join=1",
-                    "--out", out, SCRIPT, "--epochs", "20", "--step-delay", "0.01"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "world 1 -> 2" in proc.stdout, proc.stdout[-3000:]
+    out, hold = tmp_path / "elastic", tmp_path / "hold"
+    # held slow until the joiner is in: Lightning's import alone took a worker 26 s at load 8,
+    # longer than the rest of the run
+    hold.touch()
+    with open(tmp_path / "launcher.log", "w") as log:
+        launcher = subprocess.Popen(
+            [*DYNTRAIN, "run", "--workers", "1:2", "--nproc", "1", "--events", "step=10:join=1",
+             "--out", str(out), str(SCRIPT), "--epochs", "20", "--step-delay", "0.01",
+             "--hold", str(hold)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_for(lambda: "world 1 -> 2" in (tmp_path / "launcher.log").read_text()
+                 or launcher.poll() is not None, "the second worker to join", timeout=300)
+        hold.unlink()
+        assert launcher.wait(300) == 0, (tmp_path / "launcher.log").read_text()[-3000:]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    said = (tmp_path / "launcher.log").read_text()
+    assert "world 1 -> 2" in said, said[-3000:]
     same = run_cli(["compare", out, static])
     assert same.returncode == 0 and same.stdout.startswith("match: max |a-b| = 0"), same.stdout
     # the epoch-interval StepLR(step_size=2, gamma=0.5) stepped at each epoch's end

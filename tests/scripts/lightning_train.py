@@ -3,6 +3,7 @@ dropout, SGD with momentum and an epoch-interval LR scheduler, data from a Light
 Run alone (``python``) or under ``dyntrain run``: the final model is bitwise the same."""
 
 import argparse
+import os
 import time
 
 import lightning.pytorch as pl
@@ -13,9 +14,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from dyntrain import TrainConfig
 from dyntrain.adapters.lightning import elastic_trainer
 
+HELD_STEP_S = 0.5
+
 
 class Classifier(pl.LightningModule):
-    def __init__(self, lr: float = 0.1, step_delay: float = 0.0):
+    def __init__(self, lr: float = 0.1, step_delay: float = 0.0, hold: str = ""):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(),
@@ -24,6 +27,8 @@ class Classifier(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         time.sleep(self.hparams.step_delay)  # slow enough for a join to land mid-run
+        if self.hparams.hold and os.path.exists(self.hparams.hold):
+            time.sleep(HELD_STEP_S)  # held by a test until it saw what it waits for
         loss = nn.functional.cross_entropy(self.net(x), y)
         self.log("train_loss", loss)  # no Lightning Trainer: Lightning warns and drops it
         return loss
@@ -48,6 +53,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--step-delay", type=float, default=0.0, help="seconds of sleep per chunk")
+    ap.add_argument("--hold", default="", help="each step sleeps 0.5 s more while this file "
+                    "exists (outside the arithmetic: the model is the same)")
     ap.add_argument("--accumulate", type=int, default=1,
                     help="accumulate_grad_batches (anything but 1 is refused)")
     args = ap.parse_args()
@@ -55,7 +62,7 @@ def main():
     torch.manual_seed(0)
     config = TrainConfig(global_batch=32, chunk_size=4, epochs=args.epochs, seed=5,
                          checkpoint_every_steps=8)
-    trainer = elastic_trainer(Classifier(step_delay=args.step_delay), config,
+    trainer = elastic_trainer(Classifier(step_delay=args.step_delay, hold=args.hold), config,
                               datamodule=Blobs(), accumulate_grad_batches=args.accumulate)
     trainer.fit()
     if trainer.is_leader:
