@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from dyntrain.errors import EXIT_UNREACHABLE
 from dyntrain.launch.forkserver import ENV_SWITCH, wanted
 
 pytestmark = pytest.mark.slow
@@ -23,6 +24,10 @@ print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
 atexit.register(print, "exit handler ran")
 if sys.argv[1:] == ["raise"]:
     raise ValueError("boom")
+if sys.argv[1:] == ["hooked"]:  # dyntrain's hook: one line, and the error's exit status
+    from dyntrain.errors import Unreachable, install_excepthook
+    install_excepthook()
+    raise Unreachable("nobody there")
 if sys.argv[1:] == ["interrupt"]:
     raise KeyboardInterrupt
 if sys.argv[1:] == ["message"]:
@@ -47,8 +52,9 @@ server = ForkServer(tmp / "server.log", {**os.environ, "OMP_NUM_THREADS": "1"}, 
 env = {**os.environ, "PROBE": "yes", "OMP_NUM_THREADS": "1"}
 runs = {name: server.start(argv, env, tmp / f"{name}.log") for name, argv in [
     ("script", [script, "3"]), ("module", ["-m", "pkg.probe"]), ("raise", [script, "raise"]),
-    ("interrupt", [script, "interrupt"]), ("message", [script, "message"]),
-    ("thread", [script, "thread"]), ("killed", [script, "wait"])]}
+    ("hooked", [script, "hooked"]), ("interrupt", [script, "interrupt"]),
+    ("message", [script, "message"]), ("thread", [script, "thread"]),
+    ("killed", [script, "wait"])]}
 codes = {k: p.wait(60) for k, p in runs.items() if k != "killed"}
 fds = sorted(os.listdir(f"/proc/{runs['killed'].pid}/fd"), key=int)
 runs["killed"].send_signal(signal.SIGKILL)
@@ -74,7 +80,8 @@ def test_forked_workers_run_like_python_script_and_report_exit_codes(tmp_path, h
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.splitlines()[-1])
     assert result["forked"] is (how == "fork")
-    assert result["codes"] == {"script": 3, "module": 0, "raise": 1, "interrupt": -signal.SIGINT,
+    assert result["codes"] == {"script": 3, "module": 0, "raise": 1, "hooked": EXIT_UNREACHABLE,
+                               "interrupt": -signal.SIGINT,
                                "message": 1, "thread": 0, "killed": -signal.SIGKILL}
     assert result["server"] == 0 and result["worker_fds"] == ["0", "1", "2"], result
     lines = (tmp_path / "script.log").read_text().splitlines()
@@ -87,6 +94,8 @@ def test_forked_workers_run_like_python_script_and_report_exit_codes(tmp_path, h
     assert b["argv"] == [str(script)] and b["path0"] == str(tmp_path) and b["name"] == "__main__"
     c = (tmp_path / "raise.log").read_text()
     assert "Traceback" in c and c.strip().endswith("exit handler ran") and "ValueError: boom" in c
+    assert (tmp_path / "hooked.log").read_text().splitlines()[1:] == [
+        "dyntrain: error: nobody there", "exit handler ran"]
     assert "KeyboardInterrupt" in (tmp_path / "interrupt.log").read_text()
     assert "said why" in (tmp_path / "message.log").read_text()
     assert (tmp_path / "thread.log").read_text().splitlines()[1:] == ["thread ended",

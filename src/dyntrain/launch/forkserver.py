@@ -286,34 +286,47 @@ def _forked_server(requests: int, replies: int, log_path: str, env: dict[str, st
 
 def _run_as_main(run: Callable[[], None]) -> NoReturn:
     """Run a worker and end the process the way the interpreter ends after ``python SCRIPT``:
-    the exit code of ``SystemExit``, a traceback and 1 for an exception, death by SIGINT for an
-    unhandled KeyboardInterrupt; then non-daemon threads are joined, exit handlers run and the
-    standard streams flushed."""
-    code: int | None = 0
+    the exit status ``_outcome`` gives, after non-daemon threads are joined, exit handlers run and
+    the standard streams flushed. Nothing raised here may reach the launcher's code below this
+    frame (the process was forked from it): everything ends in ``os._exit``."""
+    code = 1
+    try:
+        code = _outcome(run)
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except BaseException:
+        pass
+    finally:
+        if code == -signal.SIGINT:  # as Python ends on an unhandled KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(1 if code == -signal.SIGINT else code)
+
+
+def _outcome(run: Callable[[], None]) -> int:
+    """The exit status of ``run()`` as ``python`` gives it: 0; ``SystemExit``'s code (a message
+    printed, and 1); for any other exception ``sys.excepthook`` (which may raise ``SystemExit``
+    to choose the status, as dyntrain's does) and 1, or -SIGINT for a KeyboardInterrupt."""
     try:
         run()
+        return 0
     except SystemExit as exc:
-        code = exc.code
-        if not (code is None or isinstance(code, int)):
-            print(code, file=sys.stderr)  # sys.exit("message"), as Python prints it
-            code = 1
-    except KeyboardInterrupt:
-        traceback.print_exc()
-        code = -signal.SIGINT
-    except BaseException:
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+        return _exit_status(exc)
+    except BaseException as exc:
         try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    if code == -signal.SIGINT:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code or 0)
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        except SystemExit as chosen:
+            return _exit_status(chosen)
+        return -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)  # sys.exit("message"), as Python prints it
+    return 1
 
 
 def _exists(pid: int) -> bool:
