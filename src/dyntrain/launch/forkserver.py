@@ -3,11 +3,20 @@
 A fresh worker spends 2.5 s (an idle 2-core machine) to 10 s (a loaded one) importing torch and
 ``torch._dynamo`` (which every ``optimizer.step()`` imports) before it can say hello, and a job
 with N workers pays it N times at once. ``dyntrain run`` therefore starts one fork server per
-run: ``python -m dyntrain.launch.forkserver`` imports what a worker imports, then forks a child
-per request, which becomes the worker: its own session, its log as stdout and stderr, the
-requested environment, working directory and command line, run the way ``python SCRIPT`` or
-``python -m MODULE`` runs it. The launcher sees each child through ``ForkedProcess``, which acts
-like the ``subprocess.Popen`` of a normal start (poll, wait, signals, the exit code).
+run: the server imports what a worker imports, then forks a child per request, which becomes the
+worker: its own session, its log as stdout and stderr, the requested environment, working
+directory and command line, run the way ``python SCRIPT`` or ``python -m MODULE`` runs it. The
+launcher sees each child through ``ForkedProcess``, which acts like the ``subprocess.Popen`` of a
+normal start (poll, wait, signals, the exit code).
+
+The launcher has imported torch already (its coordinator's store is torch's), so where it can it
+forks the server from itself (``_fork_server``) instead of starting ``python -m
+dyntrain.launch.forkserver``, which would import torch a second time (2-3 s of CPU on each
+``dyntrain run``). It can while no other Python thread runs (it starts the server before its
+store and anything else that starts threads) on a CPU build of torch; the forked server drops
+what it inherited: every file descriptor but its pipes and log, exit handlers, signal handlers,
+the standard streams and the environment, and its workers exit as ``python`` would
+(``_run_as_main``).
 
 The server never computes with torch and runs no Python threads, so the children inherit no
 locked state; it does not initialise CUDA (importing torch does not), and it is used only where
@@ -22,6 +31,9 @@ the like when it starts).
 
 from __future__ import annotations
 
+import atexit
+import gc
+import io
 import json
 import os
 import select
@@ -30,7 +42,10 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 ENV_SWITCH = "DYNTRAIN_FORKSERVER"
 # What a worker imports before its first step; the server imports it once for all of them.
@@ -87,20 +102,27 @@ class ForkedProcess:
 class ForkServer:
     """The launcher's side: starts the server, asks it for workers, learns their exit codes."""
 
-    def __init__(self, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, log_path: Path, env: dict[str, str] | None = None,
+                 fork: bool | None = None) -> None:
         """Start the server.
 
         Args:
             log_path: where the server's own messages go.
             env: the environment it runs with (default: this process's); only workers with the
                 same environment, apart from per-worker variables, are forked from it.
+            fork: fork it from this process (True; only where ``can_fork_here()``) or start
+                ``python -m dyntrain.launch.forkserver`` (False); None: fork where it can.
         """
         self.env = dict(os.environ) if env is None else dict(env)
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-u", "-m", "dyntrain.launch.forkserver"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                start_new_session=True, env=self.env)
+        self.forked = can_fork_here() if fork is None else fork
+        if self.forked:
+            self.proc: subprocess.Popen | ServerProcess = _fork_server(log_path, self.env)
+        else:
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-u", "-m", "dyntrain.launch.forkserver"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                    start_new_session=True, env=self.env)
         self._replies: dict[int, int] = {}  # request number -> pid
         self._exits: dict[int, int] = {}  # pid -> exit code
         self._ready = threading.Event()
@@ -165,6 +187,146 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+class ServerProcess:
+    """The fork server forked from this process, seen like the ``subprocess.Popen`` of one started
+    as ``python -m dyntrain.launch.forkserver`` (its pipes, poll, wait, kill)."""
+
+    def __init__(self, pid: int, stdin: io.BufferedWriter, stdout: io.BufferedReader) -> None:
+        self.pid, self.stdin, self.stdout = pid, stdin, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"fork server pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def can_fork_here() -> bool:
+    """Whether the server may be forked from this process: a CPU build of torch is imported
+    (so no CUDA state to inherit) and no other Python thread runs (no lock such a thread holds
+    is copied into the child; the native pool numpy's OpenBLAS starts shuts itself down at a
+    fork). The launcher checks this before its store starts the store's native threads."""
+    torch = sys.modules.get("torch")
+    if os.environ.get(ENV_SWITCH) == "1" or torch is None or torch.version.cuda is not None \
+            or getattr(torch.version, "hip", None) is not None:
+        return False
+    return threading.active_count() == 1
+
+
+def _fork_server(log_path: Path, env: dict[str, str]) -> ServerProcess:
+    """Fork the server from this process; the child never returns from here."""
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # what is buffered here is written once, by this process
+    gc.collect()  # garbage of this process is freed here, not (closing reused fds) in the child
+    pid = os.fork()
+    if pid == 0:
+        _forked_server(requests_r, replies_w, str(log_path), env)
+    os.close(requests_r)
+    os.close(replies_w)
+    return ServerProcess(pid, open(requests_w, "wb"), open(replies_r, "rb"))
+
+
+_INHERITED: list = []  # the launcher's streams: kept, so that freeing them closes no fd
+
+
+def _forked_server(requests: int, replies: int, log_path: str, env: dict[str, str]) -> NoReturn:
+    """In the forked child: become the server, as ``python -u -m dyntrain.launch.forkserver``
+    started with ``env`` would be, then serve; a worker forked from it runs and exits here."""
+    try:
+        os.setsid()
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(requests, 0)
+        os.dup2(replies, 1)
+        os.dup2(log, 2)
+        os.closerange(3, 1 << 20)  # the launcher's store socket, files, pipes: none is ours
+        gc.freeze()
+        atexit._clear()
+        signal.set_wakeup_fd(-1)
+        for sig in signal.valid_signals():
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        threads = env.get("OMP_NUM_THREADS", "")
+        if threads != os.environ.get("OMP_NUM_THREADS", "") and threads.isdigit() \
+                and int(threads) > 0:  # read when torch loaded: set as that read would have
+            sys.modules["torch"].set_num_threads(int(threads))
+        os.environ.clear()
+        os.environ.update(env)
+        _INHERITED.extend((sys.stdin, sys.stdout, sys.stderr))
+        sys.stdin = open(0, closefd=False)
+        sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", buffering=0, closefd=False),
+                                                   errors=errors, write_through=True)
+                                  for fd, errors in ((1, "strict"), (2, "backslashreplace")))
+        request = _serve()
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    if request is None:
+        os._exit(0)
+    _run_as_main(lambda: _become_worker(request))
+
+
+def _run_as_main(run: Callable[[], None]) -> NoReturn:
+    """Run a worker and end the process the way the interpreter ends after ``python SCRIPT``:
+    the exit status ``_outcome`` gives, after non-daemon threads are joined, exit handlers run and
+    the standard streams flushed. Nothing raised here may reach the launcher's code below this
+    frame (the process was forked from it): everything ends in ``os._exit``."""
+    code = 1
+    try:
+        code = _outcome(run)
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+    except BaseException:
+        pass
+    finally:
+        if code == -signal.SIGINT:  # as Python ends on an unhandled KeyboardInterrupt
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(1 if code == -signal.SIGINT else code)
+
+
+def _outcome(run: Callable[[], None]) -> int:
+    """The exit status of ``run()`` as ``python`` gives it: 0; ``SystemExit``'s code (a message
+    printed, and 1); for any other exception ``sys.excepthook`` (which may raise ``SystemExit``
+    to choose the status, as dyntrain's does) and 1, or -SIGINT for a KeyboardInterrupt."""
+    try:
+        run()
+        return 0
+    except SystemExit as exc:
+        return _exit_status(exc)
+    except BaseException as exc:
+        try:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+        except SystemExit as chosen:
+            return _exit_status(chosen)
+        return -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
+
+
+def _exit_status(exc: SystemExit) -> int:
+    if exc.code is None or isinstance(exc.code, int):
+        return exc.code or 0
+    print(exc.code, file=sys.stderr)  # sys.exit("message"), as Python prints it
+    return 1
 
 
 def _exists(pid: int) -> bool:

@@ -46,26 +46,37 @@ def thread_settings(max_local: int, environ: dict[str, str] | None = None,
     return {"OMP_NUM_THREADS": str(max(1, cpus // max_local))}
 
 
+def start_fork_server(logs_dir: Path, extra_env: dict[str, str]) -> ForkServer:
+    """The fork server for workers with this environment beside ours, logging into
+    ``logs_dir/forkserver.log``. Started before the launcher starts any thread, it is forked from
+    the launcher (see ``dyntrain.launch.forkserver``)."""
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    return ForkServer(logs_dir / "forkserver.log", {**os.environ, **extra_env})
+
+
 class LocalWorkers:
     """Starts ``python SCRIPT ARGS`` (or ``python -m MODULE ARGS``) as job workers.
 
     With ``fork_server`` (default: ``forkserver.wanted()``) they are forked from a process that
     has already imported torch (``dyntrain.launch.forkserver``); if it fails, plain processes.
+    A started ``ForkServer`` (``start_fork_server``) may be passed instead; it is then ours.
     """
 
     def __init__(self, command: list[str], coordinator: str, out_dir: str | Path,
                  extra_env: dict[str, str] | None = None,
-                 fork_server: bool | None = None, logs_dir: Path | None = None) -> None:
+                 fork_server: ForkServer | bool | None = None,
+                 logs_dir: Path | None = None) -> None:
         self.command, self.coordinator, self.out_dir = command, coordinator, str(out_dir)
         self.logs_dir = logs_dir or Path(out_dir) / "logs"  # out_dir may be a URL: logs stay here
         self.extra_env = extra_env or {}
         self.workers: dict[str, LocalWorker] = {}
         self._next = 0
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        use = wanted() if fork_server is None else fork_server
-        self.server = (ForkServer(self.logs_dir / "forkserver.log", {**os.environ,
-                                                                     **self.extra_env})
-                       if use else None)
+        if isinstance(fork_server, ForkServer):
+            self.server: ForkServer | None = fork_server
+        else:
+            use = wanted() if fork_server is None else fork_server
+            self.server = start_fork_server(self.logs_dir, self.extra_env) if use else None
 
     def start(self) -> str:
         worker_id = f"w{self._next}"

@@ -30,8 +30,9 @@ from dyntrain.errors import ConfigError, DyntrainError
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
+from dyntrain.launch.forkserver import wanted as fork_server_wanted
 from dyntrain.launch.interrupt import StopSignals, stop_workers
-from dyntrain.launch.local import SIGNALS, LocalWorkers, thread_settings
+from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server, thread_settings
 
 TICK_SECONDS = 0.01
 # Each injected event as it fires (one JSON line), so that a resumed run skips those.
@@ -186,10 +187,15 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     store = open_store(opts.out_dir, "--out")
     store.check()
     logs = store.local / "logs" if store.local is not None else local_logs(store.location)
+    threads = thread_settings(opts.max_workers)
+    # before the store's server and anything else that starts a thread: forked from here
+    server = start_fork_server(logs, threads) if fork_server_wanted() else None
     try:
         tcp = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
                             timeout=timedelta(seconds=30))
     except Exception as exc:
+        if server is not None:
+            server.close()
         raise DyntrainError(f"cannot listen on {opts.host}:{opts.port}: "
                             f"{str(exc).splitlines()[0]}") from None
     # workers (local ones too) advertise the address they reach the coordinator from: with a
@@ -209,8 +215,8 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
         opts.min_workers, opts.max_workers, expected_initial=max(opts.nproc, 1),
         settle_seconds=opts.settle_seconds, failure_timeout=opts.failure_timeout),
         sink, find_checkpoint)
-    threads = thread_settings(opts.max_workers)
-    workers = LocalWorkers(opts.command, address, out, extra_env=threads, logs_dir=logs)
+    workers = LocalWorkers(opts.command, address, out, extra_env=threads,
+                           fork_server=server or False, logs_dir=logs)
     if store.local is None:
         sink.log(f"run folder {store.location}; local workers' logs in {logs}")
     schedule = EventSchedule(opts.events)
