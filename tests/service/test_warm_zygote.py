@@ -41,14 +41,17 @@ class Supervised:
         (tmp_path / "job.py").write_text(JOB)
         self.link = SupervisorLink(tmp_path / "state", warm=warm)
         self.supervisor_log = tmp_path / "state" / "supervisor.log"
+        self.pids: list[int] = []  # of the workers started
 
     def request(self, args: dict[str, str]) -> dict[str, dict]:
         """Start one worker per ``id -> argument`` at once, each asking for a warm worker."""
-        return self.link.request([
+        answers = self.link.request([
             {"op": "start", "id": wid, "argv": [PY, str(self.dir / "job.py"), arg],
              "env": dict(os.environ), "cwd": None, "log": str(self.dir / f"{wid}.log"),
              "status": str(self.dir / f"{wid}.status.json"), "warm": True}
             for wid, arg in args.items()])
+        self.pids += [a["pid"] for a in answers.values() if "pid" in a]
+        return answers
 
     def log(self, wid: str) -> list[str]:
         path = self.dir / f"{wid}.log"
@@ -69,7 +72,10 @@ class Supervised:
         return self.said(ZYGOTE_READY)[0]
 
     def close(self) -> None:
+        """End the supervisor's input; a worker still waiting (a failed test) is killed."""
         self.link.close()
+        for pid in filter(alive, self.pids):
+            os.killpg(pid, signal.SIGKILL)
         wait_for(lambda: self.link.proc.poll() is not None, "the supervisor to exit")
 
 
