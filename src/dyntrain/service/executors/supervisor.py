@@ -17,12 +17,14 @@ outlives a killed service:
 * Each start is a line ``{"id", "pid", "start_time"}`` appended to ``DIR/supervisor-<pid>.started``
   (removed when the supervisor exits, once every exit is in a status file), so a worker whose
   handle the service never stored can still be found by its id.
-* ``python supervisor.py DIR N`` also keeps N warm workers ready (``warm.py``: Python with torch
-  imported, waiting for one assignment on stdin). A start request with ``"warm": true`` (the
-  executor decided the command may run in one) is handed to a ready one, which becomes that
-  worker - same status file, exit event and process group as any other - and a new one is
-  started ``WARM_REFILL_S`` later; with none ready the worker starts cold. The pool fills only
-  after the first such request (a service that runs no Python workers pays nothing for it).
+* ``python supervisor.py DIR N`` also keeps N warm workers ready (``warm_pool.py``: Python with
+  torch imported, waiting for one assignment on stdin, each forked by one zygote that imported
+  it once and re-parented to this process, a child subreaper). A start request with ``"warm":
+  true`` (the executor decided the command may run in one) is handed to a ready one, or to one
+  forked for it there and then, which becomes that worker - same status file, exit event and
+  process group as any other; the answer says ``"warm": true``. Without a zygote (not ready yet,
+  dead, not answering) the worker starts cold. The zygote starts at the first such request (a
+  service that runs no Python workers pays nothing for it) and is let go at the end of stdin.
 
 ``DIR/supervisor-<pid>.live`` exists while the supervisor may still read requests. At the end of
 stdin (the service closed it or died) the supervisor has started everything it was asked to,
@@ -33,7 +35,8 @@ was never started.
 ``SupervisorLink`` is the executor's end: it starts the process and exchanges the lines.
 
 Standard library only, run by path: starting it must not import the ``dyntrain`` package (and
-with it torch); ``dyntrain.procstat`` (standard library only too) is loaded from its file. A
+with it torch); ``dyntrain.procstat`` and ``warm_pool`` (standard library only too) are loaded
+from their files. A
 worker costs a ``posix_spawn`` (a vfork and an exec), not a Python interpreter.
 """
 

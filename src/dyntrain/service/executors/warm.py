@@ -1,10 +1,17 @@
 """Warm workers: Python processes that imported torch already and wait to become one worker.
 
-The local executor's supervisor keeps ``warm_workers`` of them ready (``python -m
-dyntrain.service.executors.warm``). Each imports what nearly every training worker imports first
-(``WARM_IMPORTS``: torch, torch.optim and torch._dynamo - which the first optimizer imports
-lazily, over a second here -, torch.distributed, numpy, dyntrain's ElasticTrainer), then blocks
-on its stdin for one assignment, a JSON line ``{"argv", "env", "cwd", "log"}``. It becomes that
+The local executor's supervisor starts one zygote, ``python -m dyntrain.service.executors.warm
+--zygote``, which imports what nearly every training worker imports first (``WARM_IMPORTS``:
+torch, torch.optim and torch._dynamo - which the first optimizer imports lazily, over a second
+here -, torch.distributed, numpy, dyntrain's ElasticTrainer) once, then forks one warm worker per
+request (``serve_forks``; ``warm_pool.py`` has the protocol and the supervisor's side). It never
+computes and starts no thread of its own (OpenBLAS's idle pool, which numpy starts, is shut down
+around a fork by OpenBLAS's own handler). A forked worker closes the zygote's socket, leads a
+session of its own, reseeds numpy's global generator (``random`` reseeds itself at a fork;
+workers share the zygote's string-hash seed, as a fork does), prints its own "ready" line and
+blocks on its stdin, a pipe whose write end went to the supervisor, for one assignment, a JSON
+line ``{"argv", "env", "cwd", "log"}``. (Without ``--zygote`` the module is one warm worker
+that imported everything itself.) It becomes that
 worker: stdout and stderr appended to the log, stdin from /dev/null, exactly the worker's
 environment and working directory, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
 them, and the script (``runpy.run_path``) or module (``runpy.run_module``) runs as
