@@ -79,6 +79,18 @@ class Supervised:
         wait_for(lambda: self.link.proc.poll() is not None, "the supervisor to exit")
 
 
+def holds_stdin_of(holder: int, pid: int) -> bool:
+    """Whether process ``holder`` has an end of the pipe that is process ``pid``'s stdin."""
+    def target(link: str) -> str:
+        try:
+            return os.readlink(link)
+        except OSError:
+            return ""
+    stdin = target(f"/proc/{pid}/fd/0")
+    held = {target(f"/proc/{holder}/fd/{fd}") for fd in os.listdir(f"/proc/{holder}/fd")}
+    return stdin.startswith("pipe:") and stdin in held
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` exists and is no zombie."""
     try:
@@ -120,6 +132,8 @@ def test_a_killed_zygote_means_cold_starts_that_still_run_and_are_recorded(tmp_p
     try:
         s.request({"w0": "0"})
         zygote = s.pool_ready(1)
+        forked = s.said(WORKER_READY)[0]  # (it says so before the zygote sent it over)
+        wait_for(lambda: holds_stdin_of(s.link.proc.pid, forked), "the supervisor to hold it")
         os.kill(zygote, signal.SIGKILL)
         wait_for(lambda: "start cold from now on" in s.supervisor_log.read_text(), "the log line")
         wait_for(lambda: not alive(zygote), "the zygote to be reaped")

@@ -123,8 +123,9 @@ class WarmPool:
         alive = self.state in (ZygoteState.IMPORTING, ZygoteState.READY)
         return self.sock.fileno() if alive and self.sock is not None else None
 
-    def receive(self) -> None:
-        """Take the zygote's messages that arrived (without blocking)."""
+    def receive(self, closed: str = "closed its socket") -> None:
+        """Take the zygote's messages that arrived (without blocking); at the end of them, it
+        is gone for the reason ``closed``."""
         while self.fileno() is not None:
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, 256, 1)  # (non-blocking)
@@ -135,7 +136,7 @@ class WarmPool:
                 log(f"dyntrain warm zygote: {e}")
             text = data.decode(errors="replace")
             if not data:
-                self._gone("closed its socket")
+                self._gone(closed)
             elif text == "ready":
                 self.state = ZygoteState.READY
             elif text.startswith("forked ") and fds:
@@ -175,7 +176,9 @@ class WarmPool:
         or an intermediate of a fork whose zygote died before reaping it."""
         if self.zygote is not None and pid == self.zygote.pid:
             self.zygote.returncode = status  # subprocess must not wait on it
-            self._gone(f"was killed by signal {status}" if killed else f"exited with {status}")
+            # the workers it forked and sent first are usable
+            self.receive(f"was killed by signal {status}" if killed else f"exited with {status}")
+            self._gone("exited")
             return
         worker = self.ready.pop(pid, None)
         if worker is not None:
