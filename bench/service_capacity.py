@@ -3,7 +3,7 @@
 Twice, side by side in one run: "cold" (``warm_workers=0``: every worker starts a new Python)
 and "warm" (``warm_workers=1``: the executor's supervisor keeps one Python with torch imported
 ready once the job's first worker, which starts cold, asked for one; a worker becomes it, and a
-new one is started 2 s later). In each, in one process: a
+new one is forked at once by the supervisor's zygote). In each, in one process: a
 SQLite store in a temp dir, a ``LocalExecutor`` and a ``Controller`` (``schedule_every=0.05``)
 driven by this script's own loop (``step()``, then ~20 ms sleep). A SPOT environment (slots of
 0.25 cpus) starts with 1 slot; an elastic job (workers 1..3) runs

@@ -9,11 +9,12 @@ restarted service learns how a worker it did not start itself ended, and, while 
 where it is. No Python interpreter starts per worker: a worker costs one fork and exec.
 
 With ``warm_workers`` the supervisor also keeps that many warm workers ready (``warm.py``: Python
-with torch imported); a worker whose command and environment allow it (``warm.eligible``: this
-interpreter running a script or module, nothing read at start-up changed) becomes one of them
+with torch imported, forked by one zygote that imported it once); a worker whose command and
+environment allow it (``warm.eligible``: this interpreter running a script or module, nothing
+read at start-up changed) becomes one of them, or one forked for it at once when none is ready,
 instead of starting a new interpreter, and so skips the seconds of importing torch. Each warm
-worker serves one worker, then exits like any other. The pool fills after the first worker
-that could have used one (which starts cold).
+worker serves one worker, then exits like any other. The zygote starts with the first worker
+that could have used one (which starts cold, as do those started while it imports).
 
 A handle's ref is ``"<pid>:<start time>"`` (field 22 of ``/proc/<pid>/stat``, clock ticks since
 boot): a pid alone may have been reused by an unrelated process by the time it is adopted.

@@ -17,12 +17,14 @@ outlives a killed service:
 * Each start is a line ``{"id", "pid", "start_time"}`` appended to ``DIR/supervisor-<pid>.started``
   (removed when the supervisor exits, once every exit is in a status file), so a worker whose
   handle the service never stored can still be found by its id.
-* ``python supervisor.py DIR N`` also keeps N warm workers ready (``warm.py``: Python with torch
-  imported, waiting for one assignment on stdin). A start request with ``"warm": true`` (the
-  executor decided the command may run in one) is handed to a ready one, which becomes that
-  worker - same status file, exit event and process group as any other - and a new one is
-  started ``WARM_REFILL_S`` later; with none ready the worker starts cold. The pool fills only
-  after the first such request (a service that runs no Python workers pays nothing for it).
+* ``python supervisor.py DIR N`` also keeps N warm workers ready (``warm_pool.py``: Python with
+  torch imported, waiting for one assignment on stdin, each forked by one zygote that imported
+  it once and re-parented to this process, a child subreaper). A start request with ``"warm":
+  true`` (the executor decided the command may run in one) is handed to a ready one, or to one
+  forked for it there and then, which becomes that worker - same status file, exit event and
+  process group as any other; the answer says ``"warm": true``. Without a zygote (not ready yet,
+  dead, not answering) the worker starts cold. The zygote starts at the first such request (a
+  service that runs no Python workers pays nothing for it) and is let go at the end of stdin.
 
 ``DIR/supervisor-<pid>.live`` exists while the supervisor may still read requests. At the end of
 stdin (the service closed it or died) the supervisor has started everything it was asked to,
@@ -33,7 +35,8 @@ was never started.
 ``SupervisorLink`` is the executor's end: it starts the process and exchanges the lines.
 
 Standard library only, run by path: starting it must not import the ``dyntrain`` package (and
-with it torch); ``dyntrain.procstat`` (standard library only too) is loaded from its file. A
+with it torch); ``dyntrain.procstat`` and ``warm_pool`` (standard library only too) are loaded
+from their files. A
 worker costs a ``posix_spawn`` (a vfork and an exec), not a Python interpreter.
 """
 
@@ -52,12 +55,18 @@ import time
 
 if __package__:
     from dyntrain import procstat
-else:  # run by path: the package is not importable; its standard-library-only module, by file
-    _spec = importlib.util.spec_from_file_location("dyntrain_procstat", os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "procstat.py"))
-    procstat = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = procstat  # before it runs: its dataclasses look their module up
-    _spec.loader.exec_module(procstat)
+    from dyntrain.service.executors import warm_pool
+else:  # run by path: the package is not importable; its standard-library-only modules, by file
+    def _load(name: str, *path: str):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), *path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # before it runs: its dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+    procstat = _load("dyntrain_procstat", os.pardir, os.pardir, "procstat.py")
+    warm_pool = _load("dyntrain_warm_pool", "warm_pool.py")
 
 
 def proc_start_time(pid: int) -> int | None:
@@ -76,66 +85,6 @@ def write_json(path: str, record: dict) -> None:
 
 def _ignore(signum, frame) -> None:
     """Swallow the signal."""
-
-
-WARM_REFILL_S = 2.0  # a replacement starts this long after a warm worker was taken: not beside
-# the start-up of the worker it just sped up (both would share the CPUs)
-WARM_MAX_FAILURES = 3  # warm workers that died unused before the pool gives up (import errors)
-
-
-class WarmPool:
-    """Pre-started warm workers (``python -m dyntrain.service.executors.warm``), each waiting
-    for one assignment; the supervisor reaps them like its other children."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.wanted = False  # set by the first request that could use a warm worker
-        self.ready: dict[int, subprocess.Popen] = {}  # pid -> process, oldest first
-        self.refill_at = 0.0
-        self.failures = 0
-
-    def fill(self) -> None:
-        while (self.wanted and len(self.ready) < self.size
-               and time.monotonic() >= self.refill_at and self.failures < WARM_MAX_FAILURES):
-            proc = subprocess.Popen([sys.executable, "-m", "dyntrain.service.executors.warm"],
-                                    stdin=subprocess.PIPE, stdout=sys.stderr.fileno(),
-                                    start_new_session=True, close_fds=True)
-            self.ready[proc.pid] = proc
-
-    def assign(self, req: dict) -> subprocess.Popen | None:
-        """Hand ``req`` to a ready warm worker; None when there is none (or it just died)."""
-        self.wanted = True
-        if req.get("cwd") is not None and not os.path.isdir(req["cwd"]):
-            return None  # the cold start reports it
-        while self.ready:
-            pid = next(iter(self.ready))
-            proc = self.ready.pop(pid)
-            self.refill_at = time.monotonic() + WARM_REFILL_S
-            try:
-                open(req["log"], "ab").close()  # fails here, like a cold start's, if it cannot
-                proc.stdin.write(json.dumps({k: req.get(k) for k in ("argv", "env", "cwd", "log")})
-                                 .encode() + b"\n")
-                proc.stdin.close()
-            except BrokenPipeError:  # it died before it was reaped: try the next one
-                continue
-            return proc
-        return None
-
-    def died(self, pid: int, status: int) -> None:
-        """A child that is no worker exited: if it was a ready warm worker, it died unused."""
-        proc = self.ready.pop(pid, None)
-        if proc is not None:
-            proc.returncode = status  # subprocess must not wait on it
-            self.failures += 1
-
-    def close(self) -> None:
-        """Let the ready ones go (they exit at the end of their stdin)."""
-        self.failures = WARM_MAX_FAILURES
-        for proc in self.ready.values():
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
 
 
 def _spawn(argv: list[str], env: dict, cwd: str | None, log: str):
@@ -170,7 +119,7 @@ class Supervisor:
     def __init__(self, directory: str, out, warm: int = 0) -> None:
         self.dir = directory
         self.out = out
-        self.pool = WarmPool(warm)
+        self.pool = warm_pool.WarmPool(warm)
         self.workers: dict[int, dict] = {}  # pid -> {"id", "status", "start_time", "proc"}
         base = os.path.join(directory, f"supervisor-{os.getpid()}")
         self.live_file = base + ".live"
@@ -191,8 +140,8 @@ class Supervisor:
         wid = req["id"]
         try:
             os.makedirs(os.path.dirname(req["log"]) or ".", exist_ok=True)
-            proc = self.pool.assign(req) if req.get("warm") else None
-            pid, proc = (proc.pid, proc) if proc is not None else _spawn(
+            warm = self.pool.assign(req) if req.get("warm") else None
+            pid, proc = (warm.pid, None) if warm is not None else _spawn(
                 req["argv"], req["env"], req.get("cwd"), req["log"])
         except (OSError, ValueError) as e:
             errno = getattr(e, "errno", None)
@@ -208,9 +157,8 @@ class Supervisor:
         if self.journal is None:
             self.journal = open(self.journal_path, "a", buffering=1)
         self.journal.write(json.dumps({"id": wid, "pid": pid, "start_time": start_time}) + "\n")
-        warm = proc is not None and proc.args[-1:] == ["dyntrain.service.executors.warm"]
         self.send({"op": "started", "id": wid, "pid": pid, "start_time": start_time,
-                   "warm": warm})
+                   "warm": warm is not None})
 
     def reap(self) -> None:
         """Record every worker that has exited, then reap it."""
@@ -238,7 +186,8 @@ class Supervisor:
             if worker is not None and worker["proc"] is not None:
                 worker["proc"].returncode = info.si_status  # subprocess must not wait on it
             elif worker is None:
-                self.pool.died(pid, info.si_status)
+                self.pool.died(pid, info.si_status,
+                               killed=info.si_code in (os.CLD_KILLED, os.CLD_DUMPED))
 
     def stop_reading(self) -> None:
         self.reading = False
@@ -276,10 +225,13 @@ class Supervisor:
                 self.pool.fill()
             if not self.reading and not self.workers:
                 break
-            watch = [wake_r] + ([fd] if self.reading else [])
+            zygote = self.pool.fileno()  # (None without one)
+            watch = [wake_r] + ([fd] if self.reading else []) + [zygote] * (zygote is not None)
             ready, _, _ = select.select(watch, [], [], 1.0)
             if wake_r in ready:
                 os.read(wake_r, 4096)
+            if zygote in ready:
+                self.pool.receive()
             if fd in ready:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:

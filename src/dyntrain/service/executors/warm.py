@@ -1,10 +1,17 @@
 """Warm workers: Python processes that imported torch already and wait to become one worker.
 
-The local executor's supervisor keeps ``warm_workers`` of them ready (``python -m
-dyntrain.service.executors.warm``). Each imports what nearly every training worker imports first
-(``WARM_IMPORTS``: torch, torch.optim and torch._dynamo - which the first optimizer imports
-lazily, over a second here -, torch.distributed, numpy, dyntrain's ElasticTrainer), then blocks
-on its stdin for one assignment, a JSON line ``{"argv", "env", "cwd", "log"}``. It becomes that
+The local executor's supervisor starts one zygote, ``python -m dyntrain.service.executors.warm
+--zygote``, which imports what nearly every training worker imports first (``WARM_IMPORTS``:
+torch, torch.optim and torch._dynamo - which the first optimizer imports lazily, over a second
+here -, torch.distributed, numpy, dyntrain's ElasticTrainer) once, then forks one warm worker per
+request (``serve_forks``; ``warm_pool.py`` has the protocol and the supervisor's side). It never
+computes and starts no thread of its own (OpenBLAS's idle pool, which numpy starts, is shut down
+around a fork by OpenBLAS's own handler). A forked worker closes the zygote's socket, leads a
+session of its own, reseeds numpy's global generator (``random`` reseeds itself at a fork;
+workers share the zygote's string-hash seed, as a fork does), prints its own "ready" line and
+blocks on its stdin, a pipe whose write end went to the supervisor, for one assignment, a JSON
+line ``{"argv", "env", "cwd", "log"}``. (Without ``--zygote`` the module is one warm worker
+that imported everything itself.) It becomes that
 worker: stdout and stderr appended to the log, stdin from /dev/null, exactly the worker's
 environment and working directory, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
 them, and the script (``runpy.run_path``) or module (``runpy.run_module``) runs as
@@ -27,6 +34,7 @@ import json
 import os
 import runpy
 import shutil
+import socket
 import sys
 import time
 
@@ -89,13 +97,88 @@ def become(assignment: dict) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
-def main() -> int:
+def serve_forks(imports_s: float) -> bool:
+    """Be the zygote: fork one warm worker per request on stdin (a Unix socket to the
+    supervisor; ``warm_pool.py`` has the protocol). Returns False when the supervisor let it go,
+    True in a forked worker (whose stdin is then its own pipe)."""
+    sock = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    print(f"dyntrain warm zygote {os.getpid()} ready: imports took {imports_s:.2f} s", flush=True)
+    try:
+        sock.send(b"ready")
+        while sock.recv(16):
+            try:
+                pid, stdin_w = _fork_worker(sock)
+            except OSError as e:
+                sock.send(f"error: cannot fork a warm worker: {e}".encode())
+                continue
+            if pid == 0:
+                return True
+            try:
+                socket.send_fds(sock, [f"forked {pid}".encode()], [stdin_w])
+            finally:
+                os.close(stdin_w)  # (the worker, unassigned, exits when the supervisor's goes)
+    except OSError:  # the supervisor is gone
+        pass
+    return False
+
+
+def _fork_worker(sock: socket.socket) -> tuple[int, int]:
+    """Double-fork a warm worker: ``(pid, write end of its stdin)`` here, ``(0, -1)`` in it.
+    The intermediate child exits at once, so the worker is re-parented to the nearest child
+    subreaper, the supervisor, before the intermediate is reaped here and the pid goes out."""
+    sys.stdout.flush(), sys.stderr.flush()
+    stdin_r, stdin_w = os.pipe()
+    pid_r, pid_w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            worker = os.fork()
+            if worker:
+                os.write(pid_w, str(worker).encode())
+                os._exit(0)
+            # the worker: a session of its own, its pipe as stdin, no fd of the zygote's
+            for fd in (pid_r, pid_w, stdin_w):
+                os.close(fd)
+            sock.close()
+            os.setsid()
+            os.dup2(stdin_r, 0)
+            os.close(stdin_r)
+            if "numpy" in sys.modules:  # a fresh draw, as a new interpreter's (random reseeds
+                sys.modules["numpy"].random.seed()  # itself at a fork; torch's is fixed anyway)
+            return 0, -1
+        except BaseException:
+            os._exit(1)
+    os.close(stdin_r), os.close(pid_w)
+    with os.fdopen(pid_r, "rb") as said:
+        pid = said.read()
+    os.waitpid(middle, 0)
+    if not pid:
+        os.close(stdin_w)
+        raise OSError("the intermediate process did not fork")
+    return int(pid), stdin_w
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in ([], ["--zygote"]):
+        print("usage: python -m dyntrain.service.executors.warm [--zygote]", file=sys.stderr)
+        return 2
     started = time.monotonic()
     for name in WARM_IMPORTS:
         importlib.import_module(name)
+    took = time.monotonic() - started
     # (to the supervisor's log; benchmarks wait for this line)
-    print(f"dyntrain warm worker {os.getpid()} ready: imports took "
-          f"{time.monotonic() - started:.2f} s", flush=True)
+    if not args:
+        print(f"dyntrain warm worker {os.getpid()} ready: imports took {took:.2f} s", flush=True)
+    else:
+        zygote = os.getpid()
+        if not serve_forks(took):
+            return 0
+        print(f"dyntrain warm worker {os.getpid()} ready: forked by zygote {zygote}, whose "
+              f"imports took {took:.2f} s", flush=True)
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0  # let go unused (the supervisor stopped)
