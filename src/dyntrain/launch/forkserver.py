@@ -68,8 +68,29 @@ def wanted() -> bool:
     return cpu_build or not torch.cuda.is_available()
 
 
-class ForkedProcess:
+class _Polled:
+    """``subprocess.Popen``'s ``wait`` for a process whose ``poll`` is its own."""
+
+    pid: int
+    returncode: int | None
+    what = "process"
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"{self.what} pid {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+
+class ForkedProcess(_Polled):
     """A worker forked by the server, seen like a ``subprocess.Popen``."""
+
+    what = "worker"
 
     def __init__(self, server: ForkServer, pid: int) -> None:
         self.server, self.pid = server, pid
@@ -78,14 +99,6 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self.server.exit_code(self.pid)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"worker pid {self.pid}", timeout)
-            time.sleep(0.01)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -189,9 +202,11 @@ class ForkServer:
             self.proc.wait()
 
 
-class ServerProcess:
+class ServerProcess(_Polled):
     """The fork server forked from this process, seen like the ``subprocess.Popen`` of one started
     as ``python -m dyntrain.launch.forkserver`` (its pipes, poll, wait, kill)."""
+
+    what = "fork server"
 
     def __init__(self, pid: int, stdin: io.BufferedWriter, stdout: io.BufferedReader) -> None:
         self.pid, self.stdin, self.stdout = pid, stdin, stdout
@@ -202,14 +217,6 @@ class ServerProcess:
             done, status = os.waitpid(self.pid, os.WNOHANG)
             if done:
                 self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"fork server pid {self.pid}", timeout)
-            time.sleep(0.01)
         return self.returncode
 
     def kill(self) -> None:
