@@ -87,13 +87,14 @@ browser:
 		|| echo "chromium could not be installed: the browser tests will skip"
 
 # Two test processes (pytest-xdist), each taking whole files (module-scoped servers and clusters
-# start once): most end-to-end tests wait on other processes, so two keep the 2 cores busy.
+# start once): most end-to-end tests wait on other processes, so two keep the 2 cores busy. The
+# files go out heaviest first (tests/durations.txt; tests/conftest.py orders them).
 TEST_PROCS ?= 2
 # PYTEST_ARGS: more pytest arguments (e.g. --junitxml=report.xml for every test's time)
 PYTEST_ARGS ?=
 
 test: $(STAMP) browser
-	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile --durations=25 $(PYTEST_ARGS) tests
+	$(PY) -m pytest -q -n $(TEST_PROCS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS) tests
 
 # The documentation site (MkDocs with Material; the API reference from the docstrings) into
 # build/site; nothing is fetched while it builds. `make test` builds it too, strictly.

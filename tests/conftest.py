@@ -26,6 +26,21 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _file_seconds() -> dict[str, float]:
+    """``tests/durations.txt``: seconds per test file in a recent run (tests/tools/durations.py)."""
+    table = Path(__file__).resolve().parent / "durations.txt"
+    rows = (line.split() for line in table.read_text().splitlines() if not line.startswith("#"))
+    return {name: float(seconds) for seconds, name in rows}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The heaviest files first (``make test`` hands whole files to its processes in this order,
+    ``--no-loadscope-reorder``): a long file that started last would leave the other process
+    idle. A file the table does not know yet goes last; the tests of a file keep their order."""
+    seconds = _file_seconds()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+
+
 def wait_for(condition, what: str, timeout: float = 120.0, poll: float = 0.02):
     """Poll ``condition`` until it returns something true and return that; fail naming ``what``
     after ``timeout`` seconds (generous: a loaded 2-core machine is slow, a quiet one returns at
