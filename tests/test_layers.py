@@ -148,3 +148,19 @@ def test_no_module_is_over_500_lines(package):
     long = {str(p.relative_to(SRC)): n for p in sorted((SRC / package).rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_the_service_and_the_cli_start_without_torch():
+    """Importing torch takes seconds of CPU: the server, its pages (which list checkpoints) and
+    the CLI load it only where a job's run needs it (hosting an elastic job, a checkpoint's
+    contents), never at start."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, dyntrain.cli.main, dyntrain.service.server, "
+             "dyntrain.service.web.runfiles, dyntrain.elastic.ckptstore; "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout

@@ -17,8 +17,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from dyntrain.errors import DyntrainError
 
 MAGIC = b"DYNTCKPT1\n"
@@ -44,6 +42,8 @@ class CorruptCheckpoint(DyntrainError):
 def dumps(state: dict) -> bytes:
     """Serialize a state dict with ``torch.save``, the format ``loads`` reads back safely."""
     buffer = io.BytesIO()
+    import torch  # here, not at the top: listing checkpoints (the service's pages) needs no torch
+
     torch.save(state, buffer)
     return buffer.getvalue()
 
@@ -54,6 +54,8 @@ def loads(data: bytes) -> dict:
     ``weights_only=True`` refuses any global outside torch's allow-list, so a tampered file cannot
     execute code; ``map_location="cpu"`` lets a checkpoint written on GPUs load anywhere.
     """
+    import torch
+
     state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     if not isinstance(state, dict):
         raise TypeError(f"expected a dict, got {type(state).__name__}")

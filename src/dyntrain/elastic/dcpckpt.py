@@ -33,11 +33,14 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from dyntrain.elastic.checkpoint import CorruptCheckpoint, atomic_write_bytes
-from dyntrain.elastic.comm import Group
+
+if TYPE_CHECKING:  # torch loads where a checkpoint is written or read, not for a listing
+    import torch
+
+    from dyntrain.elastic.comm import Group
 
 SUFFIX = ".dcp"
 COMMIT = "dyntrain.commit"
