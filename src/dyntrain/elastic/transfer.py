@@ -116,6 +116,10 @@ def broadcast_state(group: Group, state: dict | None, root: int, holders: Sequen
                 piece += 1
         for work in works:
             group.wait(work, should_abort)
+    # A sender's broadcasts complete once its bytes are in its socket buffers (megabytes), not
+    # in the receivers: a one-element sum ends the hand-over for every member together, so that
+    # its time (``state_sync_s``) is the slowest link's on every side.
+    group.allreduce_sum(torch.zeros(1, device=group.device), should_abort)
     if holding:
         return state
     return join_state(skeleton, flats)
