@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from dyntrain.elastic.runlog import read_records
+from dyntrain.testing.jobs import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -41,18 +42,16 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
 
 
-def wait_for(condition, what: str, timeout: float = 120.0, poll: float = 0.02):
+def wait_for(condition, what: str, timeout: float = 120.0, poll: float = 0.02,
+             max_poll: float = 0.25):
     """Poll ``condition`` until it returns something true and return that; fail naming ``what``
     after ``timeout`` seconds (generous: a loaded 2-core machine is slow, a quiet one returns at
-    once)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(poll)
+    once). Polls slow down from ``poll`` to ``max_poll`` seconds apart
+    (``dyntrain.testing.jobs.wait_until``)."""
+    try:
+        return wait_until(condition, what, timeout, poll, max_poll)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 import uvicorn
 
+from conftest import wait_for as wait_for_condition
 from dyntrain.errors import DyntrainError
 from dyntrain.service.client import ApiError, Client
 from dyntrain.service.server import Service, ServiceConfig, create_app
@@ -80,13 +81,7 @@ def run_queue(api) -> str:
 
 
 def wait_for(fn, timeout: float = 20.0, poll: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(poll)
+    return wait_for_condition(fn, "the condition", timeout, poll)
 
 
 def error_of(call, *args, **kwargs) -> ApiError:

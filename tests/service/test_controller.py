@@ -65,7 +65,8 @@ def submit_ledger(store: Store, workers: tuple[int, int], epochs: int = 30,
 
 
 def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
-    """Step the controller until ``until()`` is true (a deadline, not a fixed sleep)."""
+    """Step the controller until ``until()`` is true (a deadline, not a fixed sleep), waiting
+    between steps as the service's loop does (a worker's exit ends the wait early)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         controller.step()
@@ -73,7 +74,7 @@ def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
             on_step()
         if until():
             return
-        time.sleep(0.02)
+        controller.executor.wait(controller.config.tick_seconds)  # as the service's loop
     raise AssertionError("timed out waiting for the controller")
 
 

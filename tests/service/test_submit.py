@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import sys
-import time
 
 import pytest
 import yaml
 
+from conftest import wait_for
 from dyntrain.cli.main import main
 from dyntrain.cli.service.follow import _Watcher
 from dyntrain.service.client import Client
@@ -54,11 +54,7 @@ def one_line_error(result, *needles) -> str:
 
 
 def wait_until(fn, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (found := fn()):
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-    return found
+    return wait_for(fn, "the condition", timeout, poll=0.05)
 
 
 # ------------------------------------------------------------------------------- pure parts

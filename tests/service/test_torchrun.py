@@ -41,14 +41,15 @@ def spot_setup(tmp_path: Path, slots: int, grace: float):
 
 
 def drive(controller: Controller, until, on_step, timeout: float) -> None:
-    """Step the controller until ``until()`` is true (a deadline, not a fixed sleep)."""
+    """Step the controller until ``until()`` is true (a deadline, not a fixed sleep), waiting
+    between steps as the service's loop does (a worker's exit ends the wait early)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         controller.step()
         on_step()
         if until():
             return
-        time.sleep(0.02)
+        controller.executor.wait(controller.config.tick_seconds)  # as the service's loop
     raise AssertionError("timed out waiting for the controller")
 
 
