@@ -193,11 +193,14 @@ def serve_until_interrupted(url: str, job_id: str) -> None:
     """Keep the service and its dashboard up until Ctrl-C (or SIGTERM)."""
     print(f"\n== the service stays up: dashboard {url}/ (the training job: {url}/ui/jobs/"
           f"{job_id}); Ctrl-C stops it", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        print("\n== stopping the service", flush=True)
+    # The handlers only note the signal: an exception raised into a wait on a lock (Ctrl-C as
+    # KeyboardInterrupt) can leave that lock half released ("release unlocked lock").
+    stop: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.append(signum))
+    while not stop:
+        time.sleep(0.5)  # a signal ends the sleep at once; its handler has run
+    print("\n== stopping the service", flush=True)
 
 
 def main() -> None:

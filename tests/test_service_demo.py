@@ -160,3 +160,28 @@ def test_the_demo_job_spills_onto_on_demand_when_spot_and_reserved_are_gone(tmp_
             client.wait(job_id, timeout=180)
         server.should_exit = True
         service.stop()
+
+
+def test_the_serving_demo_stops_quietly_on_sigterm_as_on_ctrl_c():
+    """While the demo serves its dashboard, SIGTERM (a container stopped, ``kill``) ends the
+    wait as Ctrl-C does (the test above): the demo's closing line, no traceback."""
+    code = ("import sys; sys.path.insert(0, 'examples'); import service_demo; "
+            "service_demo.serve_until_interrupted('http://127.0.0.1:1', 'job-1'); "
+            "print('== returned', flush=True)")
+    proc = subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        wait_for_line(proc, lines, r"== the service stays up", bound=120)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    text = "".join(lines)
+    assert "== stopping the service" in text and "== returned" in text, text
+    assert "Traceback" not in text, text
