@@ -4,6 +4,7 @@ leaving them training behind a dead service."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -22,38 +23,37 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_demo_prints_the_dashboard_url_and_ctrl_c_ends_its_jobs(tmp_path):
-    out = tmp_path / "demo"
+@contextlib.contextmanager
+def demo_process(argv: list[str], cwd: Path):
+    """``python -u ARGV`` with Ctrl-C as in a terminal, its output collected line by line;
+    yields (process, lines) and kills the process if it is still there when the block ends."""
     proc = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "examples" / "service_demo.py"), "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+        [sys.executable, "-u", *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, cwd=cwd, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
-
-    def wait_for(pattern: str, bound: float = 180) -> re.Match:
-        deadline = time.monotonic() + bound
-        while time.monotonic() < deadline and proc.poll() is None:
-            for line in list(lines):
-                if m := re.search(pattern, line):
-                    return m
-            time.sleep(0.1)
-        raise AssertionError(f"no line matching {pattern!r}:\n{''.join(lines)[-3000:]}")
-
     try:
-        url = wait_for(r"dashboard: (http://127\.0\.0\.1:\d+)/").group(1)
-        page = httpx.get(url + "/", timeout=30)
-        assert page.status_code == 200 and "Compute environments" in page.text
-        train = wait_for(r"== submitted ([0-9a-f]{8})").group(1)
-        wait_for(r"training (STARTING|RUNNING) .* workers \{'")  # its worker processes run
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=180) == 130
+        yield proc, lines
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    reader.join(timeout=10)
+        reader.join(timeout=10)
+
+
+def test_demo_prints_the_dashboard_url_and_ctrl_c_ends_its_jobs(tmp_path):
+    out = tmp_path / "demo"
+    with demo_process([str(ROOT / "examples" / "service_demo.py"), "--out", str(out)],
+                      tmp_path) as (proc, lines):
+        url = wait_for_line(proc, lines, r"dashboard: (http://127\.0\.0\.1:\d+)/").group(1)
+        page = httpx.get(url + "/", timeout=30)
+        assert page.status_code == 200 and "Compute environments" in page.text
+        train = wait_for_line(proc, lines, r"== submitted ([0-9a-f]{8})").group(1)
+        # its worker processes run
+        wait_for_line(proc, lines, r"training (STARTING|RUNNING) .* workers \{'")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=180) == 130
     text = "".join(lines)
     assert "== interrupted: terminating the demo's jobs" in text and "Traceback" not in text, text
     store = Store(f"sqlite:///{out / 'state' / 'dyntrain.db'}")
@@ -70,15 +70,8 @@ def test_the_demo_ends_with_a_summary_and_keeps_its_dashboard_up_until_ctrl_c(tm
     cost per capacity type), then the service stays up with its URL printed again; the
     finished job's page answers; Ctrl-C stops it with the demo's verdict (0)."""
     out = tmp_path / "demo"
-    proc = subprocess.Popen(
-        [sys.executable, "-u", str(ROOT / "examples" / "service_demo.py"), "--out", str(out),
-         "--epochs", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
+    with demo_process([str(ROOT / "examples" / "service_demo.py"), "--out", str(out),
+                       "--epochs", "1"], tmp_path) as (proc, lines):
         up = wait_for_line(proc, lines, r"== the service stays up: dashboard (http://\S+)/ \(the "
                            r"training job: (\S+)\); Ctrl-C stops it", bound=240)
         text = "".join(lines)
@@ -90,11 +83,6 @@ def test_the_demo_ends_with_a_summary_and_keeps_its_dashboard_up_until_ctrl_c(tm
         assert proc.poll() is None  # still serving
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=10)
     assert "Traceback" not in "".join(lines)
 
 
@@ -168,20 +156,10 @@ def test_the_serving_demo_stops_quietly_on_sigterm_as_on_ctrl_c():
     code = ("import sys; sys.path.insert(0, 'examples'); import service_demo; "
             "service_demo.serve_until_interrupted('http://127.0.0.1:1', 'job-1'); "
             "print('== returned', flush=True)")
-    proc = subprocess.Popen([sys.executable, "-u", "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    try:
+    with demo_process(["-c", code], ROOT) as (proc, lines):
         wait_for_line(proc, lines, r"== the service stays up", bound=120)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    reader.join(timeout=10)
     text = "".join(lines)
     assert "== stopping the service" in text and "== returned" in text, text
     assert "Traceback" not in text, text
