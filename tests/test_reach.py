@@ -184,3 +184,34 @@ def test_dyntrain_worker_says_what_is_wrong_with_its_address(options, said):
     assert proc.returncode != 0
     assert said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_dyntrain_worker_waits_for_the_job_its_coordinator_publishes(tmp_path):
+    """A worker that connects before its coordinator published the job (the moment between
+    listening and publishing: a worker started with the launcher) waits for it and trains with
+    the job's run folder; one that never sees a job says so instead of training without its
+    run folder (its checkpoints and final.pt would have gone nowhere)."""
+    import json
+    import subprocess
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from conftest import DYNTRAIN, ROOT
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    script = tmp_path / "where.py"
+    script.write_text("import os; print('out=' + os.environ.get('DYNTRAIN_OUT', 'none'))\n")
+    address = f"127.0.0.1:{server.port}"
+    nothing = run_cli(["worker", "--coordinator", address, "--connect-timeout", "2", script],
+                      timeout=60)
+    assert nothing.returncode != 0 and "out=" not in nothing.stdout, nothing.stdout
+    assert f"the coordinator at {address} published no job within 2 s" in nothing.stderr
+    assert len(nothing.stderr.strip().splitlines()) == 1, nothing.stderr
+    worker = subprocess.Popen([*DYNTRAIN, "worker", "--coordinator", address,
+                               "--connect-timeout", "60", str(script)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server.set(p.JOB_INFO, json.dumps({"out_dir": str(tmp_path / "run")}))
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0 and f"out={tmp_path / 'run'}" in out, out + err

@@ -93,7 +93,8 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--coordinator", required=True, help="HOST:PORT printed by `dyntrain run`.")
-@click.option("--connect-timeout", default=30.0, show_default=True, type=float)
+@click.option("--connect-timeout", default=30.0, show_default=True, type=float,
+              help="Seconds to wait for the coordinator to listen and to publish its job.")
 @click.option("--advertise-address", default=None, metavar="ADDRESS",
               help="Address the other workers connect to [default: the one this host reaches "
                    "the coordinator from].")
@@ -108,7 +109,7 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
     that heals later), it starts over as a new worker and is re-admitted with the state handed
     over afresh."""
     from dyntrain.elastic import address
-    from dyntrain.elastic.channel import connect_store, parse_address
+    from dyntrain.elastic.channel import connect_store, parse_address, wait_job_info
     from dyntrain.elastic.protocol import ENV_WORKER_ARGV
     from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
 
@@ -117,8 +118,8 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
         raise DyntrainError("give --advertise-address or --iface, not both")
     # checked here, so that a wrong one is said before the script starts
     address.advertise_address(parse_address(coordinator), advertise_address, iface)
-    store = connect_store(coordinator, connect_timeout)
-    info = json.loads(store.get("job/info")) if store.check(["job/info"]) else {}
+    info = wait_job_info(connect_store(coordinator, connect_timeout), coordinator,
+                         connect_timeout)
     env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
            str(connect_timeout), ENV_WORKER_ARGV: json.dumps([sys.executable, *command])}
     if advertise_address:

@@ -56,6 +56,23 @@ def connect_store(address: str, timeout: float) -> dist.Store:
         ) from None
 
 
+def wait_job_info(store: dist.Store, address: str, timeout: float) -> dict:
+    """The job's ``job/info`` (its run folder, who hosts it), waiting up to ``timeout`` seconds
+    for the coordinator to publish it: a worker may connect between the moment the coordinator
+    listens and the moment it publishes (a worker started with the launcher, on a loaded
+    machine), and one that read nothing then trained without the run folder - its checkpoints
+    and ``final.pt`` went nowhere, silently."""
+    deadline, pause = time.monotonic() + timeout, 0.01
+    while not store.check([p.JOB_INFO]):  # (store.wait logs a C++ warning on its timeout)
+        if time.monotonic() >= deadline:
+            raise Unreachable(f"the coordinator at {address} published no job within "
+                              f"{timeout:g} s (no {p.JOB_INFO!r} in its store): is it a "
+                              f"dyntrain job's coordinator?")
+        time.sleep(pause)
+        pause = min(0.2, pause * 1.5)
+    return json.loads(store.get(p.JOB_INFO))
+
+
 def _wait_for_listener(host: str, port: int, timeout: float) -> None:
     """Probe the port first: torch logs a C++ stack trace for every failed connect attempt."""
     deadline = time.monotonic() + timeout
