@@ -20,6 +20,12 @@ AdamW state goes from one holder to its new owner alone (`dyntrain.elastic.moves
 parameter is sent again (none of these changes interrupted a step in the parameters'
 broadcast).
 """
+LEVELS_NOTE = """
+Every shard level at 25M (1, 2 and 4 workers) and at 100M (4 workers: `r / N` is below 1 only
+there), with `r = 2` and, at level 3, `r = 1`; no DDP or FSDP2 runs here (see the run of
+2026-11-27 below). The re-shard runs are at level 3 (`--reshard-level 3`). Nothing else of ours
+ran on the machine.
+"""
 AFTER_100M_NOTE = """
 The 100M re-shard run again, right after the run of the code before the change below, when the
 machine was less loaded (1-minute load 9.0 at the start, 7.0 at the end; 3-9 across both runs,
@@ -41,11 +47,12 @@ model's bytes to each of the other members, what that code sent.
 """
 
 
-def _goal(setup: dict, world: int) -> float:
-    """The fraction of the unsharded optimizer state a member should hold."""
+def _goal(setup: dict, world: int, from_level: int = 1) -> float:
+    """The fraction of the unsharded bytes of a part a member should hold, where the part is
+    sharded from shard level ``from_level`` on (the optimizer state: 1; the parameters: 3)."""
     if setup["system"] == "fsdp2":
         return 1 / world
-    if setup["system"] == "dyntrain" and setup["level"] >= 1:
+    if setup["system"] == "dyntrain" and setup["level"] >= from_level:
         return min(setup["redundancy"], world) / world
     return 1.0
 
@@ -57,7 +64,7 @@ def _memory(data: dict) -> str:
     for r in data["runs"]:
         if "error" in r:
             rows.append([r["model"], r["setup"]["name"], r["world"], "failed", "", "", "", "",
-                         "", ""])
+                         "", "", ""])
             continue
         ms = r["members"]
         state = [m["optimizer_state_bytes"] for m in ms]
@@ -66,16 +73,19 @@ def _memory(data: dict) -> str:
                  f"({_goal(r['setup'], r['world']):.2f})" if base else "")
         spread = (f"{min(state) / MB:.0f}-{max(state) / MB:.0f}" if min(state) != max(state)
                   else f"{max(state) / MB:.0f}")
-        rows.append([r["model"], r["setup"]["name"], r["world"],
-                     f"{max(m['params_bytes'] for m in ms) / MB:.0f}",
+        params = max(m["params_bytes"] for m in ms)
+        params_ratio = (f"{params / base['members'][0]['params_bytes']:.2f} "
+                        f"({_goal(r['setup'], r['world'], 3):.2f})" if base else "")
+        rows.append([r["model"], r["setup"]["name"], r["world"], f"{params / MB:.0f}",
+                     params_ratio,
                      f"{max(m['grads_bytes'] for m in ms) / MB:.0f}", spread, ratio,
                      f"{max(m['other_bytes'] for m in ms) / MB:.0f}",
                      f"{max(m['total_bytes'] - m['data_bytes'] for m in ms) / MB:.0f}",
                      f"{max(m['peak_rss_bytes'] for m in ms) / MB:.0f}"])
-    return md_table(["model", "setup", "world", "params MB", "grads MB",
-                     "AdamW state MB per worker", "state vs level 0 (goal)",
+    return md_table(["model", "setup", "world", "params MB", "params vs level 0 (goal)",
+                     "grads MB", "AdamW state MB per worker", "state vs level 0 (goal)",
                      "other tensors MB", "all tensors MB", "peak RSS MB"], rows,
-                    right=(2, 3, 4, 5, 6, 7, 8, 9))
+                    right=range(2, 11))
 
 
 def _speed(data: dict) -> str:
@@ -166,8 +176,11 @@ def _sharded(data: dict, run: Run) -> str:
                   "The largest member's figures (the AdamW state: smallest-largest member). "
                   "\"state vs level 0\": the largest member's optimizer state over the "
                   "unsharded one, the goal (`r / N`, `min(r, N) / N`; FSDP2 `1 / N`) in "
-                  "brackets.", "", _memory(data), "", "### Step time", "", _speed(data), ""]
-    parts += ["### Re-sharding at level 1 (`r = 2`)", "", _reshard(data)]
+                  "brackets; \"params vs level 0\" likewise for the parameters a member holds "
+                  "between steps (sharded at level 3 only).", "", _memory(data), "",
+                  "### Step time", "", _speed(data), ""]
+    parts += [f"### Re-sharding at level {cfg.get('reshard_level', 1)} (`r = 2`)", "",
+              _reshard(data)]
     failures = _failures(data)
     if failures:
         parts += ["", "### Runs that failed", "", failures]
@@ -177,10 +190,13 @@ def _sharded(data: dict, run: Run) -> str:
 SHARDED = Page(
     slug="sharded",
     title="Sharded data parallelism",
-    headline="ZeRO-1 memory, speed beside DDP and FSDP2, and re-shard latency (GPT 25M/100M)",
+    headline="Memory per worker at levels 0-3, speed beside DDP and FSDP2, and re-shard latency "
+             "(GPT 25M/100M)",
     what="""
 dyntrain's shard levels (level 0: every worker holds everything; level 1, ZeRO-1: the AdamW
-state owned by whole tensors, `r` copies of each) beside plain torch DDP and torch's FSDP2
+state owned by whole tensors, `r` copies of each; level 2, ZeRO-2: the reduced gradients
+summed to their owners too; level 3, ZeRO-3: the parameters held between uses by their owners
+only, gathered per transformer block) beside plain torch DDP and torch's FSDP2
 (`fully_shard` per transformer block and the root), on the GPT workload
 (`dyntrain.workloads.gpt`, presets `25m` and `100m`) with AdamW, weight decay and clipping by
 the global norm, one torch thread per worker, gloo on loopback. Every setup trains the same
@@ -214,7 +230,9 @@ synchronise the last).
   the parameters' broadcast).
 """,
     command=".venv/bin/python bench/sharded.py",
-    runs=[Run("sharded-reshard-100m.json", "Re-sharding at 100M with point-to-point moves, at a "
+    runs=[Run("sharded-levels.json", "Levels 2 and 3 beside 0 and 1, and re-sharding at level 3, "
+              "run of 2026-11-28", note=LEVELS_NOTE),
+          Run("sharded-reshard-100m.json", "Re-sharding at 100M with point-to-point moves, at a "
               "lower load, run of 2026-11-27", note=AFTER_100M_NOTE),
           Run("sharded-reshard-100m-before.json", "Re-sharding at 100M before point-to-point "
               "moves (the code of 33c5468), at a lower load, run of 2026-11-27",
@@ -226,6 +244,28 @@ synchronise the last).
           Run("sharded.json", "Run of 2026-11-27", note=RERUN_NOTE)],
     tables=_sharded,
     reading="""
+**Levels 2 and 3 (run of 2026-11-28).** At 4 workers with `r = 2` every sharded part is at its
+goal: the AdamW state at 0.50 of level 0's at levels 1-3, and at level 3 the parameters a member
+holds between steps too (0.50 at 25M and 100M; with `r = 1` 0.28 and 0.26 against the goal of
+0.25, whole tensors). What is not sharded yet is the float32 gradient buffer of the whole model
+(4 bytes per parameter: backward writes every chunk's gradients into it at every level; the
+recycled bucket buffers that would shrink it are not built), and levels 2-3 add the float64 sums
+of the tensors a member is primary for (about 2 bytes per parameter here). So at 100M a level-3
+member's tensors come to 1595 MB against level 0's 1991 MB (0.80), 1113 MB with `r = 1` (0.56).
+Peak RSS does not fall with them (2703 MB against 2425 MB at 100M): a level-3 member holds the
+whole model again from a generation's start to the end of its first step and for a checkpoint or
+a validation (the last step here has both), and freed storage goes back to the allocator, not
+necessarily to the system. Level 1 keeps the parameters' broadcast buffers (4 bytes per
+parameter in "other"); level 3 has none. The step times at 100M, 4 workers, are within about 20% of
+one another (4.09-4.98 s, load 2.6-4.0, one run each); at 25M, 2 workers, levels 2 and 3 took
+1.3 s against 0.85 s at levels 0-1. There, with `r = N`, nothing is sharded, yet each sum goes
+to its tensor's primary and is then forwarded to the other owner: a likely cause, not
+profiled. Re-sharding at level 3 (`r = 2`, 100M): 0.69 /
+1.19 / 0.71 s for a leave / join / crash (goal: < 2 s), the moves of AdamW state exactly the
+bytes the ownership change needs, and the parameters sent again from their holders (397 MB per
+survivor, 795 MB for the join), which is most of it (0.46-0.84 s): at level 3 only the holders
+have them.
+
 **Memory.** Level 1 shards the AdamW state as designed: the largest member holds 0.50 of the
 unsharded state at 4 workers with `r = 2` (goal `r / N` = 0.50) and 0.28 with `r = 1` (goal 0.25:
 whole tensors, so the largest member holds up to one tensor more than its share), and 0.50 at

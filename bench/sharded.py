@@ -14,15 +14,16 @@ micro-batches/chunks of ``--chunk-size``):
   apart) and its peak RSS so far. The step time is the median time between step ends,
   leaving out the first step and the last (which includes the count);
 * **re-shard latency** (``--reshard-models``): one ``dyntrain run --workers 1:3 --nproc 3`` at
-  level 1 (``r = 2``) with a graceful leave (3 -> 2), a join (2 -> 3) and a SIGKILL (3 -> 2);
-  per change the latency of ``events.jsonl`` (the request, or the joiner's hello, to the first
-  step of the new world), the state hand-over inside it, and from the members' probes the
-  time in the re-sharding (the last member's entry to the last exit, and per part the slowest
-  member's: the survey's all-reduce, the plan, the moves, parameters sent again), the bytes
-  of optimizer state the members received against the bytes of the tensors whose owners
-  changed (``shardplan.diff_plans``), and the bytes of parameters they received.
+  ``--reshard-level`` (default 1; ``r = 2``) with a graceful leave (3 -> 2), a join (2 -> 3)
+  and a SIGKILL (3 -> 2); per change the latency of ``events.jsonl`` (the request, or the
+  joiner's hello, to the first step of the new world), the state hand-over inside it, and from
+  the members' probes the time in the re-sharding (the last member's entry to the last exit,
+  and per part the slowest member's: the survey's all-reduce, the plan, the moves, parameters
+  sent again), the bytes of optimizer state the members received against the bytes of the
+  tensors whose owners changed (``shardplan.diff_plans``), and the bytes of parameters they
+  received.
 
-A level 2 is one more entry of ``SETUPS``.
+Levels 2 and 3 are entries of ``SETUPS`` too (``l2r2``, ``l3r2``, ``l3r1``).
 
     .venv/bin/python bench/sharded.py                          # ~30 minutes on 2 loaded cores
     .venv/bin/python bench/sharded.py --setups "25m=l0@2,l1r2@2" --reshard-models 25m
@@ -77,12 +78,16 @@ SETUPS = (
     Setup("l0", "dyntrain level 0", "dyntrain", 0),
     Setup("l1r2", "dyntrain level 1, r = 2", "dyntrain", 1, 2),
     Setup("l1r1", "dyntrain level 1, r = 1", "dyntrain", 1, 1, worlds=(4,)),
+    Setup("l2r2", "dyntrain level 2, r = 2", "dyntrain", 2, 2),
+    Setup("l3r2", "dyntrain level 3, r = 2", "dyntrain", 3, 2),
+    Setup("l3r1", "dyntrain level 3, r = 1", "dyntrain", 3, 1, worlds=(4,)),
     Setup("ddp", "torch DDP", "ddp", worlds=(2, 4)),
     Setup("fsdp2", "torch FSDP2", "fsdp2", worlds=(2, 4)),
 )
-#: What runs by default: everything at 25M; at 100M world 2 only (four workers of 100M with
-#: level 0's buffers would take most of this machine's 23 GB).
-PLAN = "25m=l0,l1r2,l1r1,ddp,fsdp2;100m=l0@1/2,l1r1@2,ddp@2,fsdp2@2"
+#: What runs by default: everything at 25M; at 100M world 2, and world 4 for level 3 only
+#: (four workers of 100M with level 0's buffers would take most of this machine's 23 GB).
+PLAN = ("25m=l0,l1r2,l1r1,l2r2,l3r2,l3r1,ddp,fsdp2;"
+        "100m=l0@1/2,l1r1@2,l3r2@2/4,l3r1@4,ddp@2,fsdp2@2")
 
 
 def gpt_args(args: argparse.Namespace, model: str, steps: int, level: int = 0,
@@ -185,11 +190,12 @@ def measure(args, setup: Setup, model: str, world: int, work: Path) -> dict:
 
 
 def reshard_run(args, model: str, steps: int, work: Path) -> dict:
-    """The join / leave / crash run at level 1 (``r = 2``), and what each change cost."""
+    """The join / leave / crash run at ``--reshard-level`` (``r = 2``), and what each change
+    cost."""
     out = work / f"reshard-{model}"
     cmd = [sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", "1:3", "--nproc", "3",
            "--out", str(out), "--events", RESHARD_EVENTS, str(WORKER), "dyntrain",
-           *gpt_args(args, model, steps, 1, 2)]
+           *gpt_args(args, model, steps, args.reshard_level, 2)]
     before, began = load1(), time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
     row = {"model": model, "events": RESHARD_EVENTS, "load_before": before,
@@ -292,6 +298,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reshard-steps", default="25m=16;100m=12",
                     help="steps of the re-shard run per model, MODEL=N;... (enough for the "
                          "joiner to start and the three changes to happen)")
+    ap.add_argument("--reshard-level", type=int, choices=(1, 2, 3), default=1,
+                    help="the shard level of the re-shard runs (r = 2)")
     ap.add_argument("--seq-len", type=int, default=32)
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--chunk-size", type=int, default=2)
