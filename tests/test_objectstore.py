@@ -40,20 +40,24 @@ def s3(tmp_path_factory):
         server.stop()
 
 
-def test_files_are_put_listed_read_and_deleted(s3):
-    store = open_store(f"s3://{s3.bucket('files')}/run")
+@pytest.mark.parametrize("kind", ["s3", "local"])
+def test_files_are_put_listed_read_and_deleted(s3, kind, tmp_path):
+    url = f"s3://{s3.bucket('files')}/run" if kind == "s3" else str(tmp_path / "run")
+    store = open_store(url)
     store.check()
     store.put("run.json", b"{}")
-    store.put_many({"logs/a.log": b"a", "logs/b.log": b"bb"})
+    store.put_many({"logs/a.log": b"a", "logs/b.log": b"bb", "logs/x/c.log": b"c"})
     assert store.list() == {"run.json": 2}
     assert store.list("logs") == {"logs/a.log": 1, "logs/b.log": 2}
+    assert store.list_folders() == ["logs"] and store.list_folders("logs") == ["logs/x"]
+    assert store.list_folders("absent") == []
     assert store.get("logs/b.log") == b"bb" and store.get("run.json", 1, 2) == b"}"
     assert store.exists("run.json") and not store.exists("final.pt")
     with pytest.raises(FileNotFoundError):
         store.get("final.pt")
     store.delete(["logs/a.log", "logs/missing.log"])
     assert store.list("logs") == {"logs/b.log": 2}
-    assert store.where("final.pt") == "s3://files/run/final.pt"
+    assert store.where("final.pt") == f"{url}/final.pt"
 
 
 def test_line_files_are_segments_read_back_in_order_across_writers(s3):
@@ -281,3 +285,93 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
     local = state / "runs" / "jobs" / job["id"]
     assert sorted(p.name for p in local.iterdir()) == ["coordinator.json", "coordinator.secret",
                                                        "logs"]
+
+
+# ---- sharded checkpoints (torch's DCP format) on an object store ------------------------------
+
+
+def _dcp_folders(store) -> dict[int, str]:
+    """The committed DCP checkpoints: step -> the folder of their files, from the records."""
+    return {step: json.loads(store.get(name))["folder"]
+            for step, name in ckptstore.list_checkpoints(store)}
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsewhere(
+        s3, tmp_path):
+    """At level 2 every member uploads its share of each checkpoint into its generation's
+    folder and the leader commits it last; torch reads one straight from the bucket; with the
+    newest checkpoints gone or damaged, a level-3 job of 3 resumes from an older one on S3, a
+    SIGKILL with ``r = 1`` rolls it back to the one it wrote there, and it ends bitwise the
+    unsharded static run."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from conftest import run_cli
+    from test_gpt_workload import SMALL
+    from test_sharded import _same_final, _static_run
+
+    static = _static_run(tmp_path / "static", SMALL)  # level 0, full-format checkpoints
+    url = f"s3://{s3.bucket('sharded')}/run"
+    gpt = ["-m", "dyntrain.workloads.gpt", *SMALL]
+    run_cli(["run", "--workers", "2", "--nproc", "2", "--out", url, *gpt, "--shard", "2"],
+            check=True)
+    store = open_store(url)
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "final.pt").write_bytes(store.get("final.pt"))
+    _same_final(static, tmp_path / "final")
+    folders = _dcp_folders(store)
+    assert sorted(folders) == [12, 16, 20]  # 3 kept, the older pruned with their files
+    assert store.list_folders("checkpoints") == [f"checkpoints/{f}" for f in folders.values()]
+    for step, folder in folders.items():
+        assert folder.startswith(f"ckpt-{step:09d}.g") and folder.endswith(".dcp")
+        files = store.list(f"checkpoints/{folder}")
+        assert {n.rpartition("/")[2] for n in files} == {".metadata", "__0_0.distcp",
+                                                         "__1_0.distcp"}
+        shares = [files[f"checkpoints/{folder}/__{rank}_0.distcp"] for rank in (0, 1)]
+        assert min(shares) > 0.4 * sum(shares), shares  # r = 2: each member wrote about half
+    # torch's own reader, straight from the bucket: the static run's state at step 20
+    got: dict = {}
+    _load_state_dict(got, storage_reader=FsspecReader(f"{url}/checkpoints/{folders[20]}"),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _, _, ref = ckptstore.latest_valid_checkpoint(open_store(str(static)))
+    assert got["step"] == ref["step"] == 20
+    assert all(torch.equal(got["model"][k], v) for k, v in ref["model"].items())
+    for k, v in ref["optimizer"]["state"].items():
+        assert all(torch.equal(v[key], got["optimizer"]["state"][str(k)][key]) for key in v)
+
+    # step 20's record gone (as if its commit never happened), a file of step 16's damaged
+    store.delete(["checkpoints/ckpt-000000020.dcp", "final.pt"])
+    damaged = f"checkpoints/{folders[16]}/__1_0.distcp"
+    size = len(data := store.get(damaged))
+    store.put(damaged, data[:-100])
+    skipped = []
+    step, where, _ = ckptstore.latest_valid_checkpoint(
+        store, on_skip=lambda w, why: skipped.append((w, why)))
+    assert step == 12 and where == f"{url}/checkpoints/ckpt-000000012.dcp"
+    assert skipped == [(f"{url}/checkpoints/ckpt-000000016.dcp",
+                        f"file __1_0.distcp has {size - 100} of {size} bytes")]
+
+    proc = run_cli(["run", "--workers", "2:3", "--nproc", "3", "--out", url, "--events",
+                    "step=18:kill=1", *gpt, "--shard", "3", "--shard-redundancy", "1"],
+                   check=True)
+    out = proc.stdout + proc.stderr
+    assert f"from step 12 (checkpoint {url}/checkpoints/ckpt-000000012.dcp" in out, out
+    assert "lost the optimizer state of" in out and "(shard_redundancy 1)" in out, out
+    assert "resuming from the newest checkpoint (step 16)" in out, out
+    assert f"from step 16 (checkpoint {url}/checkpoints/ckpt-000000016.dcp" in out, out
+    (tmp_path / "final" / "final.pt").write_bytes(store.get("final.pt"))
+    _same_final(static, tmp_path / "final")
+    folders = _dcp_folders(store)
+    assert sorted(folders) == [12, 16, 20]
+    # the first launch's folders of steps 16 and 20 (damaged, uncommitted) are gone
+    assert store.list_folders("checkpoints") == [f"checkpoints/{f}" for f in folders.values()]
+    names = {n.rpartition("/")[2] for n in store.list(f"checkpoints/{folders[20]}")}
+    assert names == {".metadata", "__0_0.distcp", "__1_0.distcp"}  # the 2 left after the kill
+    # as `dyntrain` and the dashboard list them: each the bytes of all its files
+    listed = ckptstore.describe_checkpoints(store)
+    assert [(c.step, c.name) for c in listed] == [
+        (s, f"ckpt-{s:09d}.dcp") for s in (20, 16, 12)]
+    assert listed[0].size_bytes == sum(store.list(f"checkpoints/{folders[20]}").values())
+    assert listed[0].written_at > 0

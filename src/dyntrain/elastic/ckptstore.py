@@ -11,9 +11,12 @@ save that reaches their step. A record whose parts are missing or do not match i
 a corrupt file. Old checkpoints are pruned as in a local folder (records first, then parts).
 
 Either kind is read from either kind of store, so a run folder copied between a disk and a
-bucket resumes where it was. At shard levels 1-3 a local folder holds checkpoints in torch's
-Distributed Checkpoint format instead, one folder each, written by every member
-(``dcpckpt``); they are listed, read, described and pruned here with the others.
+bucket resumes where it was. At shard levels 1-3 checkpoints are in torch's Distributed
+Checkpoint format instead, written by every member (``dcpckpt``): in a local folder one folder
+each (``ckpt-000000012.dcp/``); on an object store the members' files in the writing
+generation's folder (``ckpt-000000012.g3.dcp/``) and the commit record, naming that folder, at
+``ckpt-000000012.dcp``, put last. They are listed, read, described and pruned here with the
+others; a DCP checkpoint is read from the kind of store that wrote it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import hashlib
 import json
 import re
 import secrets
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +41,8 @@ RECORD_FORMAT = 1
 PART_BYTES = 32 << 20  # below s3fs's single-PUT limit (2 x 50 MiB): each part is one request
 _ENTRY_RE = re.compile(r"ckpt-(\d{9,})\.(dtck|commit|dcp)")
 _PART_RE = re.compile(r"ckpt-(\d{9,})\.[0-9a-f]+\.part\d{4,}")
+_DCP_FILES_RE = re.compile(r"ckpt-(\d{9,})\.g\d+\.[0-9a-f]+\.dcp")  # an object store's DCP files
+_FILE_NAME_RE = re.compile(r"\.?[A-Za-z0-9_][A-Za-z0-9_.-]*")  # a DCP file, no folder
 
 
 @dataclass(frozen=True)
@@ -116,14 +122,48 @@ def save_checkpoint(store: RunStore, step: int, state: dict, keep: int = 3,
     return store.where(commit_name(step))
 
 
+def dcp_files_folder(step: int, generation: int, token: str) -> str:
+    """On an object store: where the members of ``generation`` upload their files of the DCP
+    checkpoint of ``step``; ``token`` (hex) is the leader's, drawn for this checkpoint. The
+    folder is this write's own: a late upload of an abandoned generation, or of an earlier
+    launch's generation of the same number, never lands in a checkpoint that counts."""
+    return f"{FOLDER}/ckpt-{step:09d}.g{generation}.{token}{dcpckpt.SUFFIX}"
+
+
+def upload_shard(store: RunStore, staging: Path, folder: str, report: bytes) -> bytes:
+    """A member, on an object store: upload the DCP files it wrote into its scratch folder
+    ``staging`` (``dcpckpt.write_part``) into ``folder`` (``dcp_files_folder``); returns its
+    report (an error report if it failed)."""
+    return dcpckpt.upload_part(store, folder, staging, report)
+
+
 def commit_sharded(store: RunStore, staging: Path, step: int, reports: list[bytes],
-                   keep: int = 3) -> str:
-    """The leader: commit the DCP checkpoint of ``step`` that every member wrote into
-    ``staging`` and reported (``dcpckpt.commit``), prune all but the newest ``keep``, return
-    where it is."""
-    where = dcpckpt.commit(staging, step, reports)
-    prune_local(store, step, keep)
-    return str(where)
+                   keep: int = 3, folder: str | None = None) -> str:
+    """The leader: commit the DCP checkpoint of ``step`` that every member wrote and
+    reported, prune all but the newest ``keep``, return where it is. In a local folder
+    ``staging`` is the step's staging folder (``dcpckpt.commit``); on an object store the
+    leader's scratch folder, and the members' files are uploaded already into ``folder``
+    (``upload_shard``): the leader uploads ``.metadata``, then puts the commit record.
+
+    Raises:
+        OSError: A member could not write or upload its part (nothing is committed then).
+        StorageError: The store cannot be reached.
+    """
+    if store.local is not None:
+        where = dcpckpt.commit(staging, step, reports)
+        prune_local(store, step, keep)
+        return str(where)
+    if folder is None:
+        raise ValueError("on an object store the folder of the members' files is needed")
+    record = dcpckpt.merge_reports(staging, step, reports)
+    metadata = (staging / ".metadata").read_bytes()
+    store.put(f"{folder}/.metadata", metadata)
+    record["files"][".metadata"] = dcpckpt.file_entry(metadata)
+    record["folder"] = folder.rpartition("/")[2]
+    name = f"{FOLDER}/{dcpckpt.folder_name(step)}"
+    store.put(name, json.dumps(record).encode())
+    _prune(store, step, keep)
+    return store.where(name)
 
 
 def prune_local(store: RunStore, step: int, keep: int) -> None:
@@ -143,13 +183,20 @@ def _prune(store: RunStore, step: int, keep: int) -> None:
     old = [(s, n) for s, n in entries[:-keep] if s != step]
     store.delete(n for _, n in old)
     gone = {s for s, _ in old}
-    named = set()
+    named, folders = set(), set()  # the parts and the DCP files' folders of kept checkpoints
     for s, name in entries:
-        if s not in gone and name.endswith(".commit"):
-            try:
+        try:
+            if s not in gone and name.endswith(".commit"):
                 named |= {f"{FOLDER}/{p['name']}" for p in _record(store, name)["parts"]}
-            except (CorruptCheckpoint, FileNotFoundError):
-                continue
+            elif s not in gone and name.endswith(dcpckpt.SUFFIX):
+                folders.add(_dcp_record(store, name)["folder"])
+        except (CorruptCheckpoint, FileNotFoundError):
+            continue
+    for folder in store.list_folders(FOLDER):
+        match = _DCP_FILES_RE.fullmatch(folder.rpartition("/")[2])
+        if match and folder.rpartition("/")[2] not in folders and (
+                int(match.group(1)) <= step or int(match.group(1)) in gone):
+            store.delete(store.list(folder))  # pruned, or never committed (late, abandoned)
     orphans = []
     for name in listing:
         match = _PART_RE.fullmatch(name.rpartition("/")[2])
@@ -176,6 +223,47 @@ def _record(store: RunStore, name: str) -> dict:
     return record
 
 
+def _dcp_record(store: RunStore, name: str) -> dict:
+    """The commit record of an object store's DCP checkpoint ``name``, checked."""
+    where = _where(store, name)
+    try:
+        record = json.loads(store.get(name))
+        if record.get("format") != dcpckpt.COMMIT_FORMAT:
+            raise CorruptCheckpoint(where, f"unknown commit record format {record.get('format')}")
+        match = _DCP_FILES_RE.fullmatch(record["folder"])
+        if not match or match.group(1) != name.rpartition("/")[2][5:-4]:
+            raise ValueError(f"folder {record['folder']!r} is not this step's")
+        for file, entry in record["files"].items():
+            if not (_FILE_NAME_RE.fullmatch(file) and isinstance(entry["size"], int)
+                    and isinstance(entry["sha256"], str)):
+                raise TypeError(f"bad file entry {file!r}")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CorruptCheckpoint(where, f"not a commit record ({exc})") from None
+    return record
+
+
+def _read_dcp_from(store: RunStore, name: str) -> dict:
+    """Load an object store's DCP checkpoint ``name``: its files, fetched into a scratch
+    folder and checked there (``dcpckpt.read_dcp``)."""
+    where = _where(store, name)
+    record = _dcp_record(store, name)
+    folder = f"{FOLDER}/{record['folder']}"
+    got = store.get_many([f"{folder}/{file}" for file in record["files"]])
+    with tempfile.TemporaryDirectory(prefix="dyntrain-dcp-") as tmp:
+        for file in record["files"]:
+            data = got[f"{folder}/{file}"]
+            if isinstance(data, FileNotFoundError):
+                raise CorruptCheckpoint(where, f"file {file} is missing")
+            if isinstance(data, Exception):
+                raise StorageError(f"cannot read {store.where(folder)}/{file}: {data}")
+            (Path(tmp) / file).write_bytes(data)
+        (Path(tmp) / dcpckpt.COMMIT).write_bytes(json.dumps(record).encode())
+        try:
+            return dcpckpt.read_dcp(Path(tmp))
+        except CorruptCheckpoint as exc:  # named by its place in the store, not the scratch
+            raise CorruptCheckpoint(where, exc.reason) from None
+
+
 def read_checkpoint(store: RunStore, name: str) -> dict:
     """Load the checkpoint ``name`` (a file or a commit record) after verifying it.
 
@@ -185,7 +273,7 @@ def read_checkpoint(store: RunStore, name: str) -> dict:
     where = _where(store, name)
     if name.endswith(dcpckpt.SUFFIX):
         if store.local is None:
-            raise CorruptCheckpoint(where, "a DCP checkpoint is read from a local folder only")
+            return _read_dcp_from(store, name)
         return dcpckpt.read_dcp(store.local / name)
     if not name.endswith(".commit"):
         return decode_checkpoint(store.get(name), where)
@@ -245,6 +333,11 @@ def describe_checkpoints(store: RunStore) -> list[CheckpointInfo]:
             if name.endswith(".commit"):
                 record = _record(store, name)
                 out.append(CheckpointInfo(step, name.rpartition("/")[2], record["size"],
+                                          float(record.get("time") or 0.0)))
+            elif store.local is None and name.endswith(dcpckpt.SUFFIX):
+                record = _dcp_record(store, name)
+                out.append(CheckpointInfo(step, name.rpartition("/")[2],
+                                          sum(f["size"] for f in record["files"].values()),
                                           float(record.get("time") or 0.0)))
             elif store.local is not None:
                 st = (store.local / name).stat()

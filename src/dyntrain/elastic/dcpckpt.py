@@ -9,13 +9,20 @@ checkpoint is a folder ``checkpoints/ckpt-000000012.dcp`` holding DCP's ``.metad
 ``__<rank>_0.distcp`` per member and ``dyntrain.commit`` (JSON: each data file's size and
 SHA-256).
 
-It is seen only once complete: the members write into a staging folder
+On a local run folder it is seen only once complete: the members write into a staging folder
 (``checkpoints/.ckpt-000000012.g<generation>.staging``), sync their files and report what they
 wrote (DCP's metadata and write results, their files' checksums) to every member over the
 generation's group; the leader then writes ``.metadata`` and the commit record into the staging
 folder, syncs them and renames the folder into place. A folder without its commit record, or
 whose files do not match it, is skipped on resume like a corrupt file; a staging folder that
 never got committed (a member died, the generation was abandoned) is deleted by a later save.
+
+An object store has no rename: there each member writes its files into a local scratch folder
+and uploads them into the generation's own folder of the step
+(``checkpoints/ckpt-000000012.g3.dcp/``, so that a late upload of an abandoned generation lands
+where nothing reads it); the leader uploads ``.metadata`` and then puts the commit record,
+naming that folder, at ``checkpoints/ckpt-000000012.dcp``: the checkpoint is seen once that one
+object is there (``ckptstore``).
 
 A checkpoint reads back as the plain state dict that ``state.capture_state`` makes (at any world
 size and shard level: every reader loads it whole, without a process group), and torch's own
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dyntrain.elastic.checkpoint import CorruptCheckpoint, atomic_write_bytes
+from dyntrain.elastic.storage import RunStore, StorageError
 
 if TYPE_CHECKING:  # torch loads where a checkpoint is written or read, not for a listing
     import torch
@@ -123,11 +131,25 @@ def write_part(staging: Path, part: dict, rank: int) -> bytes:
         results = writer.write_data(plan, planner).wait()
         files = {}
         for name in sorted({r.storage_data.relative_path for r in results}):
-            data = (staging / name).read_bytes()
-            files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            files[name] = file_entry((staging / name).read_bytes())
         return pickle.dumps({"metadata": metadata, "results": results, "files": files})
     except (OSError, RuntimeError, ValueError) as exc:
         return pickle.dumps({"error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+
+
+def upload_part(store: RunStore, folder: str, staging: Path, report: bytes) -> bytes:
+    """A member, on an object store: upload the files its ``report`` names from its local
+    scratch folder ``staging`` into the store's ``folder``; returns the report, or, when the
+    part was not written or the upload failed, a report of the error (one line)."""
+    if "error" in pickle.loads(report):
+        return report
+    try:
+        store.put_many({f"{folder}/{name}": (staging / name).read_bytes()
+                        for name in pickle.loads(report)["files"]})
+    except (StorageError, OSError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return pickle.dumps({"error": f"cannot upload to {store.where(folder)}: {first}"})
+    return report
 
 
 def exchange_reports(group: Group, report: bytes,
@@ -137,10 +159,9 @@ def exchange_reports(group: Group, report: bytes,
             for rank in range(group.size)]
 
 
-def commit(staging: Path, step: int, reports: Sequence[bytes]) -> Path:
-    """The leader: after every member reported its part written and synced, write DCP's
-    ``.metadata`` and the commit record into ``staging`` and rename it into place; returns the
-    checkpoint's folder.
+def merge_reports(staging: Path, step: int, reports: Sequence[bytes]) -> dict:
+    """The leader: after every member reported its part written (``write_part``), write DCP's
+    ``.metadata`` into ``staging`` and return the commit record (not yet written anywhere).
 
     Raises:
         OSError: A member could not write its part (nothing is committed then).
@@ -161,8 +182,19 @@ def commit(staging: Path, step: int, reports: Sequence[bytes]) -> Path:
     writer.reset(staging)
     writer.finish(metadata, [p["results"] for p in parts])
     files = {name: entry for p in parts for name, entry in p["files"].items()}
-    record = {"format": COMMIT_FORMAT, "step": step, "time": time.time(), "members": len(parts),
-              "files": files}
+    return {"format": COMMIT_FORMAT, "step": step, "time": time.time(), "members": len(parts),
+            "files": files}
+
+
+def commit(staging: Path, step: int, reports: Sequence[bytes]) -> Path:
+    """The leader, on a local run folder: merge the members' reports (``merge_reports``),
+    write the commit record into ``staging`` and rename it into place; returns the
+    checkpoint's folder.
+
+    Raises:
+        OSError: A member could not write its part (nothing is committed then).
+    """
+    record = merge_reports(staging, step, reports)
     atomic_write_bytes(staging / COMMIT, json.dumps(record).encode())
     final = staging.parent / folder_name(step)
     if final.exists():  # the same step's checkpoint of an earlier generation: replaced
@@ -170,6 +202,11 @@ def commit(staging: Path, step: int, reports: Sequence[bytes]) -> Path:
     os.replace(staging, final)
     _sync_dir(staging.parent)
     return final
+
+
+def file_entry(data: bytes) -> dict:
+    """A file's entry in a commit record: its size and SHA-256."""
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def read_dcp(path: Path) -> dict:

@@ -109,6 +109,11 @@ class RunStore(ABC):
         folder); a missing folder has none."""
 
     @abstractmethod
+    def list_folders(self, folder: str = "") -> list[str]:
+        """The folders directly in ``folder``, by name (including ``folder``); a missing
+        folder has none."""
+
+    @abstractmethod
     def delete(self, names: Iterable[str]) -> None:
         """Remove files; one that is already gone is no error."""
 
@@ -160,6 +165,14 @@ class LocalStore(RunStore):
         except (FileNotFoundError, NotADirectoryError):
             return {}
         return found
+
+    def list_folders(self, folder: str = "") -> list[str]:
+        try:
+            with os.scandir(self.root / folder) as entries:
+                return sorted(f"{folder}/{e.name}" if folder else e.name for e in entries
+                              if e.is_dir())
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def delete(self, names: Iterable[str]) -> None:
         for name in names:
@@ -239,6 +252,18 @@ class FsspecStore(RunStore):
         start = len(self.root) + 1
         return {e["name"][start:]: int(e.get("size") or 0) for e in entries
                 if e.get("type") == "file" and e["name"].startswith(self.root + "/")}
+
+    def list_folders(self, folder: str = "") -> list[str]:
+        path = self._path(folder)
+        with self._errors("list"):
+            self.fs.invalidate_cache(path)
+            try:
+                entries = self.fs.ls(path, detail=True)
+            except FileNotFoundError:
+                return []
+        start = len(self.root) + 1
+        return sorted(e["name"].rstrip("/")[start:] for e in entries
+                      if e.get("type") == "directory" and e["name"].startswith(self.root + "/"))
 
     def delete(self, names: Iterable[str]) -> None:
         paths = [self._path(n) for n in names]

@@ -1,12 +1,16 @@
 """A worker's writes to the run folder: checkpoints when due and the final model, made only
 while the coordinator confirms that the worker's generation still counts (see the fencing
-section of docs/architecture/elastic.md). At shard levels 1-3 on a local run folder every member
-writes its shard of a checkpoint in torch's DCP format and the leader commits it (``dcpckpt``);
-elsewhere the leader writes the whole state."""
+section of docs/architecture/elastic.md). At shard levels 1-3 every member writes its shard of
+a checkpoint in torch's DCP format (on an object store: into a local scratch folder, then
+uploaded) and the leader commits it (``dcpckpt``, ``ckptstore``); at level 0 the leader writes
+the whole state."""
 
 from __future__ import annotations
 
 import logging
+import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +19,14 @@ from dyntrain.elastic import dcpckpt
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import WorkerChannel
 from dyntrain.elastic.checkpoint import dumps
-from dyntrain.elastic.ckptstore import FOLDER, commit_sharded, newest_step, save_checkpoint
+from dyntrain.elastic.ckptstore import (
+    FOLDER,
+    commit_sharded,
+    dcp_files_folder,
+    newest_step,
+    save_checkpoint,
+    upload_shard,
+)
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.sharded import checkpoint_due
@@ -44,7 +55,9 @@ class RunWriter:
         self.channel: WorkerChannel | None = None  # in a job: see confirm_with
         self.worker: str | None = None
         self._last_checkpoint = time.monotonic()
-        self._staged: tuple[int, Path, list[bytes]] | None = None  # (step, folder, reports)
+        # the leader's DCP checkpoint to commit: (step, staging, reports, the object store's
+        # folder of the members' files or None)
+        self._staged: tuple[int, Path, list[bytes], str | None] | None = None
 
     def confirm_with(self, channel: WorkerChannel, worker: str) -> None:
         """In a job: from now on each write is confirmed with the coordinator through
@@ -68,10 +81,20 @@ class RunWriter:
         due = force or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
         due = due or (self.time_due() if agreed is None else agreed)
         staged, self._staged = self._staged, None
+        try:
+            self._checkpoint(step, force, generation, due, staged)
+        finally:
+            if staged is not None and self.store is not None and self.store.local is None:
+                shutil.rmtree(staged[1], ignore_errors=True)  # the leader's scratch folder
+
+    def _checkpoint(self, step: int, force: bool, generation: int | None, due: bool,
+                    staged: tuple[int, Path, list[bytes], str | None] | None) -> None:
+        cfg = self.config
         if not due or self.store is None or not self.may_write(generation, wait=force):
             return
         if staged is not None and staged[0] == step:  # every member wrote its shard
-            where = commit_sharded(self.store, staged[1], step, staged[2], cfg.keep_checkpoints)
+            where = commit_sharded(self.store, staged[1], step, staged[2], cfg.keep_checkpoints,
+                                   staged[3])
         else:
             state = capture_state(self.parts, step, self.steps_per_epoch)
             where = save_checkpoint(self.store, step, state, keep=cfg.keep_checkpoints)
@@ -87,13 +110,27 @@ class RunWriter:
         members agreed on a checkpoint by time (``StepResult.checkpoint``);
         ``validate``: the leader validates after it): when a checkpoint is due
         (``checkpoint_due``, as every member can tell), write this member's shard of it
-        into the step's staging folder and exchange the reports (the leader commits it in
-        ``maybe_checkpoint``); on an object store the leader gathers the whole state instead.
-        Then the shards' own work after a step (``OptimizerShards.after_applied``)."""
+        into the step's staging folder (on an object store: into a scratch folder of its own,
+        then uploaded into the generation's folder of the step) and exchange the reports (the
+        leader commits it in ``maybe_checkpoint``). Then the shards' own work after a step
+        (``OptimizerShards.after_applied``)."""
         due = force or checkpoint_due(self.config, step, -1, False)
-        sharded = due and self.store is not None and self.store.local is not None
+        sharded = due and self.store is not None
         if sharded:
-            staging = dcpckpt.staging_folder(self.store.local / FOLDER, step, generation)
+            self._write_shard(shards, group, generation, step, should_abort)
+        shards.after_applied(group, due and not sharded, validate, should_abort)
+
+    def _write_shard(self, shards, group: Group, generation: int, step: int,
+                     should_abort: Callable[[], bool]) -> None:
+        local = self.store.local
+        staging = (dcpckpt.staging_folder(local / FOLDER, step, generation) if local is not None
+                   else Path(tempfile.mkdtemp(prefix=f"dyntrain-dcp-{step:09d}-")))
+        keep, folder = False, None
+        try:
+            if local is None:  # the leader names this write's folder
+                token = group.broadcast_bytes(
+                    secrets.token_hex(4).encode() if group.rank == 0 else None, 0, should_abort)
+                folder = dcp_files_folder(step, generation, token.decode())
             state = capture_state(self.parts, step, self.steps_per_epoch)
             named = list(self.parts.model.named_parameters(remove_duplicate=False))
             names = [[n for n, q in named if q is param] for param in shards.params]
@@ -101,11 +138,15 @@ class RunWriter:
                                         group.size)[group.rank]
             part = dcpckpt.member_part(state, shards.params, names, self.parts.optimizer, mine,
                                        group.rank == 0)
-            reports = dcpckpt.exchange_reports(
-                group, dcpckpt.write_part(staging, part, group.rank), should_abort)
+            report = dcpckpt.write_part(staging, part, group.rank)
+            if folder is not None:
+                report = upload_shard(self.store, staging, folder, report)
+            reports = dcpckpt.exchange_reports(group, report, should_abort)
             if group.rank == 0:
-                self._staged = (step, staging, reports)
-        shards.after_applied(group, due and not sharded, validate, should_abort)
+                self._staged, keep = (step, staging, reports, folder), True
+        finally:
+            if local is None and not keep:  # uploaded, or the generation ended
+                shutil.rmtree(staging, ignore_errors=True)
 
     def may_write(self, generation: int | None, wait: bool) -> bool:
         """Whether this worker may write the run folder for ``generation``: alone always; in a
