@@ -131,3 +131,36 @@ def test_a_host_behind_a_slow_link_keeps_training_and_balancing_stays_bitwise(ho
     assert all(sum(r["chunks"]) == 8 for r in rows)
     assert_exactly_once(job.out)
     assert max_param_diff(static_ledger, job.out) == 0.0
+
+
+def test_a_sharded_jobs_copies_live_on_two_hosts_so_losing_one_loses_nothing(hosts, tmp_path):
+    """Level 1, ``r = 2``, two workers on each of two hosts: the plan puts a tensor's two
+    copies on different hosts (each member's failure domain is the address it advertises), so
+    when host 1 vanishes with both of its workers no shard is lost: the survivors go on from
+    the state they hold, without a checkpoint, and end bitwise the unsharded static run.
+    Without failure domains some tensors' both copies were on host 1 (``test_shardplan``)."""
+    from test_gpt_workload import SMALL
+    from test_sharded import _same_final, _static_run
+
+    static = _static_run(tmp_path / "static", SMALL)
+    hold = hosts.shared / "sharded.hold"
+    hold.touch()
+    job = HostJob(hosts.host(0), hosts.shared / "sharded",
+                  [SCRIPTS / "gpt_held.py", hold, *SMALL, "--shard", "1"],
+                  ["--workers", "2:4", "--nproc", "2"])
+    for _ in range(2):
+        job.add_worker(hosts.host(1))
+    wait_for(lambda: job.world() == 4, "two workers on each host training", timeout=180)
+    hosts.lose(1)
+    wait_for(lambda: any(e["event"] == "crash" for e in job.events()),
+             "host 1's workers declared lost", timeout=120)
+    hold.unlink()
+    assert job.wait(240) == 0, job.launcher.text()[-3000:]
+    out = job.launcher.text()
+    assert "lost the optimizer state" not in out, out[-3000:]
+    events = job.events()
+    lost = {w for e in events if e["event"] == "crash" for w in e["workers"]}
+    assert len(lost) == 2 and all(w.startswith("host1-") for w in lost), events
+    assert "resume" not in [e["event"] for e in events], events  # no checkpoint was read
+    assert job.world() == 2
+    _same_final(static, job.out)

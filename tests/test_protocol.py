@@ -100,3 +100,11 @@ def test_a_generation_round_trips_and_a_malformed_one_is_named():
     assert p.Generation.from_json(old).probes == ()  # written before probes existed
     with pytest.raises(p.ProtocolError, match="generation.start_step: missing"):
         p.Generation.from_json(json.dumps({"number": 0, "members": ["a"]}))
+
+
+def test_a_members_failure_domain_is_the_host_it_advertises():
+    gen = p.Generation(4, ("a", "b", "c", "d", "e"), 0,
+                       probes=("10.0.0.1:5001", "10.0.0.1:5002", "10.0.0.2:5001", "", "[::1]:7"))
+    assert gen.failure_domains() == {"a": "10.0.0.1", "b": "10.0.0.1", "c": "10.0.0.2",
+                                     "d": "worker d", "e": "[::1]"}
+    assert p.Generation(1, ("a",), 0).failure_domains() == {"a": "worker a"}  # no probes

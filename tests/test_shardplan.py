@@ -127,6 +127,70 @@ def test_a_crash_of_fewer_than_r_members_leaves_every_tensor_a_holder(sizes, n, 
         assert diff_plans(plan, after, senders=survivors).lost == ()
 
 
+def assert_domains_kept_apart(plan: ShardPlan, domains: dict[str, str]) -> None:
+    """Every tensor's owners span as many failure domains as there can be."""
+    spread = min(plan.copies, len({domains[m] for m in plan.members}))
+    for owners in plan.owners:
+        assert len({domains[m] for m in owners}) == spread, (owners, domains)
+
+
+# members on hosts: (host of each member), as a history of joins, leaves and crashes would have
+HOSTS = st.lists(st.integers(0, 3), min_size=1, max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(SIZES, HOSTS, st.integers(1, 3), CHANGES, st.integers(0, 3))
+def test_a_tensors_copies_are_on_different_hosts_through_any_history(sizes, hosts, r, changes,
+                                                                     joiner_host):
+    """Failure domains (the hosts): a tensor's owners span ``min(r, N, hosts)`` hosts, from
+    scratch and through joins (on any host), leaves and crashes; so losing a whole host loses
+    no tensor while ``r >= 2`` and two hosts remain."""
+    members = [f"w{i}" for i in range(len(hosts))]
+    domains = {m: f"h{h}" for m, h in zip(members, hosts, strict=True)}
+    plan = plan_ownership(tensors_of(sizes), members, r, ShardLevel.OPTIMIZER, domains=domains)
+    assert_domains_kept_apart(plan, domains)
+    for step, (kind, pick) in enumerate(changes):
+        if kind == "join" or len(members) == 1:
+            new = f"j{step}"
+            domains[new] = f"h{(joiner_host + pick) % 4}"
+            members = [*members, new]
+        else:
+            members = [m for m in members if m != members[pick % len(members)]]
+        after = plan_ownership(tensors_of(sizes), members, r, ShardLevel.OPTIMIZER,
+                               previous=plan, domains=domains)
+        copies = min(r, len(members))
+        for owners in after.owners:
+            assert len(owners) == copies == len(set(owners))
+        assert_domains_kept_apart(after, domains)
+        if r >= 2 and len({domains[m] for m in members}) >= 2:
+            for host in {domains[m] for m in members}:
+                assert after.lost([m for m in members if domains[m] == host]) == []
+        plan = after
+
+
+@settings(max_examples=100, deadline=None)
+@given(SIZES, st.integers(1, 8), st.integers(1, 3))
+def test_one_failure_domain_or_none_plans_as_without_domains(sizes, n, r):
+    """Every member on one host (or each its own domain) gives today's plan exactly."""
+    tensors, members = tensors_of(sizes), members_of(n)
+    plain = plan_ownership(tensors, members, r, ShardLevel.OPTIMIZER)
+    assert plan_ownership(tensors, members, r, ShardLevel.OPTIMIZER,
+                          domains=dict.fromkeys(members, "host")) == plain
+    assert plan_ownership(tensors, members, r, ShardLevel.OPTIMIZER,
+                          domains={m: m for m in members}) == plain
+
+
+def test_two_hosts_of_two_members_hold_one_copy_each_and_stay_balanced():
+    members = ["a0", "a1", "b0", "b1"]
+    domains = {"a0": "A", "a1": "A", "b0": "B", "b1": "B"}
+    tensors = [TensorSpec(name, n) for name, n in gpt_like()]
+    plain = plan_ownership(tensors, members, 2, ShardLevel.OPTIMIZER)
+    assert plain.lost(["b0", "b1"])  # without domains some tensor lives on host B only
+    plan = plan_ownership(tensors, members, 2, ShardLevel.OPTIMIZER, domains=domains)
+    assert plan.lost(["a0", "a1"]) == [] and plan.lost(["b0", "b1"]) == []
+    assert_valid(plan)  # balanced as well: every host holds one copy of everything
+
+
 def test_a_gpt_on_four_members_with_two_copies_and_a_join():
     specs = gpt_like()
     total = sum(n for _, n in specs)

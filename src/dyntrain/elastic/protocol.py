@@ -215,6 +215,13 @@ class Generation:
         except (ValueError, WireError) as exc:
             raise ProtocolError(f"malformed generation: {exc}") from None
 
+    def failure_domains(self) -> dict[str, str]:
+        """Each member's failure domain: the host address of its probe endpoint (members on
+        one host fail together when the host goes); a member without one is a domain of its
+        own. The same on every member (from this message alone)."""
+        probes = dict(zip(self.members, self.probes, strict=False))
+        return {w: probes.get(w, "").rpartition(":")[0] or f"worker {w}" for w in self.members}
+
     def peer_probes(self, worker: str) -> dict[str, str]:
         """The other members' probe endpoints (those that gave one)."""
         return {w: e for w, e in zip(self.members, self.probes, strict=False)

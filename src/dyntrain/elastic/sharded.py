@@ -160,6 +160,7 @@ class OptimizerShards:
         # state to begin with: the fresh optimizer's, or a checkpoint's)
         self.held: set[int] = set(range(len(self.params)))
         self.plan: ShardPlan | None = None
+        self.domains: dict[str, str] = {}  # each member's failure domain (host): see reshard
         self.owned: set[int] = set(self.held)
         self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
         self.owner_ranks: list[tuple[int, ...]] = []  # per tensor: its owners' ranks, primary first
@@ -224,6 +225,7 @@ class OptimizerShards:
             self.hold_none()
             self.params_stale = False  # the hand-over's (a stale holder says so below)
         members = tuple(gen.members)
+        self.domains = gen.failure_domains()  # no tensor's copies on one host, where possible
         count = len(self.params)
         began = time.perf_counter()
         holders, _, stale = self._survey(group, members, False, should_abort)
@@ -300,7 +302,8 @@ class OptimizerShards:
         are the group's) to that owner alone (``moves.send_moves``); ``params``: its parameter
         too. Returns the plan."""
         began = time.perf_counter()
-        plan = plan_ownership(self.specs, owners, self.redundancy, self.level, previous)
+        plan = plan_ownership(self.specs, owners, self.redundancy, self.level, previous,
+                              self.domains)
         moves = diff_plans(held, plan).moves
         self.stats.timed("plan", began)
         began = time.perf_counter()

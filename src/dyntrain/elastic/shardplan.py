@@ -15,6 +15,11 @@ the level, and the previous plan if any) to a ``ShardPlan``:
   to the member with the least load plus bytes shared with the tensor's other owners, which
   also spreads a member's tensors over many co-owners);
 - it is deterministic (ties go by tensor index and member order), and
+- where members have failure domains (``domains``: the host each runs on, say), a tensor's
+  owners are in as many distinct domains as there can be (``min(r, N, domains)``), so that
+  losing a whole domain (a host with several members) loses no tensor while ``r >= 2`` and
+  there are two domains; balance yields to that rule where domains hold unequal numbers of
+  members;
 - it is stable: given the previous plan, every owner that stays keeps what it holds, unless it
   is more than the largest tensor off its new share; the copies that lost an owner go to the
   least loaded members, and a member far above its share hands tensors straight to one far
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -158,7 +163,8 @@ class Unit:
 
 def plan_ownership(tensors: Sequence[TensorSpec | tuple[str, int]], members: Sequence[str],
                    redundancy: int, level: ShardLevel | int,
-                   previous: ShardPlan | None = None) -> ShardPlan:
+                   previous: ShardPlan | None = None,
+                   domains: Mapping[str, str] | None = None) -> ShardPlan:
     """The ownership plan of ``tensors`` among ``members`` (see the module's description).
 
     Args:
@@ -170,6 +176,10 @@ def plan_ownership(tensors: Sequence[TensorSpec | tuple[str, int]], members: Seq
         level: The ``ShardLevel`` (NONE: every member owns everything).
         previous: The plan of the previous membership, to keep what stays where it is; None
             plans from scratch.
+        domains: Each member's failure domain (members that can fail together share one); a
+            member not in it, or every member when None, is a domain of its own. A tensor's
+            owners span ``min(r, N, number of domains)`` domains (a kept owner of the previous
+            plan that a member of another domain should replace is replaced).
 
     Returns:
         The plan; the same arguments give the same plan.
@@ -190,13 +200,14 @@ def plan_ownership(tensors: Sequence[TensorSpec | tuple[str, int]], members: Seq
         return ShardPlan(level, redundancy, members, specs, tuple(members for _ in specs))
     copies = min(redundancy, len(members))
     order = {m: i for i, m in enumerate(members)}
+    spread = {m: (domains or {}).get(m, f"\0{m}") for m in members}
     owners: list[list[str]] = [[] for _ in specs]
     if previous is not None:  # every owner that stays keeps its tensors
-        owners = [[m for m in held if m in order][:copies] for held in previous.owners]
+        owners = [_kept(held, order, copies, spread) for held in previous.owners]
     load = _loads(members, specs, owners)
     share = copies * sum(t.nbytes for t in specs) / len(members)
-    _fill(specs, members, owners, load, copies, order)
-    _rebalance(specs, members, owners, load, share, order)
+    _fill(specs, members, owners, load, copies, order, spread)
+    _rebalance(specs, members, owners, load, share, order, spread)
     return ShardPlan(level, redundancy, members, specs, tuple(tuple(o) for o in owners))
 
 
@@ -294,15 +305,42 @@ def _check(specs: tuple[TensorSpec, ...], members: tuple[str, ...], redundancy: 
         raise ValueError("tensor sizes must not be negative")
 
 
+def _kept(held: Sequence[str], order: dict[str, int], copies: int,
+          spread: dict[str, str]) -> list[str]:
+    """The owners of a tensor in the previous plan that keep it: those still members, up to
+    ``copies``; a second one in a failure domain only where no other domain is left to take
+    its place (the first of each domain first, then the others in their order)."""
+    staying = [m for m in held if m in order]
+    kept: list[str] = []
+    for m in staying:
+        if _elsewhere(m, kept, spread):
+            kept.append(m)
+    unused = set(spread.values()) - {spread[k] for k in kept}
+    room = copies - len(kept) - len(unused)  # slots no new domain can fill
+    kept += [m for m in staying if m not in kept][:max(0, room)]
+    return kept[:copies]
+
+
+def _elsewhere(candidate: str, others: Sequence[str], spread: dict[str, str] | None) -> bool:
+    """Whether ``candidate`` is in another failure domain than every one of ``others`` (always,
+    without ``spread``)."""
+    return spread is None or all(spread[o] != spread[candidate] for o in others)
+
+
+def _domains(owners: Sequence[str], spread: dict[str, str]) -> int:
+    return len({spread[o] for o in owners})
+
+
 def _rebalance(specs: tuple[TensorSpec, ...], members: tuple[str, ...],
                owners: list[list[str]], load: dict[str, int], share: float,
-               order: dict[str, int]) -> None:
+               order: dict[str, int], spread: dict[str, str] | None = None) -> None:
     """Hand tensors from members above their share straight to members below it, where some
     member is off its share by more than the largest tensor (a joiner, or one left short):
     most loaded donor first, its largest tensor first among those that keep it at or above its
     share, each to the least loaded member below its share that does not hold that tensor. A
     donor gives at most its excess, so a join moves about the joiner's share and no more; after
-    a leave, whose copies the fill spread already, it rarely has anything to do."""
+    a leave, whose copies the fill spread already, it rarely has anything to do. A move never
+    leaves a tensor's owners in fewer failure domains (``spread``)."""
     slack = max((t.nbytes for t in specs), default=0)
     for m in sorted(members, key=lambda m: (-load[m], order[m])):
         held = sorted((i for i, o in enumerate(owners) if m in o),
@@ -311,7 +349,10 @@ def _rebalance(specs: tuple[TensorSpec, ...], members: tuple[str, ...],
             size = specs[i].nbytes
             if not 0 < size <= load[m] - share:
                 continue
-            target = min((u for u in members if u not in owners[i] and load[u] < share),
+            others = [o for o in owners[i] if o != m]
+            target = min((u for u in members if u not in owners[i] and load[u] < share
+                          and (spread is None or _domains([*others, u], spread)
+                               >= _domains(owners[i], spread))),
                          key=lambda u: (load[u], order[u]), default=None)
             if target is None or (load[m] <= share + slack and load[target] >= share - slack):
                 continue
@@ -321,13 +362,15 @@ def _rebalance(specs: tuple[TensorSpec, ...], members: tuple[str, ...],
 
 
 def _fill(specs: tuple[TensorSpec, ...], members: tuple[str, ...], owners: list[list[str]],
-          load: dict[str, int], copies: int, order: dict[str, int]) -> None:
+          load: dict[str, int], copies: int, order: dict[str, int],
+          spread: dict[str, str] | None = None) -> None:
     """Give every tensor its missing owners, one round per copy (first every tensor's first
     owner, then every tensor's second, ...), largest tensor first within a round. A copy goes to
     the member that does not hold the tensor with the least load plus bytes already shared with
     the tensor's other owners (ties: member order): that spreads a member's tensors over many
     different co-owners, so that a leaver's copies can go to many members at once, instead of
-    always pairing the same members."""
+    always pairing the same members. With ``spread`` a member in a failure domain that holds
+    none of the tensor's copies comes first, while there is one."""
     shared = {(a, b): 0 for a in members for b in members}
     for i, held in enumerate(owners):
         for a in held:
@@ -340,7 +383,8 @@ def _fill(specs: tuple[TensorSpec, ...], members: tuple[str, ...], owners: list[
             if len(owners[i]) > round_:
                 continue
             target = min((m for m in members if m not in owners[i]),
-                         key=lambda m: (load[m] + sum(shared[o, m] for o in owners[i]),
+                         key=lambda m: (not _elsewhere(m, owners[i], spread),
+                                        load[m] + sum(shared[o, m] for o in owners[i]),
                                         order[m]))
             for o in owners[i]:
                 shared[o, target] += specs[i].nbytes
