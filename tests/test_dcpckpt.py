@@ -14,7 +14,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import run_cli
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
-from dyntrain.elastic.dcpckpt import split_writes
+from dyntrain.elastic.dcpckpt import read_dcp, split_writes
 from dyntrain.elastic.storage import open_store
 from test_gpt_workload import SMALL
 from test_sharded import _same_final, _static_run
@@ -94,6 +94,24 @@ def test_a_level_2_checkpoint_resumes_at_level_3_on_three_workers_bitwise(
     _same_final(static, run)
     names = {p.name for p in (run / "checkpoints" / "ckpt-000000020.dcp").iterdir()}
     assert names == DCP_FILES | {"__2_0.distcp"}
+
+
+@pytest.mark.slow
+def test_a_member_reads_only_the_keys_it_keeps(level2):
+    """What a resuming member loads of a checkpoint (``keep``): here the optimizer state of
+    the even tensors only, with everything else, bitwise what the whole read holds."""
+    folder = level2 / "checkpoints" / "ckpt-000000020.dcp"
+    whole = read_dcp(folder)
+    part = read_dcp(folder, keep=lambda key: not key.startswith("optimizer.state.")
+                    or int(key.split(".")[2]) % 2 == 0)
+    assert list(part["optimizer"]["state"]) == [i for i in whole["optimizer"]["state"]
+                                                if i % 2 == 0]
+    for i, state in part["optimizer"]["state"].items():
+        assert all(torch.equal(v, whole["optimizer"]["state"][i][k]) for k, v in state.items())
+    assert part["model"].keys() == whole["model"].keys()
+    assert all(torch.equal(v, whole["model"][k]) for k, v in part["model"].items())
+    assert part["optimizer"]["param_groups"] == whole["optimizer"]["param_groups"]
+    assert part["step"] == whole["step"] == 20 and part["rng"].keys() == whole["rng"].keys()
 
 
 @pytest.mark.slow

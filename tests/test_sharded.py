@@ -299,3 +299,30 @@ def test_a_world_of_one_owns_everything_and_moves_nothing():
              "step": 3}
     assert without_tensor_state(state)["optimizer"] == {"state": {}, "param_groups": []}
     assert state["optimizer"]["state"]  # the original is left alone
+
+
+def test_a_resume_loads_only_the_optimizer_state_a_member_will_own():
+    """``checkpoint_keys``: of a checkpoint's keys, each of three members keeps the optimizer
+    state of the tensors the generation's plan gives it, and everything else; together they
+    hold every tensor's state ``r`` times, none of them the whole of it."""
+    from dyntrain.elastic.shardplan import plan_ownership
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(4)])  # 8 tensors
+    names = [n for n, _ in model.named_parameters()]
+    gen = p.Generation(2, ("a", "b", "c"), 8, checkpoint="/x/checkpoints/ckpt-000000008.dcp",
+                       probes=("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"))
+    keys = ["step", "model.0.weight", "optimizer.param_groups.0.lr",
+            *[f"optimizer.state.{i}.{k}" for i in range(8) for k in ("step", "exp_avg")]]
+    kept = {}
+    for member in gen.members:
+        shards = OptimizerShards(torch.optim.Adam(model.parameters()), list(model.parameters()),
+                                 names, 2)
+        keep = shards.checkpoint_keys(gen, member)
+        assert all(keep(k) for k in keys[:3])
+        kept[member] = {int(k.split(".")[2]) for k in keys[3:] if keep(k)}
+    plan = plan_ownership([(n, 144 if n.endswith("weight") else 24) for n in names],
+                          gen.members, 2, 1)
+    assert kept == {m: set(plan.owned_by(m)) for m in gen.members}
+    assert all(sum(t in held for held in kept.values()) == 2 for t in range(8))
+    assert all(len(held) < 8 for held in kept.values())

@@ -242,30 +242,30 @@ def _dcp_record(store: RunStore, name: str) -> dict:
     return record
 
 
-def _read_dcp_from(store: RunStore, name: str) -> dict:
-    """Load an object store's DCP checkpoint ``name``: its files, fetched into a scratch
-    folder and checked there (``dcpckpt.read_dcp``)."""
+def _read_dcp_from(store: RunStore, name: str,
+                   keep: Callable[[str], bool] | None = None) -> dict:
+    """Load an object store's DCP checkpoint ``name``: its files, fetched one by one into a
+    scratch folder and checked there (``dcpckpt.read_dcp``; ``keep``: which keys)."""
     where = _where(store, name)
     record = _dcp_record(store, name)
     folder = f"{FOLDER}/{record['folder']}"
-    got = store.get_many([f"{folder}/{file}" for file in record["files"]])
     with tempfile.TemporaryDirectory(prefix="dyntrain-dcp-") as tmp:
         for file in record["files"]:
-            data = got[f"{folder}/{file}"]
-            if isinstance(data, FileNotFoundError):
-                raise CorruptCheckpoint(where, f"file {file} is missing")
-            if isinstance(data, Exception):
-                raise StorageError(f"cannot read {store.where(folder)}/{file}: {data}")
-            (Path(tmp) / file).write_bytes(data)
+            try:
+                (Path(tmp) / file).write_bytes(store.get(f"{folder}/{file}"))
+            except FileNotFoundError:
+                raise CorruptCheckpoint(where, f"file {file} is missing") from None
         (Path(tmp) / dcpckpt.COMMIT).write_bytes(json.dumps(record).encode())
         try:
-            return dcpckpt.read_dcp(Path(tmp))
+            return dcpckpt.read_dcp(Path(tmp), keep)
         except CorruptCheckpoint as exc:  # named by its place in the store, not the scratch
             raise CorruptCheckpoint(where, exc.reason) from None
 
 
-def read_checkpoint(store: RunStore, name: str) -> dict:
-    """Load the checkpoint ``name`` (a file or a commit record) after verifying it.
+def read_checkpoint(store: RunStore, name: str,
+                    keep: Callable[[str], bool] | None = None) -> dict:
+    """Load the checkpoint ``name`` (a file or a commit record) after verifying it; of a DCP
+    checkpoint only the keys ``keep`` accepts (``dcpckpt.read_dcp``; None: all).
 
     Raises ``CorruptCheckpoint`` for a damaged or incomplete one, ``StorageError`` when the
     store cannot be reached (never mistaken for a damaged checkpoint).
@@ -273,8 +273,8 @@ def read_checkpoint(store: RunStore, name: str) -> dict:
     where = _where(store, name)
     if name.endswith(dcpckpt.SUFFIX):
         if store.local is None:
-            return _read_dcp_from(store, name)
-        return dcpckpt.read_dcp(store.local / name)
+            return _read_dcp_from(store, name, keep)
+        return dcpckpt.read_dcp(store.local / name, keep)
     if not name.endswith(".commit"):
         return decode_checkpoint(store.get(name), where)
     record = _record(store, name)
@@ -299,10 +299,11 @@ def read_checkpoint(store: RunStore, name: str) -> dict:
     return decode_checkpoint(blob, where)
 
 
-def read_ref(ref: str) -> dict:
-    """Load a checkpoint by its full location (what ``save_checkpoint`` returned)."""
+def read_ref(ref: str, keep: Callable[[str], bool] | None = None) -> dict:
+    """Load a checkpoint by its full location (what ``save_checkpoint`` returned); ``keep``:
+    as ``read_checkpoint``'s."""
     root, name = parent_and_name(ref)
-    return read_checkpoint(open_store(root), name)
+    return read_checkpoint(open_store(root), name, keep)
 
 
 def latest_valid_checkpoint(store: RunStore, on_skip: Callable[[str, str], None] | None = None

@@ -209,9 +209,15 @@ def file_entry(data: bytes) -> dict:
     return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def read_dcp(path: Path) -> dict:
-    """Load the DCP checkpoint folder ``path`` whole, as ``capture_state``'s dict, after
-    checking its commit record and its files' sizes and checksums.
+def read_dcp(path: Path, keep: Callable[[str], bool] | None = None) -> dict:
+    """Load the DCP checkpoint folder ``path`` as ``capture_state``'s dict, after checking its
+    commit record and its files' sizes and checksums.
+
+    Args:
+        path: The checkpoint's folder.
+        keep: Which of its keys to load, by DCP's flattened name (``model.<name>``,
+            ``optimizer.state.<index>.exp_avg``, ...); None: all of them. A member that will
+            own some tensors' optimizer state loads only theirs (``OptimizerShards``).
 
     Raises:
         CorruptCheckpoint: No commit record, a file missing or damaged, or DCP cannot load it.
@@ -231,17 +237,20 @@ def read_dcp(path: Path) -> dict:
         raise CorruptCheckpoint(path, f"bad commit record ({exc})") from None
     for name, entry in files.items():
         try:
-            data = (path / name).read_bytes()
+            size, digest = _file_digest(path / name)
         except FileNotFoundError:
             raise CorruptCheckpoint(path, f"file {name} is missing") from None
-        if len(data) != entry["size"]:
-            raise CorruptCheckpoint(path, f"file {name} has {len(data)} of {entry['size']} bytes")
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+        if size != entry["size"]:
+            raise CorruptCheckpoint(path, f"file {name} has {size} of {entry['size']} bytes")
+        if digest != entry["sha256"]:
             raise CorruptCheckpoint(path, f"file {name}: checksum mismatch")
     state: dict = {}
     try:
-        _load_state_dict(state, storage_reader=FileSystemReader(path),
-                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        reader = FileSystemReader(path)
+        keys = None if keep is None else {
+            k for k in reader.read_metadata().state_dict_metadata if keep(k)}
+        _load_state_dict(state, storage_reader=reader,
+                         planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True)
     except Exception as exc:  # DCP raises many types (CheckpointException, ...): unusable
         first = (str(exc).strip().splitlines() or [""])[0]
         raise CorruptCheckpoint(path, f"DCP cannot load it: {type(exc).__name__}: {first}") \
@@ -251,6 +260,16 @@ def read_dcp(path: Path) -> dict:
     # unsharded optimizer creates it
     optimizer["state"] = dict(sorted((int(k), v) for k, v in optimizer.get("state", {}).items()))
     return state
+
+
+def _file_digest(path: Path) -> tuple[int, str]:
+    """A file's size and SHA-256, read in pieces (a member's share may be large)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while piece := f.read(8 << 20):
+            digest.update(piece)
+            size += len(piece)
+    return size, digest.hexdigest()
 
 
 def list_folders(directory: Path) -> dict[str, int]:

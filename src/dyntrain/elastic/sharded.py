@@ -161,6 +161,7 @@ class OptimizerShards:
         self.held: set[int] = set(range(len(self.params)))
         self.plan: ShardPlan | None = None
         self.domains: dict[str, str] = {}  # each member's failure domain (host): see reshard
+        self._loading: set[int] | None = None  # the tensors a resume loads: checkpoint_keys
         self.owned: set[int] = set(self.held)
         self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
         self.owner_ranks: list[tuple[int, ...]] = []  # per tensor: its owners' ranks, primary first
@@ -176,6 +177,23 @@ class OptimizerShards:
     def hold_all(self) -> None:
         """The optimizer holds the whole state (loaded from a checkpoint)."""
         self.held = set(range(len(self.params)))
+
+    def checkpoint_keys(self, gen: Generation, me: str) -> Callable[[str], bool]:
+        """For a generation that resumes from a checkpoint (``gen.checkpoint``): which of its
+        keys this member loads (``ckptstore.read_ref``'s ``keep``): everything but the
+        optimizer state of the tensors that the generation's plan, as ``reshard`` makes it
+        when every member loaded the checkpoint, gives to other members only. So a member
+        never holds the whole optimizer state on a resume; ``reshard`` then finds each tensor
+        held by its owners. Call before loading, then ``reshard``."""
+        plan = plan_ownership(self.specs, tuple(gen.members), self.redundancy, self.level,
+                              None, gen.failure_domains())
+        self._loading = set(plan.owned_by(me))
+        index = {id(q): i for i, q in enumerate(q for g in self.optimizer.param_groups
+                                                for q in g["params"])}
+        skip = {str(index[id(self.params[t])]) for t in range(len(self.params))
+                if t not in self._loading}
+        return lambda key: not (key.startswith("optimizer.state.")
+                                and key.split(".", 3)[2] in skip)
 
     def hold_none(self) -> None:
         """Forget every tensor's state (a receiver of the hand-over; a lost shard)."""
@@ -213,17 +231,23 @@ class OptimizerShards:
 
     def reshard(self, group: Group, gen: Generation, me: str,
                 should_abort: Callable[[], bool]) -> list[str]:
-        """After the generation's state hand-over (a checkpoint's whole state, or none for a
-        receiver), plan the generation's ownership from what every member holds and move the
-        state of the tensors whose owners change; returns the names of the tensors no member
-        holds (nothing was changed then: the caller falls back to a checkpoint)."""
+        """After the generation's state hand-over (a checkpoint's state, of its own tensors
+        where ``checkpoint_keys`` chose them, or none for a receiver), plan the generation's
+        ownership from what every member holds and move the state of the tensors whose owners
+        change; returns the names of the tensors no member holds (nothing was changed then:
+        the caller falls back to a checkpoint)."""
         self.stats = stats = MoveStats()
         if gen.checkpoint is not None:
             self.hold_all()
+            if self._loading is not None:  # loaded the state of its own tensors only
+                for t in self.held - self._loading:  # (a full-format file holds them all)
+                    self.optimizer.state.pop(self.params[t], None)
+                self.held = set(self._loading)
             self.params_stale = False  # every member loaded the checkpoint's parameters
         elif me in gen.receivers:
             self.hold_none()
             self.params_stale = False  # the hand-over's (a stale holder says so below)
+        self._loading = None
         members = tuple(gen.members)
         self.domains = gen.failure_domains()  # no tensor's copies on one host, where possible
         count = len(self.params)

@@ -249,8 +249,7 @@ class ElasticTrainer:
         ``result: name=value ...`` and written to the output folder's ``result.json``.
 
         Args:
-            **values: Numbers or strings, e.g. ``train_accuracy=0.99``; they must be JSON
-                serialisable.
+            **values: Numbers or strings (``train_accuracy=0.99``), JSON serialisable.
         """
         if self._channel is not None and self.is_leader:
             # fit() has returned and the process may exit right after this call: the message must
@@ -383,13 +382,14 @@ class ElasticTrainer:
             return Outcome.REFORM
         finally:
             if group is not None:
-                # an abandoned generation's group is severed: nothing a member that was cut
-                # off sends later can reach this worker (see comm.Group.close)
+                # an abandoned generation's group is severed: nothing a cut-off member sends
+                # later can reach this worker (comm.Group.close)
                 group.close(abandoned=not clean)
 
     def _sync_state(self, gen: p.Generation, group: Group, aborted) -> None:
-        if gen.checkpoint is not None:
-            self.step = restore_state(self.parts, read_ref(gen.checkpoint))
+        if gen.checkpoint is not None:  # sharded: only the state of its own tensors
+            keep = self.shards and self.shards.checkpoint_keys(gen, self.worker_id)
+            self.step = restore_state(self.parts, read_ref(gen.checkpoint, keep))
             self.has_state = True
         elif gen.receivers or gen.fresh:
             began = time.perf_counter()
