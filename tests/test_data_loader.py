@@ -267,3 +267,47 @@ def test_loader_pins_and_copies_to_the_gpu(digits_train):
     cpu.expect(0, [0])
     assert torch.equal(cpu.fetch(0, 0, order.chunk(0, 0, 4))[0], x.cpu())
     loader.close()
+
+
+class _Collecting(torch.utils.data.Dataset):
+    """Samples whose loading runs the cyclic garbage collector first, as any allocation may."""
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        import gc
+
+        gc.collect()
+        return torch.full((2,), float(i)), i
+
+
+def test_a_loader_process_never_collects_the_trainers_garbage():
+    """A forked loader process that collected an unreachable cycle inherited from the trainer
+    ran its destructors there; a torch TCPStore server's aborts the process (its thread is not
+    in the child: seen as 'DataLoader worker ... killed by signal: Aborted' in a test run). The
+    loader collects such garbage before it forks."""
+    import gc
+
+    from torch.distributed import TCPStore
+
+    class Cycle:
+        pass
+
+    gc.disable()  # the cycle stays garbage until the loader starts its processes
+    try:
+        held = Cycle()
+        held.me, held.store = held, TCPStore("127.0.0.1", 0, is_master=True,
+                                             wait_for_workers=False)
+        del held
+        order = BatchOrder(0, 40, 20)
+        loader = ChunkLoader(_Collecting(), order, 4, 1, 0, CPU,
+                             LoaderConfig(workers=1, timeout=60))
+    finally:
+        gc.enable()
+    try:
+        loader.expect(0, [0])
+        x, y = loader.fetch(0, 0, order.chunk(0, 0, 4))
+        assert y.tolist() == order.chunk(0, 0, 4).tolist() and x.shape == (4, 2)
+    finally:
+        loader.close()

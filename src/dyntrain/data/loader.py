@@ -23,6 +23,7 @@ naming the file, raised in the training process.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections.abc import Iterator, Sequence
@@ -267,7 +268,12 @@ class ChunkLoader:
                                   batch_sampler=_PlanSampler(self), collate_fn=_identity,
                                   num_workers=cfg.workers, pin_memory=pin, **extra)
         # Start the loader processes now (before the trainer starts its own threads); the
-        # pipeline holds idle requests until the first ``expect``.
+        # pipeline holds idle requests until the first ``expect``. Unreachable cycles are
+        # collected first, here: a forked process that collected an inherited one would run
+        # its destructors there (a torch TCPStore server's aborts the process: its thread is
+        # not in the child).
+        if cfg.workers and cfg.start_method in (None, "fork"):
+            gc.collect()
         self._it = iter(self._loader)
 
     def expect(self, step: int, chunks: Sequence[int]) -> None:
