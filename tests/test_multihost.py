@@ -142,15 +142,23 @@ def test_a_sharded_jobs_copies_live_on_two_hosts_so_losing_one_loses_nothing(hos
     from test_gpt_workload import SMALL
     from test_sharded import _same_final, _static_run
 
-    static = _static_run(tmp_path / "static", SMALL)
+    # 120 steps: while held (each chunk 0.5 s longer), at least 1 s a step at world 2, so the
+    # remote workers have two minutes to start and join on a loaded machine before the job
+    # could end (with SMALL's 20 steps it once ended at world 2, under load, before they had)
+    args = [*SMALL, "--max-steps", "120"]
+    static = _static_run(tmp_path / "static", args)
     hold = hosts.shared / "sharded.hold"
     hold.touch()
     job = HostJob(hosts.host(0), hosts.shared / "sharded",
-                  [SCRIPTS / "gpt_held.py", hold, *SMALL, "--shard", "1"],
+                  [SCRIPTS / "gpt_held.py", hold, *args, "--shard", "1"],
                   ["--workers", "2:4", "--nproc", "2"])
-    for _ in range(2):
-        job.add_worker(hosts.host(1))
-    wait_for(lambda: job.world() == 4, "two workers on each host training", timeout=180)
+    remote = [job.add_worker(hosts.host(1)) for _ in range(2)]
+    try:
+        wait_for(lambda: job.world() == 4, "two workers on each host training", timeout=180)
+    except AssertionError as exc:
+        said = "\n".join(w.text()[-1500:] for w in remote)
+        raise AssertionError(f"{exc}; worlds {sorted({r['world_size'] for r in job.metrics()})}"
+                             f"\nlauncher: {job.launcher.text()[-2000:]}\nhost 1: {said}") from None
     hosts.lose(1)
     wait_for(lambda: any(e["event"] == "crash" for e in job.events()),
              "host 1's workers declared lost", timeout=120)
