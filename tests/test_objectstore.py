@@ -375,3 +375,22 @@ def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsew
         (s, f"ckpt-{s:09d}.dcp") for s in (20, 16, 12)]
     assert listed[0].size_bytes == sum(store.list(f"checkpoints/{folders[20]}").values())
     assert listed[0].written_at > 0
+
+
+def test_a_dcp_commit_record_that_does_not_check_out_is_skipped_with_its_reason(s3):
+    """Bad input in the bucket: a record that is not JSON, one naming another step's folder,
+    one naming a file outside its folder; none is read, each skip says why."""
+    store = open_store(f"s3://{s3.bucket('dcp-bad')}/run")
+    store.put("checkpoints/ckpt-000000008.dcp", b"not json")
+    store.put("checkpoints/ckpt-000000012.dcp", json.dumps(
+        {"format": 1, "folder": "ckpt-000000008.g1.ab.dcp", "files": {}}).encode())
+    store.put("checkpoints/ckpt-000000016.dcp", json.dumps(
+        {"format": 1, "folder": "ckpt-000000016.g1.ab.dcp",
+         "files": {"../x": {"size": 1, "sha256": "0"}}}).encode())
+    skipped = []
+    assert ckptstore.latest_valid_checkpoint(
+        store, on_skip=lambda where, why: skipped.append(why)) is None
+    assert skipped[0] == "not a commit record (bad file entry '../x')"
+    assert skipped[1] == ("not a commit record (folder 'ckpt-000000008.g1.ab.dcp' is not this "
+                          "step's)")
+    assert skipped[2].startswith("not a commit record (Expecting value")
