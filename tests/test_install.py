@@ -65,7 +65,8 @@ def bare(tmp_path_factory) -> Path:
     for dist in requirement_closure("dyntrain"):
         link_distribution(dist, site)
     python = root / "bin" / "python"
-    for module in ("sklearn", "fastapi", "sqlalchemy", "matplotlib", "PIL", "yaml", "rich"):
+    for module in ("sklearn", "fastapi", "sqlalchemy", "matplotlib", "PIL", "simplejpeg", "yaml",
+                   "rich"):
         seen = subprocess.run([python, "-c", f"import {module}"], capture_output=True)
         assert seen.returncode != 0, f"the bare environment sees {module}"
     return python
@@ -114,3 +115,15 @@ def test_a_bundled_workload_without_its_extra_names_it(bare, tmp_path):
     assert "job failed: no worker could start: digits: error: the digits workload needs " \
            "scikit-learn, which is not installed: pip install 'dyntrain[workloads]'" in last, last
 
+
+
+def test_the_bare_install_trains_the_gpt_sharded(bare, tmp_path):
+    """The GPT workload needs no extra, sharded too (refusing LARS once imported the recipes,
+    and with them the image decoders of the ``data`` extra: a GPU machine without them failed)."""
+    out = tmp_path / "run"
+    proc = dyntrain(bare, "run", "--workers", "2:2", "--nproc", "2", "--out", out, "-m",
+                    "dyntrain.workloads.gpt", "--model", "tiny", "--seq-len", "16",
+                    "--global-batch", "4", "--chunk-size", "1", "--max-steps", "3",
+                    "--val-samples", "4", "--shard", "3", "--shard-redundancy", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "final.pt").exists()

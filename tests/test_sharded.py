@@ -326,3 +326,22 @@ def test_a_resume_loads_only_the_optimizer_state_a_member_will_own():
     assert kept == {m: set(plan.owned_by(m)) for m in gen.members}
     assert all(sum(t in held for held in kept.values()) == 2 for t in range(8))
     assert all(len(held) < 8 for held in kept.values())
+
+
+@pytest.mark.parametrize("capturable", [False, True])
+def test_received_optimizer_state_goes_to_its_parameters_device(capturable):
+    """A re-sharding's small tensors arrive on the CPU (in the pickled header): each goes to
+    its parameter's device, but for a ``step`` the optimizer keeps on the CPU (torch's rule:
+    on the device when capturable). A GPU run failed in AdamW's step on a joiner without it;
+    here the "meta" device stands in for a GPU."""
+    params = [torch.nn.Parameter(torch.empty(3, device="meta"))]
+    shards = OptimizerShards(torch.optim.AdamW(params, capturable=capturable), params, ["w"], 1)
+    state = {"step": torch.tensor(3.0), "exp_avg": torch.ones(3), "exp_avg_sq": torch.ones(3)}
+    for copy in (False, True):
+        shards._load(0, dict(state), copy=copy)
+        got = shards.optimizer.state[params[0]]
+        assert got["exp_avg"].device.type == got["exp_avg_sq"].device.type == "meta"
+        assert got["step"].device.type == ("meta" if capturable else "cpu")
+        if not capturable:
+            assert (got["step"] is state["step"]) is not copy  # copied only when asked
+

@@ -46,15 +46,18 @@ def dataset():
     return TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long())
 
 
-def train(world_sizes, steps=6, scaler=False, config=None, make=None, ds=None, loss=loss_fn):
+def train(world_sizes, steps=6, scaler=False, config=None, make=None, ds=None, loss=loss_fn,
+          device=None):
     """Run ``steps`` steps; world_sizes[i] is the world size during step i. ``make()`` builds
-    one replica (default: ``make_worker``), ``ds`` is the data set (default: ``dataset()``)."""
+    one replica (default: ``make_worker``) on ``device``, ``ds`` is the data set (default:
+    ``dataset()``)."""
     config = config or TrainConfig(global_batch=40, chunk_size=5)
     # same seed, same initial parameters: one fresh replica per possible worker
     make = make or (lambda: make_worker(scaler=scaler))
     replicas = [make() for _ in range(max(world_sizes))]
     ds = ds if ds is not None else dataset()
-    steppers = [ChunkStepper(config, r, ds, loss, torch.device("cpu")) for r in replicas]
+    device = device or torch.device("cpu")
+    steppers = [ChunkStepper(config, r, ds, loss, device) for r in replicas]
     for step in range(steps):
         world = world_sizes[step]
         flats = [steppers[r].compute(step, steppers[r].my_chunks(r, world)) for r in range(world)]

@@ -152,6 +152,8 @@ class Group:
             CollectiveFailed: The connection to ``peer`` is closed (it died, or the group was
                 severed): gloo says so when the send is posted.
         """
+        if self._host_only(tensor):
+            tensor = tensor.cpu()  # the work holds it until sent
         return _posted(lambda: self.pg.send([tensor], peer, tag))
 
     def recv_async(self, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work:
@@ -161,7 +163,15 @@ class Group:
         Raises:
             CollectiveFailed: As ``send_async``.
         """
+        if self._host_only(tensor):
+            host = torch.empty_like(tensor, device="cpu")
+            return _StagedRecv(_posted(lambda: self.pg.recv([host], peer, tag)), host, tensor)
         return _posted(lambda: self.pg.recv([tensor], peer, tag))
+
+    def _host_only(self, tensor: torch.Tensor) -> bool:
+        """gloo's send and receive read and write the memory they are given as host memory
+        (a CUDA tensor's: ``writev ... Bad address``): such tensors go through host copies."""
+        return tensor.device.type != "cpu" and self.pg.name() == "gloo"
 
     @staticmethod
     def wait_all(works: list[dist.Work], should_abort: Callable[[], bool]) -> None:
@@ -201,6 +211,18 @@ class Group:
             self.pg = None  # the last reference: gloo joins its threads and closes the sockets
         finally:
             watch.cancel()
+
+
+class _StagedRecv:
+    """A receive into host memory, copied into its device tensor once waited for."""
+
+    def __init__(self, work: dist.Work, host: torch.Tensor, dest: torch.Tensor):
+        self.work, self.host, self.dest = work, host, dest
+
+    def wait(self, *args) -> bool:
+        self.work.wait(*args)
+        self.dest.copy_(self.host)
+        return True
 
 
 def _posted(post: Callable[[], dist.Work]) -> dist.Work:

@@ -70,9 +70,11 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
     Raises:
         ConfigError: ``optimizer`` is not one of ``SHARDABLE`` (one line, naming it).
     """
-    from dyntrain.recipes.optim import LARS  # (the recipes import much more: only here)
-
-    if type(optimizer) not in (*SHARDABLE, LARS):
+    # An optimizer is a LARS only where the recipes are loaded already: importing them here
+    # would pull in what their extras install (a bare install's GPT job failed on it)
+    recipes = sys.modules.get("dyntrain.recipes.optim")
+    lars = (recipes.LARS,) if recipes is not None else ()
+    if type(optimizer) not in (*SHARDABLE, *lars):
         raise ConfigError(f"optimizer {type(optimizer).__name__} cannot be sharded exactly; "
                           "shardable: SGD, Adam, AdamW, LARS; or shard_level 0")
 
@@ -347,13 +349,22 @@ class OptimizerShards:
     def _load(self, t: int, state: dict, copy: bool = True) -> None:
         """Take tensor ``t``'s received state (``copy``: out of a transfer's buffers, which it
         does not own; else the tensors are its own); an empty one (a tensor not stepped yet) is
-        left to the optimizer to create, as it would."""
-        if state and not copy:
-            self.optimizer.state[self.params[t]] = dict(state)
-        elif state:
-            self.optimizer.state[self.params[t]] = {
-                k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        left to the optimizer to create, as it would. Its tensors go to the parameter's device
+        (small ones arrive on the CPU, in a transfer's pickled header) but a ``step`` that the
+        optimizer keeps on the CPU (torch's rule: on the device when capturable or fused)."""
+        q = self.params[t]
+        if state:
+            self.optimizer.state[q] = {k: self._placed(q, k, v, copy) for k, v in state.items()}
         self.held.add(t)
+
+    def _placed(self, q: torch.Tensor, key: str, value, copy: bool):
+        if not isinstance(value, torch.Tensor):
+            return value
+        on_cpu = key == "step" and not any(
+            g.get("capturable") or g.get("fused") for g in self.optimizer.param_groups
+            if any(p is q for p in g["params"]))
+        moved = value if on_cpu else value.to(q.device)
+        return moved.clone() if copy and moved is value else moved
 
     # ---- one step ------------------------------------------------------------------------------
 

@@ -156,9 +156,8 @@ class ChunkStepper:
             self.offsets = self.grad_shards.arrange(shards.owner_ranks, rank, size)
 
     def gradient_bytes(self) -> int:
-        """Bytes of the gradient buffers this member holds: the flat buffer backward writes
-        into, the float64 chunk sum (several chunks, levels 0-1) or the primaries' float64 sums
-        of several rounds (level 2)."""
+        """Bytes of the gradient buffers held: the flat one backward writes into, the float64
+        chunk sum (levels 0-1) or the primaries' float64 sums of several rounds (level 2)."""
         held = self._buffers or {}
         return sum(held[k].numel() * held[k].element_size() for k in ("grads", "total", SUMS)
                    if k in held)
@@ -489,6 +488,9 @@ def _row_norm(row: torch.Tensor) -> torch.Tensor:
 
 def _to_device(batch, device: torch.device):
     if isinstance(batch, torch.Tensor):
+        if device.type == "cuda" and batch.device.type == "cpu":
+            # pageable, a copy waits till the GPU's queue drains; pinned, it is asynchronous
+            batch = batch.pin_memory()
         return batch.to(device, non_blocking=True)
     if isinstance(batch, (list, tuple)):
         return type(batch)(_to_device(b, device) for b in batch)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from contextlib import nullcontext
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="0: every worker holds everything; 1: the AdamW state is sharded "
                          "(ZeRO-1); 2: the reduced gradients too (ZeRO-2); 3: the parameters "
                          "too, gathered per block (ZeRO-3); the same result at every level [0]")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: the GPU of LOCAL_RANK when CUDA is available, else the CPU [auto]")
+    ap.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                    help="collectives: auto is NCCL on GPUs, gloo on the CPU; gloo also carries "
+                         "CUDA tensors (several workers on one GPU) [auto]")
     ap.add_argument("--shard-redundancy", type=int, default=2,
                     help="workers holding each tensor's optimizer state (and, with --shard 2 "
                          "or 3, its reduced gradient; with 3, its parameter) [2]")
@@ -158,8 +164,26 @@ def main(argv: list[str] | None = None) -> None:
         final = trainer.validations[-1]
         print(f"validation loss {final['val_loss']:.4f} perplexity "
               f"{final['val_perplexity']:.3f} after {trainer.step} steps")
+        gpu = ({"gpu_peak_mib": round(torch.cuda.max_memory_allocated() / 2**20)}
+               if torch.cuda.is_available() else {})
         trainer.report(val_loss=final["val_loss"], val_perplexity=final["val_perplexity"],
-                       val_bpb=final["val_bpb"], steps=trainer.step)
+                       val_bpb=final["val_bpb"], steps=trainer.step, device=trainer.device.type,
+                       **gpu)
+
+
+def pick_device(name: str) -> torch.device:
+    """``cpu``, or the GPU of ``LOCAL_RANK`` (modulo the GPUs there) for ``cuda`` and for
+    ``auto`` where CUDA is available.
+
+    Raises:
+        DyntrainError: ``cuda`` without a CUDA device.
+    """
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DyntrainError("--device cuda: this torch sees no CUDA device")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local % torch.cuda.device_count())
 
 
 def build(args: argparse.Namespace) -> ElasticTrainer:
@@ -175,12 +199,12 @@ def build(args: argparse.Namespace) -> ElasticTrainer:
                          checkpoint_every_steps=args.checkpoint_every,
                          checkpoint_every_seconds=args.checkpoint_seconds,
                          grad_clip_norm=args.grad_clip or None, shard_level=args.shard,
-                         shard_redundancy=args.shard_redundancy)
+                         shard_redundancy=args.shard_redundancy, backend=args.backend)
     corpus = load_corpus(args.corpus)
     train, val = byte_windows(corpus.train, cfg.seq_len), byte_windows(corpus.val, cfg.seq_len)
     total = config.total_steps(len(train))
     torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = pick_device(args.device)
     torch.manual_seed(args.seed)
     model = GPT(cfg).to(device)
     print(f"{corpus.describe()}\nGPT {cfg.n_layer} layers x {cfg.d_model} wide, {cfg.n_head} "
