@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from _common import alive, descendants, machine_info, read_jsonl, write_result
+from dyntrain.cli.compare import state_distance
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -59,7 +60,9 @@ def watch_tree(pid: int, seen: set[int], stop: threading.Event) -> None:
 def max_diff(static: Path, run: Path) -> float:
     a = torch.load(static / "final.pt", weights_only=True)
     b = torch.load(run / "final.pt", weights_only=True)
-    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    distance = state_distance(a, b)  # (a NaN in one only: inf)
+    return float("inf") if distance["nan_in_one"] or not distance["non_float_equal"] \
+        else distance["max_abs_diff"]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -121,3 +121,11 @@ def test_compare_reports_match_and_difference(tmp_path):
     torch.save({"w": torch.ones(3) * 1.5, "n": torch.tensor(4)}, b / "final.pt")
     differ = run_cli(["compare", a, b])
     assert differ.returncode == 1 and differ.stdout.startswith("DIFFER: max |a-b| = 0.5")
+    # a NaN in one run only is a difference (max() over it was 0), NaNs in the same places not
+    nan = torch.tensor([1.0, float("nan"), 1.0])
+    torch.save({"w": nan, "n": torch.tensor(4)}, b / "final.pt")
+    differ = run_cli(["compare", a, b])
+    assert differ.returncode == 1, differ.stdout
+    assert differ.stdout.strip().endswith("; 1 value(s) NaN in one run only"), differ.stdout
+    torch.save({"w": nan, "n": torch.tensor(4)}, a / "final.pt")
+    assert run_cli(["compare", a, b]).returncode == 0

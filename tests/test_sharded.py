@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import read_jsonl, run_cli
+from conftest import SCRIPTS, read_jsonl, run_cli
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.comm import Group
@@ -29,7 +29,7 @@ from dyntrain.elastic.storage import open_store
 from dyntrain.errors import ConfigError
 from dyntrain.recipes import LARS
 from dyntrain.workloads import gpt
-from test_elastic_e2e import world_sizes
+from test_elastic_e2e import assert_exactly_once, world_sizes
 from test_gpt_workload import SMALL
 
 #: the GPT workload's default --grad-clip, which SMALL's runs clip by in every step (their norms
@@ -345,3 +345,21 @@ def test_received_optimizer_state_goes_to_its_parameters_device(capturable):
         if not capturable:
             assert (got["step"] is state["step"]) is not copy  # copied only when asked
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["2", "3"])
+def test_a_kill_in_the_middle_of_a_sharded_step_leaves_batchnorm_as_it_was(tmp_path,
+                                                                         static_ledger, level):
+    """At levels 2-3 the members sum the gradient inside the chunk loop, so a SIGKILL abandons
+    the survivors' step halfway, after a forward. Their BatchNorm buffers must be as the step
+    found them: they were left updated by that forward (one batch counted twice, NaN running
+    statistics: a model unlike the static run's; the GPT has no BatchNorm). The ledger
+    workload has one; its samples count exactly once."""
+    out = tmp_path / "run"
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "3", "--out", out, "--events",
+                    "step=20:kill=1", SCRIPTS / "ledger_train.py", "--shard", level],
+                   check=True)
+    assert "event(s) never fired" not in proc.stdout
+    same = run_cli(["compare", out, static_ledger])
+    assert same.returncode == 0 and "integer buffers equal" in same.stdout, same.stdout
+    assert_exactly_once(out)

@@ -53,6 +53,8 @@ def main():
                     help="every member gets an even share of chunks (TrainConfig.balance)")
     ap.add_argument("--device", default=None, help="cuda to train on GPUs (NCCL)")
     ap.add_argument("--backend", default="auto", help="auto, gloo or nccl (TrainConfig.backend)")
+    ap.add_argument("--shard", type=int, default=0, help="TrainConfig.shard_level")
+    ap.add_argument("--shard-redundancy", type=int, default=2)
     ap.add_argument("--raise-in", default=None,
                     help="worker id (or 'all') that raises after some chunks")
     ap.add_argument("--raise-after", type=int, default=50, help="chunks before it raises")
@@ -60,7 +62,8 @@ def main():
     torch.set_num_threads(1)
     config = TrainConfig(global_batch=args.global_batch, chunk_size=args.chunk_size,
                          epochs=args.epochs, seed=3, checkpoint_every_steps=args.checkpoint_every,
-                         balance=not args.no_balance, backend=args.backend)
+                         balance=not args.no_balance, backend=args.backend,
+                         shard_level=args.shard, shard_redundancy=args.shard_redundancy)
     torch.manual_seed(0)
     n = args.samples
     features = torch.randn(n, 4, generator=torch.Generator().manual_seed(1))

@@ -11,24 +11,28 @@ from dyntrain.errors import DyntrainError
 
 
 def state_distance(a: dict, b: dict) -> dict:
-    """Max absolute and relative difference over all floating tensors; exact match of the rest."""
+    """Max absolute and relative difference over all floating tensors; exact match of the rest.
+    A NaN matches a NaN at the same place; ``nan_in_one`` counts the values NaN in one only
+    (left out of the differences, which they would make NaN)."""
     if a.keys() != b.keys():
         keys = sorted(a.keys() ^ b.keys())
         raise DyntrainError(f"the two state dicts have different keys: {keys}")
-    max_abs, max_norm, exact_other = 0.0, 0.0, True
+    max_abs, max_norm, exact_other, nan_in_one = 0.0, 0.0, True, 0
     for key in a:
         x, y = a[key], b[key]
         if x.shape != y.shape:
             raise DyntrainError(f"{key}: shapes differ ({tuple(x.shape)} vs {tuple(y.shape)})")
         if x.is_floating_point():
-            diff = (x.double() - y.double()).abs()
-            max_abs = max(max_abs, float(diff.max()) if diff.numel() else 0.0)
-            scale = float(y.double().norm()) or 1.0
-            max_norm = max(max_norm, float((x.double() - y.double()).norm()) / scale)
+            nan_x, nan_y = x.isnan(), y.isnan()
+            nan_in_one += int((nan_x ^ nan_y).sum())
+            delta = (x.double() - y.double()).masked_fill(nan_x | nan_y, 0.0)
+            max_abs = max(max_abs, float(delta.abs().max()) if delta.numel() else 0.0)
+            scale = float(y.double().masked_fill(nan_y, 0.0).norm()) or 1.0
+            max_norm = max(max_norm, float(delta.norm()) / scale)
         else:
             exact_other = exact_other and bool((x == y).all())
     return {"max_abs_diff": max_abs, "max_rel_norm_diff": max_norm,
-            "non_float_equal": exact_other, "tensors": len(a)}
+            "non_float_equal": exact_other, "nan_in_one": nan_in_one, "tensors": len(a)}
 
 
 def load_state(path: str) -> dict:
@@ -71,12 +75,15 @@ def compare(run_a, run_b, atol, as_json):
     """Compare two runs' final.pt (a run folder or a file, local or an object-store URL such
     as s3://bucket/run); exit 1 if they differ beyond ATOL."""
     result = state_distance(load_state(run_a), load_state(run_b))
-    result["allclose"] = result["max_abs_diff"] <= atol and result["non_float_equal"]
+    result["allclose"] = (result["max_abs_diff"] <= atol and result["non_float_equal"]
+                          and not result["nan_in_one"])
     if as_json:
         click.echo(json.dumps(result))
     else:
         verdict = "match" if result["allclose"] else "DIFFER"
         click.echo(f"{verdict}: max |a-b| = {result['max_abs_diff']:.3g} over {result['tensors']} "
                    f"tensors (relative {result['max_rel_norm_diff']:.3g}); integer buffers "
-                   f"{'equal' if result['non_float_equal'] else 'differ'}")
+                   f"{'equal' if result['non_float_equal'] else 'differ'}"
+                   + (f"; {result['nan_in_one']} value(s) NaN in one run only"
+                      if result["nan_in_one"] else ""))
     raise SystemExit(0 if result["allclose"] else 1)

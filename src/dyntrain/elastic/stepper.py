@@ -233,40 +233,41 @@ class ChunkStepper:
         table = torch.zeros(cfg.num_chunks, self.bn.width, device=self.device,
                             dtype=self.reduce_dtype)
         loss_sum = torch.zeros((), device=self.device, dtype=self.reduce_dtype)
-        for i, chunk in enumerate(chunks):
-            last = i == len(chunks) - 1
-            # Randomness (dropout, augmentation) depends on (seed, step, chunk), not on the worker.
-            self._seed(chunk_seed(cfg.seed, step, chunk))
-            batch = self._fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
-            self.bn.before_chunk()
-            with units.round() if units is not None else contextlib.nullcontext():
-                # loss_fn returns the chunk mean; each .backward() adds to .grad, so weighting
-                # by chunk/global makes the sum over all chunks of all workers the global mean.
-                loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
-                scaled = scaler.scale(loss) if scaler is not None else loss
-                if last and cfg.overlap and not zero2:
-                    self._mark_unused(scaled, red)
-                self._live = red if last and not zero2 else None
-                try:
-                    scaled.backward()
-                finally:
-                    self._live = None
-            self.bn.record_chunk(table[chunk])
-            loss_sum += loss.detach()
-            if norms is not None and not last:
-                norms.append(self._bucketed_norm(self._grads))
-            if separate and not last:
-                total += self._grads
-                self._grads.zero_()
+        try:
+            for i, chunk in enumerate(chunks):
+                last = i == len(chunks) - 1
+                # randomness (dropout, augmentation): of (seed, step, chunk), not of the worker
+                self._seed(chunk_seed(cfg.seed, step, chunk))
+                batch = self._fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
+                self.bn.before_chunk()
+                with units.round() if units is not None else contextlib.nullcontext():
+                    # the chunk's mean x chunk/global: summed over all chunks, the global mean
+                    loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
+                    scaled = scaler.scale(loss) if scaler is not None else loss
+                    if last and cfg.overlap and not zero2:
+                        self._mark_unused(scaled, red)
+                    self._live = red if last and not zero2 else None
+                    try:
+                        scaled.backward()
+                    finally:
+                        self._live = None
+                self.bn.record_chunk(table[chunk])
+                loss_sum += loss.detach()
+                if norms is not None and not last:
+                    norms.append(self._bucketed_norm(self._grads))
+                if separate and not last:
+                    total += self._grads
+                    self._grads.zero_()
+                if zero2:
+                    self.grad_shards.add_round(group, self._grads, should_abort or _never)
             if zero2:
-                self.grad_shards.add_round(group, self._grads, should_abort or _never)
-        if zero2:
-            for _ in range(most_chunks - len(chunks)):  # zeros, as the busiest member's rounds
-                if units is not None:
-                    units.phantom()  # and its gathers
-                self.grad_shards.add_round(group, self._grads, should_abort or _never)
-            self.grad_shards.finish(group, self._grads, should_abort or _never)
-        self.bn.before_chunk()
+                for _ in range(most_chunks - len(chunks)):  # zeros, as the busiest member's rounds
+                    if units is not None:
+                        units.phantom()  # and its gathers
+                    self.grad_shards.add_round(group, self._grads, should_abort or _never)
+                self.grad_shards.finish(group, self._grads, should_abort or _never)
+        finally:  # BatchNorm's buffers as the step found them, also if it is abandoned halfway
+            self.bn.before_chunk()
         red.launch_all()
         if norms is not None and chunks:
             norms.append(_norm(torch.stack(bucket_norms)).view(1))
