@@ -100,18 +100,19 @@ def test_a_frozen_worker_that_comes_back_is_fenced_and_rejoins(tmp_path, static_
     assert 2 in world_sizes(out)[2:]  # trained on together after the re-admission
 
 
-def host_job(hosts, name: str, *run_args: str, remote: tuple[int, ...] = (1, 2)) -> HostJob:
-    """The ledger workload launched on host 0 (failure timeout 2 s), its run folder in the
-    bed's shared folder, held slow (each chunk 50 ms longer) until the test removes
-    ``job.gate``, and ``dyntrain worker`` on each host of ``remote``. The workers start with
-    the launcher, not after it: the port is picked beforehand on host 0 (its own network), so
-    that they import torch while it does."""
+def host_job(hosts, name: str, *run_args: str, remote: tuple[int, ...] = (1, 2),
+             workload: tuple[str, ...] = ()) -> HostJob:
+    """The ledger workload (with ``workload``'s flags) launched on host 0 (failure timeout
+    2 s), its run folder in the bed's shared folder, held slow (each chunk 50 ms longer) until
+    the test removes ``job.gate``, and ``dyntrain worker`` on each host of ``remote``. The
+    workers start with the launcher, not after it: the port is picked beforehand on host 0
+    (its own network), so that they import torch while it does."""
     gate = hosts.shared / f"{name}.hold"
     gate.touch()
     home = hosts.host(0)
     port = home.run([sys.executable, "-c", "import socket; s = socket.socket(); "
                      "s.bind(('', 0)); print(s.getsockname()[1])"], check=True).stdout.strip()
-    job = HostJob(home, hosts.shared / name, [LEDGER, "--slow-while", gate],
+    job = HostJob(home, hosts.shared / name, [LEDGER, "--slow-while", gate, *workload],
                   ["--port", port, "--workers", "1:3", "--failure-timeout", "2", *run_args])
     job.gate, job.remote = gate, {}
     for index in remote:
@@ -175,6 +176,20 @@ def test_partition_and_heal_of_a_workers_host(hosts, static_ledger):
     cut = [worker_on(job, hosts.host(2))]
     partition_and_heal(hosts, job, 2, cut)
     assert_healed_like_static(job, cut, static_ledger)
+
+
+def test_partition_and_heal_of_a_workers_host_in_a_sharded_job(hosts, static_ledger):
+    """ZeRO-2 with r = 2 on three hosts: the cut-off worker's shards have copies elsewhere, so
+    the others go on without it and without a checkpoint; healed, its process (alive all the
+    while) rejoins as a new worker and receives its shards again. The model is the unsharded
+    static run's, bit for bit: nothing of the abandoned generation lands anywhere."""
+    job = host_job(hosts, "sharded", "--nproc", "1", workload=("--shard", "2"))
+    wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
+    cut = [worker_on(job, hosts.host(2))]
+    partition_and_heal(hosts, job, 2, cut)
+    assert_healed_like_static(job, cut, static_ledger)
+    said = job.launcher.text() + "\n".join(w.text() for w in job.workers)
+    assert "lost the optimizer state" not in said, said[-3000:]
 
 
 def test_partition_and_heal_of_the_leaders_host(hosts, static_ledger):
