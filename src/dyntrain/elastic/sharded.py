@@ -173,6 +173,9 @@ class OptimizerShards:
         # until a re-sharding sends them all again
         self.params_stale = False
         self.stats = MoveStats()  # what the last re-sharding (or hand-over) moved
+        # parameters whose optimizer keeps ``step`` on their device (capturable or fused groups)
+        self._step_on_device = {id(q) for g in optimizer.param_groups
+                                if g.get("capturable") or g.get("fused") for q in g["params"]}
 
     # ---- what this member holds --------------------------------------------------------------
 
@@ -360,9 +363,7 @@ class OptimizerShards:
     def _placed(self, q: torch.Tensor, key: str, value, copy: bool):
         if not isinstance(value, torch.Tensor):
             return value
-        on_cpu = key == "step" and not any(
-            g.get("capturable") or g.get("fused") for g in self.optimizer.param_groups
-            if any(p is q for p in g["params"]))
+        on_cpu = key == "step" and id(q) not in self._step_on_device
         moved = value if on_cpu else value.to(q.device)
         return moved.clone() if copy and moved is value else moved
 
