@@ -49,14 +49,9 @@ class Coordinator:
         clock: Seconds (``time.time`` by default; a fake one in tests).
     """
 
-    def __init__(
-        self,
-        store: dist.Store,
-        config: CoordinatorConfig,
-        sink: Sink,
-        find_checkpoint: Callable[[], tuple[int, str] | None],
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+    def __init__(self, store: dist.Store, config: CoordinatorConfig, sink: Sink,
+                 find_checkpoint: Callable[[], tuple[int, str] | None],
+                 clock: Callable[[], float] = time.time) -> None:
         self.config, self.sink, self.clock = config, sink, clock
         self.find_checkpoint = find_checkpoint
         self.phase = Phase.WAITING
@@ -397,7 +392,11 @@ class Coordinator:
 
     def _on_checkpoint(self, worker: str, msg: p.Checkpoint) -> None:
         # (no generation: written between generations, of the state the worker holds)
-        if msg.gen is None or self._of_current(worker, msg.kind, msg.gen):
+        if msg.gen is not None and not self._of_current(worker, msg.kind, msg.gen):
+            return
+        if msg.error:
+            self.sink.log(f"{worker}: {msg.error}")
+        else:
             self.job.last_checkpoint = (msg.step, msg.path)
 
     def _on_result(self, worker: str, msg: p.Result) -> None:

@@ -324,12 +324,14 @@ class Metrics(Message):
 
 @dataclass(frozen=True)
 class Checkpoint(Message):
-    """A checkpoint of ``step`` was written to ``path``; ``gen`` None: between generations."""
+    """A checkpoint of ``step`` was written to ``path``; ``gen`` None: between generations.
+    With ``error``: it was not written (one line, the cause), and the training goes on."""
 
     kind: ClassVar[str] = "checkpoint"
     gen: int | None
     step: int
     path: str
+    error: str = ""
 
 
 @dataclass(frozen=True)

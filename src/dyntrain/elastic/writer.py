@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from dyntrain.elastic.comm import Group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.sharded import checkpoint_due
 from dyntrain.elastic.state import TrainingParts, capture_state
-from dyntrain.elastic.storage import RunStore
+from dyntrain.elastic.storage import RunStore, StorageError
 
 log = logging.getLogger("dyntrain.trainer")
 
@@ -92,15 +93,34 @@ class RunWriter:
         cfg = self.config
         if not due or self.store is None or not self.may_write(generation, wait=force):
             return
-        if staged is not None and staged[0] == step:  # every member wrote its shard
-            where = commit_sharded(self.store, staged[1], step, staged[2], cfg.keep_checkpoints,
-                                   staged[3])
-        else:
-            state = capture_state(self.parts, step, self.steps_per_epoch)
-            where = save_checkpoint(self.store, step, state, keep=cfg.keep_checkpoints)
+        try:
+            if staged is not None and staged[0] == step:  # every member wrote its shard
+                where = commit_sharded(self.store, staged[1], step, staged[2],
+                                       cfg.keep_checkpoints, staged[3])
+            else:
+                state = capture_state(self.parts, step, self.steps_per_epoch)
+                where = save_checkpoint(self.store, step, state, keep=cfg.keep_checkpoints)
+        except (OSError, StorageError) as exc:
+            cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if force:  # the state to resume from (everyone leaves) or the last step's
+                raise OSError(f"checkpoint of step {step} not written: {cause}") from exc
+            self._not_written(step, generation, cause)
+            return
         self._last_checkpoint = time.monotonic()
         if self.channel is not None:
             self.channel.send(p.Checkpoint(generation, step, where))
+
+    def _not_written(self, step: int, generation: int | None, cause: str) -> None:
+        """A periodic checkpoint failed (a full disk, a store that refused the upload): say so
+        here and to the coordinator, and go on training; the next due checkpoint tries again
+        (by time: a whole period later). Nothing was committed, so the newest checkpoint is
+        still the one before."""
+        self._last_checkpoint = time.monotonic()
+        what = (f"checkpoint of step {step} not written ({cause}); training goes on, the next "
+                "due checkpoint tries again")
+        print(f"dyntrain: worker {self.worker or 'alone'}: {what}", file=sys.stderr, flush=True)
+        if self.channel is not None:
+            self.channel.send(p.Checkpoint(generation, step, "", error=what))
 
     def after_sharded_step(self, shards, group: Group, generation: int, step: int,
                            force: bool, validate: bool,
