@@ -363,3 +363,24 @@ def test_a_kill_in_the_middle_of_a_sharded_step_leaves_batchnorm_as_it_was(tmp_p
     same = run_cli(["compare", out, static_ledger])
     assert same.returncode == 0 and "integer buffers equal" in same.stdout, same.stdout
     assert_exactly_once(out)
+
+
+@pytest.mark.parametrize("members", [("a", "b"), ("a", "b", "c")])
+def test_a_world_of_at_most_r_sends_no_parameter_after_a_step(members):
+    """With ``r = 2`` every member of a world of two owns every tensor and steps it to the same
+    bits: nothing is sent after a step (and levels 2-3 sum the gradient as level 1 does); in a
+    world of three each member gets the tensors it does not own from their primaries."""
+    from test_gradshard import _run_members
+
+    def body(group):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(3)])
+        shards = OptimizerShards(torch.optim.Adam(model.parameters()), list(model.parameters()),
+                                 [n for n, _ in model.named_parameters()], 2, 2)
+        shards.reshard(group, p.Generation(0, members, 0), members[group.rank], lambda: False)
+        shards.after_step(group, lambda: False)
+        return shards.replicated, sorted(k for k in group.buffers if k.startswith("zero1/"))
+
+    for replicated, sent in _run_members(len(members), body):
+        assert replicated == (len(members) == 2)
+        assert (sent == []) == replicated, sent

@@ -166,6 +166,7 @@ class OptimizerShards:
         self._loading: set[int] | None = None  # the tensors a resume loads: checkpoint_keys
         self.owned: set[int] = set(self.held)
         self._by_primary: list[list[int]] = []  # per rank: the tensors it is primary for
+        self._sent: list[list[int]] = []  # of those, the ones not every member owns
         self.owner_ranks: list[tuple[int, ...]] = []  # per tensor: its owners' ranks, primary first
         self.torn = False  # a step applied here whose parameters did not all arrive
         self.units: ParamUnits | None = None  # level 3: the parameters held, gathered per unit
@@ -283,7 +284,16 @@ class OptimizerShards:
                             for m in members]
         self.owner_ranks = [tuple(members.index(o) for o in plan.owners[t])
                             for t in range(count)]
+        # a tensor every member owns is stepped by every member to the same bits: none is sent
+        self._sent = [[t for t in ts if len(plan.owners[t]) < len(members)]
+                      for ts in self._by_primary]
         return []
+
+    @property
+    def replicated(self) -> bool:
+        """Every member owns every tensor (a world of at most ``r``): levels 2-3 then sum the
+        gradient as level 1 does, and no parameter is sent after a step."""
+        return not any(self._sent)
 
     def hand_over(self, group: Group, me: str, leaving: bool, leavers: int,
                   should_abort: Callable[[], bool]) -> None:
@@ -386,7 +396,7 @@ class OptimizerShards:
             self.units.release()
             return
         self.torn = True
-        self._send_params(group, self._by_primary, True, should_abort)
+        self._send_params(group, self._sent, True, should_abort)
         self.torn = False
         if self.held != self.owned:
             self._keep_owned()

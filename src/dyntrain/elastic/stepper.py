@@ -186,9 +186,10 @@ class ChunkStepper:
         # there is no float64 copy at all.
         direct = len(chunks) <= 1 and group is not None and (
             group.size == 1 or (ring and most_chunks is not None and most_chunks <= 1))
-        # Level 2: every chunk's gradient is summed into its owners right after its backward,
-        # in rounds, without a float64 copy of the whole (``gradshard``); no overlap yet.
-        zero2 = ring and self.grad_shards is not None and most_chunks is not None
+        # Level 2: each chunk's gradient is summed into its owners after its backward, in rounds,
+        # no float64 copy of the whole (``gradshard``); as level 1 where all own all (N <= r).
+        zero2 = (ring and self.grad_shards is not None and most_chunks is not None
+                 and not self.shards.replicated)
         units = self.shards.units if zero2 else None  # level 3: parameters gathered per unit
         if zero2:
             self.grad_shards.begin(group, most_chunks)
@@ -478,10 +479,9 @@ def _norm(t: torch.Tensor) -> torch.Tensor:
 
 
 def _row_norm(row: torch.Tensor) -> torch.Tensor:
-    """|row| of a 1 x n tensor, with shape (1,), accumulated in at least float32.
-
-    One ATen reduction: in the middle of a step it measured cheaper than ``torch.dot`` (a BLAS
-    call) or ``(t * t).sum()`` (two ops and a temporary)."""
+    """|row| of a 1 x n tensor, with shape (1,), accumulated in at least float32. One ATen
+    reduction: in the middle of a step it measured cheaper than ``torch.dot`` (a BLAS call) or
+    ``(t * t).sum()`` (two ops and a temporary)."""
     if row.dtype in (torch.float32, torch.float64):
         return torch.linalg.vector_norm(row, dim=1)
     return torch.linalg.vector_norm(row, dim=1, dtype=torch.float32)
