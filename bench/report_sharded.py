@@ -20,6 +20,18 @@ AdamW state goes from one holder to its new owner alone (`dyntrain.elastic.moves
 parameter is sent again (none of these changes interrupted a step in the parameters'
 broadcast).
 """
+VS_FSDP2_NOTE = """
+Every shard level beside torch DDP and FSDP2 at the same world and global batch, in one run:
+25M at 2 and 4 workers, 100M at 4 (`r / N` below 1 only at 4); no re-shard runs. The code of
+9814e0b: at 2 workers with `r = 2` levels 2 and 3 still reduce-scattered every chunk and
+broadcast the parameters (see the next run). Nothing else of ours ran on the machine, but for
+two short unit tests (about 10 s) during the 25M runs.
+"""
+WORLD2_NOTE = """
+A world of two with `r = 2` (every member owns every tensor) after the change that makes
+levels 2-3 sum there as level 1 does and sends no parameter after a step at levels 1-3 (commit
+0b552d0), beside DDP and FSDP2; minutes after the run below, nothing else of ours running.
+"""
 LEVELS_NOTE = """
 Every shard level at 25M (1, 2 and 4 workers) and at 100M (4 workers: `r / N` is below 1 only
 there), with `r = 2` and, at level 3, `r = 1`; no DDP or FSDP2 runs here (see the run of
@@ -166,10 +178,10 @@ def _spec(spec: str) -> str:
 def _sharded(data: dict, run: Run) -> str:
     cfg = data["config"]
     runs = f"steps per run: {_spec(cfg['steps'])}; " if data["runs"] else "no memory runs; "
+    reshard = (f"the re-shard runs: {_spec(cfg['reshard_steps'])} steps with "
+               f"`{data['reshard'][0]['events']}`" if data["reshard"] else "no re-shard runs")
     parts = [f"Global batch {cfg['global_batch']} windows of {cfg['seq_len']} bytes, "
-             f"micro-batches (chunks) of {cfg['chunk_size']}, {runs}the re-shard runs: "
-             f"{_spec(cfg['reshard_steps'])} steps with "
-             f"`{data['reshard'][0]['events'] if data['reshard'] else ''}`. "
+             f"micro-batches (chunks) of {cfg['chunk_size']}, {runs}{reshard}. "
              f"Whole benchmark: {data['total_seconds'] / 60:.0f} minutes.", ""]
     if data["runs"]:
         parts += ["### Memory per worker", "",
@@ -179,8 +191,9 @@ def _sharded(data: dict, run: Run) -> str:
                   "brackets; \"params vs level 0\" likewise for the parameters a member holds "
                   "between steps (sharded at level 3 only).", "", _memory(data), "",
                   "### Step time", "", _speed(data), ""]
-    parts += [f"### Re-sharding at level {cfg.get('reshard_level', 1)} (`r = 2`)", "",
-              _reshard(data)]
+    if data["reshard"]:
+        parts += [f"### Re-sharding at level {cfg.get('reshard_level', 1)} (`r = 2`)", "",
+                  _reshard(data)]
     failures = _failures(data)
     if failures:
         parts += ["", "### Runs that failed", "", failures]
@@ -230,7 +243,11 @@ synchronise the last).
   the parameters' broadcast).
 """,
     command=".venv/bin/python bench/sharded.py",
-    runs=[Run("sharded-levels.json", "Levels 2 and 3 beside 0 and 1, and re-sharding at level 3, "
+    runs=[Run("sharded-world2.json", "A world of two after the change for N <= r, run of "
+              "2026-11-28", note=WORLD2_NOTE),
+          Run("sharded-vs-fsdp2.json", "Every level beside DDP and FSDP2, run of 2026-11-28",
+              note=VS_FSDP2_NOTE),
+          Run("sharded-levels.json", "Levels 2 and 3 beside 0 and 1, and re-sharding at level 3, "
               "run of 2026-11-28", note=LEVELS_NOTE),
           Run("sharded-reshard-100m.json", "Re-sharding at 100M with point-to-point moves, at a "
               "lower load, run of 2026-11-27", note=AFTER_100M_NOTE),
@@ -244,27 +261,38 @@ synchronise the last).
           Run("sharded.json", "Run of 2026-11-27", note=RERUN_NOTE)],
     tables=_sharded,
     reading="""
-**Levels 2 and 3 (run of 2026-11-28).** At 4 workers with `r = 2` every sharded part is at its
-goal: the AdamW state at 0.50 of level 0's at levels 1-3, and at level 3 the parameters a member
-holds between steps too (0.50 at 25M and 100M; with `r = 1` 0.28 and 0.26 against the goal of
-0.25, whole tensors). What is not sharded yet is the float32 gradient buffer of the whole model
-(4 bytes per parameter: backward writes every chunk's gradients into it at every level; the
-recycled bucket buffers that would shrink it are not built), and levels 2-3 add the float64 sums
-of the tensors a member is primary for (about 2 bytes per parameter here). So at 100M a level-3
-member's tensors come to 1595 MB against level 0's 1991 MB (0.80), 1113 MB with `r = 1` (0.56).
-Peak RSS does not fall with them (2703 MB against 2425 MB at 100M): a level-3 member holds the
-whole model again from a generation's start to the end of its first step and for a checkpoint or
-a validation (the last step here has both), and freed storage goes back to the allocator, not
-necessarily to the system. Level 1 keeps the parameters' broadcast buffers (4 bytes per
-parameter in "other"); level 3 has none. The step times at 100M, 4 workers, are within about 20% of
-one another (4.09-4.98 s, load 2.6-4.0, one run each); at 25M, 2 workers, levels 2 and 3 took
-1.3 s against 0.85 s at levels 0-1. There, with `r = N`, nothing is sharded, yet each sum goes
-to its tensor's primary and is then forwarded to the other owner: a likely cause, not
-profiled. Re-sharding at level 3 (`r = 2`, 100M): 0.69 /
-1.19 / 0.71 s for a leave / join / crash (goal: < 2 s), the moves of AdamW state exactly the
-bytes the ownership change needs, and the parameters sent again from their holders (397 MB per
-survivor, 795 MB for the join), which is most of it (0.46-0.84 s): at level 3 only the holders
-have them.
+**Beside FSDP2 at every level (the first two runs, 2026-11-28).** At 25M with 4 workers every
+level ran faster than FSDP2 (1.06x-1.50x its samples/s; level 1 1.39x, level 3 1.23x with
+`r = 2`) and slower than DDP (0.56x-0.79x). At 100M with 4 workers none reached our goal of 0.9x
+FSDP2's samples/s: 0.71x-0.83x (level 1 0.83x, level 3 0.80x with `r = 2` and 0.81x with
+`r = 1`), 0.67x-0.79x DDP's. In a world of two, after the change for `N <= r`, levels 1-3 ran at
+1.19x-1.24x FSDP2's at 25M and 1.15x-1.25x at 100M (0.57x-0.62x DDP's); before it, levels 2
+and 3 took 1.35 s a step at 25M against level 1's 0.87 s (0.70x FSDP2's). One run per setup,
+the setups one after another, load 2-4.7. Against DDP, a likely cost is the exact reduction
+itself: each hop of dyntrain's ring adds in float64 and forwards float64 partial sums, sent
+point to point from Python, where gloo's all-reduce adds float32 in C++; with 4 processes on 2
+cores that arithmetic competes with the others' backward. Not profiled.
+
+**Levels 2 and 3 (run of 2026-11-28).** At 4 workers with `r = 2` every sharded part is at its goal:
+the AdamW state at 0.50 of level 0's at levels 1-3, and at level 3 the parameters a member holds
+between steps too (0.50 at 25M and 100M; with `r = 1` 0.28 and 0.26 against the goal of 0.25, whole
+tensors). What is not sharded yet is the float32 gradient buffer of the whole model (4 bytes per
+parameter: backward writes every chunk's gradients into it at every level; the recycled bucket
+buffers that would shrink it are not built), and levels 2-3 add the float64 sums of the tensors a
+member is primary for (about 2 bytes per parameter here). So at 100M a level-3 member's tensors come
+to 1595 MB against level 0's 1991 MB (0.80), 1113 MB with `r = 1` (0.56). Peak RSS does not fall
+with them (2703 MB against 2425 MB at 100M): a level-3 member holds the whole model again from a
+generation's start to the end of its first step and for a checkpoint or a validation (the last step
+here has both), and freed storage goes back to the allocator, not necessarily to the system. Level 1
+keeps the parameters' broadcast buffers (4 bytes per parameter in "other"); level 3 has none. The
+step times at 100M, 4 workers, are within about 20% of one another (4.09-4.98 s, load 2.6-4.0, one
+run each); at 25M, 2 workers, levels 2 and 3 took 1.3 s against 0.85 s at levels 0-1. There, with `r
+= N`, nothing is sharded, yet each chunk's sum went to its tensor's primary and was then forwarded
+to the other owner, and every parameter was broadcast after the step: fixed since (the first run
+above). Re-sharding at level 3 (`r = 2`, 100M): 0.69 / 1.19 / 0.71 s for a leave / join / crash
+(goal: < 2 s), the moves of AdamW state exactly the bytes the ownership change needs, and the
+parameters sent again from their holders (397 MB per survivor, 795 MB for the join), which is most
+of it (0.46-0.84 s): at level 3 only the holders have them.
 
 **Memory.** Level 1 shards the AdamW state as designed: the largest member holds 0.50 of the
 unsharded state at 4 workers with `r = 2` (goal `r / N` = 0.50) and 0.28 with `r = 1` (goal 0.25:
@@ -277,17 +305,17 @@ also holds the float64 chunk sum (8 bytes per parameter) where a member computes
 chunks (world 1 and 2 here, not 4); with the reduction buffers it is why a dyntrain worker's
 peak RSS is above DDP's (1.3 GB against 0.94 GB at 25M, 2 workers; 4.1 GB against 2.6 GB at 100M).
 
-**Step time.** At 25M dyntrain level 1 (`r = 2`) ran at 1.62x (2 workers) and 1.91x (4 workers)
-FSDP2's samples/s and 0.90x-1.09x DDP's; at 100M, 2 workers, level 0 and level 1 (`r = 1`) ran
-at 1.54x and 1.44x FSDP2's. Our goal (at least 0.9x FSDP2's samples/s) is met in every
-run here, with caveats: one run per setup, 2-3 timed steps each, one after the other on a
+**Step time (run of 2026-11-27).** At 25M dyntrain level 1 (`r = 2`) ran at 1.62x (2 workers) and
+1.91x (4 workers) FSDP2's samples/s and 0.90x-1.09x DDP's; at 100M, 2 workers, level 0 and level 1
+(`r = 1`) ran at 1.54x and 1.44x FSDP2's. Our goal (at least 0.9x FSDP2's samples/s) was met in
+every run that day, with caveats: one run per setup, 2-3 timed steps each, one after the other on a
 shared machine, and the FSDP2 runs came later, at a higher load (7.6-9.4) than the dyntrain ones
-(1.7-7.9). An earlier attempt the same hour at load 6-13 (its file not kept: the re-sharding
-time was then the slowest member's, waiting included, and the 100M world-1 run also
-failed) gave the same order at 25M (FSDP2 1.63 and 1.19 samples/s at 2 and 4 workers, dyntrain
-level 1 3.58 and 2.73, DDP 2.47 and 0.85) but at 100M, 2 workers, DDP 1.41 samples/s against
-dyntrain level 0's 0.35: across runs the load moves these figures by more than the systems
-differ. FSDP2 on CPU with gloo ran without error in torch 2.13.
+(1.7-7.9). An earlier attempt the same hour at load 6-13 (its file not kept: the re-sharding time
+was then the slowest member's, waiting included, and the 100M world-1 run also failed) gave the same
+order at 25M (FSDP2 1.63 and 1.19 samples/s at 2 and 4 workers, dyntrain level 1 3.58 and 2.73, DDP
+2.47 and 0.85) but at 100M, 2 workers, DDP 1.41 samples/s against dyntrain level 0's 0.35: across
+runs the load moves these figures by more than the systems differ. FSDP2 on CPU with gloo ran
+without error in torch 2.13.
 
 **Re-sharding.** With point-to-point moves the time in the re-sharding at 100M went from 4.91 /
 2.25 / 1.72 s to 0.56 / 0.72 / 0.54 s (leave / join / crash) in the pair of runs at load 3-9
