@@ -27,6 +27,11 @@ Every shard level beside torch DDP and FSDP2 at the same world and global batch,
 broadcast the parameters (see the next run). Nothing else of ours ran on the machine, but for
 two short unit tests (about 10 s) during the 25M runs.
 """
+SCRATCH_NOTE = """
+Levels 0-3 beside DDP and FSDP2 at 4 workers again, after the exact ring's hops stopped
+allocating fresh buffers (`ring.Scratch`, commit after 84ce0ce; `bench/ring_hops.py`: 1.76x
+faster ring at 4 workers). Nothing else of ours ran on the machine.
+"""
 WORLD2_NOTE = """
 A world of two with `r = 2` (every member owns every tensor) after the change that makes
 levels 2-3 sum there as level 1 does and sends no parameter after a step at levels 1-3 (commit
@@ -243,7 +248,9 @@ synchronise the last).
   the parameters' broadcast).
 """,
     command=".venv/bin/python bench/sharded.py",
-    runs=[Run("sharded-world2.json", "A world of two after the change for N <= r, run of "
+    runs=[Run("sharded-ring-scratch.json", "Four workers after the ring's hop buffers were "
+              "reused, run of 2026-11-28", note=SCRATCH_NOTE),
+          Run("sharded-world2.json", "A world of two after the change for N <= r, run of "
               "2026-11-28", note=WORLD2_NOTE),
           Run("sharded-vs-fsdp2.json", "Every level beside DDP and FSDP2, run of 2026-11-28",
               note=VS_FSDP2_NOTE),
@@ -261,7 +268,14 @@ synchronise the last).
           Run("sharded.json", "Run of 2026-11-27", note=RERUN_NOTE)],
     tables=_sharded,
     reading="""
-**Beside FSDP2 at every level (the first two runs, 2026-11-28).** At 25M with 4 workers every
+**After the ring's hop buffers were reused (the first run).** The exact ring allocated a fresh
+tensor for what each hop receives and for each float64 partial sum, and a fresh tensor of
+megabytes costs page faults on every use. Reused, the 100M step at 4 workers went from 5.47 to
+3.96 s at level 0 and from 4.65 to 4.02 s at level 1 (two runs at load 3.6-4.4), and levels 0-2
+now run at 0.93x-0.95x FSDP2's samples/s (goal 0.9x: met), 0.91x-0.93x DDP's. Level 3 stays at
+0.78x FSDP2's (4.84 s): its gathers are not the ring's.
+
+**Beside FSDP2 at every level (the second and third runs, 2026-11-28).** At 25M with 4 workers every
 level ran faster than FSDP2 (1.06x-1.50x its samples/s; level 1 1.39x, level 3 1.23x with
 `r = 2`) and slower than DDP (0.56x-0.79x). At 100M with 4 workers none reached our goal of 0.9x
 FSDP2's samples/s: 0.71x-0.83x (level 1 0.83x, level 3 0.80x with `r = 2` and 0.81x with

@@ -133,3 +133,37 @@ def test_bucketed_reduction_with_uneven_and_empty_shares():
     expected = reference(4, config)
     for parts, _, _ in run_group(2, 4, config, chunks_of, ring=True):
         assert_same(expected, parts)
+
+
+@pytest.mark.parametrize("size", [3, 4])
+@pytest.mark.parametrize("reuse", [False, True])
+def test_the_exact_ring_adds_float32_terms_in_float64(size, reuse):
+    """One chunk per member: every member sends its float32 gradient as it is, and each sum is
+    the float64 sum of the float32 terms rounded once, which float32 additions along the ring
+    would miss (terms of very different sizes); with the ring thread's reused hop buffers
+    (``Scratch``) as with fresh ones, over several buckets of different sizes."""
+    from dyntrain.elastic.ring import Scratch, exact_ring_sum
+    from test_gradshard import _run_members
+
+    def term(rank: int, n: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(1000 * rank + n)
+        return torch.randn(n, generator=g) * 10.0 ** (4 * (rank % 3) - 4)
+
+    sizes = [1000, 7, 2049]
+    expected = [sum(term(r, n).double() for r in range(size)).float() for n in sizes]
+
+    def body(group):
+        scratch = Scratch() if reuse else None
+        out = []
+        for n in sizes:
+            result = torch.empty(n)
+            exact_ring_sum(group.pg, group.rank, group.size, term(group.rank, n), result,
+                           scratch=scratch)
+            out.append(result)
+        return out
+
+    for got in _run_members(size, body):
+        assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    # float32 along the way would round differently
+    naive = [sum((term(r, n) for r in range(size)), torch.zeros(n)) for n in sizes]
+    assert not all(torch.equal(a, b) for a, b in zip(naive, expected, strict=True))

@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dyntrain.elastic.ring import RingThread
+from dyntrain.elastic.ring import RingThread, Scratch
 
 POLL_SECONDS = 0.05
 # The tag of the receive that severs a group: no member ever sends with it.
@@ -105,16 +105,21 @@ class Group:
         """Start the exact ring sum of ``contrib`` into ``out`` (see ``ring``); ``wait`` for it.
         Both should be this group's ``buffers``: the ring may still write ``out`` while the
         group is being closed."""
-        if self._ring_thread is None:
-            self._ring_thread = RingThread(self.pg, self.rank, self.size)
-        return self._ring_thread.submit(contrib, out)
+        return self._ring().submit(contrib, out)
 
     def ring_job_async(self, job) -> torch.futures.Future:
         """Queue ``job(pg, rank, size, fenced)`` on the thread of the exact sums, behind them
         (``RingThread.submit_job``); ``wait`` for it."""
+        return self._ring().submit_job(job)
+
+    def ring_scratch(self) -> Scratch:
+        """The hop buffers of the thread of the exact sums, for a job's hops (``ring``)."""
+        return self._ring().scratch
+
+    def _ring(self) -> RingThread:
         if self._ring_thread is None:
             self._ring_thread = RingThread(self.pg, self.rank, self.size)
-        return self._ring_thread.submit_job(job)
+        return self._ring_thread
 
     @staticmethod
     def wait(work: dist.Work | torch.futures.Future, should_abort: Callable[[], bool]) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from dyntrain.elastic.comm import Group
 from dyntrain.elastic.reducer import Bucket
-from dyntrain.elastic.ring import exchange, ring_reduce_scatter
+from dyntrain.elastic.ring import Scratch, exchange, ring_reduce_scatter
 
 #: ``Group.buffers`` key of the primaries' float64 sums of several rounds
 SUMS = "zero2/sums"
@@ -94,7 +94,8 @@ class GradientShards:
             contrib = grads[bucket.start : bucket.stop]
             into = self._sums[pos : pos + hi - lo] if self._sums is not None else None
             pos += hi - lo
-            works.append(group.ring_job_async(_summing(contrib, bounds, lo, hi, into)))
+            works.append(group.ring_job_async(
+                _summing(contrib, bounds, lo, hi, into, group.ring_scratch())))
         for work in works:
             group.wait(work, should_abort)
         self._done += 1
@@ -129,12 +130,12 @@ class GradientShards:
 
 
 def _summing(contrib: torch.Tensor, bounds: Sequence[int], lo: int, hi: int,
-             into: torch.Tensor | None):
+             into: torch.Tensor | None, scratch: Scratch):
     """The ring job that reduce-scatters one bucket: this rank's float64 sum is rounded into
     its segment of ``contrib`` (``into`` None) or added to ``into`` (a round of several)."""
 
     def job(pg, rank: int, size: int, fenced) -> None:
-        total = ring_reduce_scatter(pg, rank, size, contrib, bounds, fenced)
+        total = ring_reduce_scatter(pg, rank, size, contrib, bounds, fenced, scratch)
         if into is None:
             contrib[lo:hi] = total  # the one rounding back to the parameters' dtype
         else:

@@ -36,11 +36,31 @@ class Fenced(Exception):
     """The ring's generation was abandoned: the sum was given up between two hops."""
 
 
+class Scratch:
+    """The buffers of one ring's hops, reused: hops run one at a time on the ring's thread, and
+    a fresh tensor of megabytes costs page faults every time. They belong to the ring (its
+    generation's group): a late hop of an abandoned generation writes only into its own."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device: torch.device
+            ) -> torch.Tensor:
+        """``numel`` elements of ``dtype`` (uninitialised) in buffer ``name``."""
+        nbytes = numel * dtype.itemsize
+        buf = self._bufs.get((name, device))
+        if buf is None or buf.numel() < nbytes:
+            buf = self._bufs[name, device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return buf[:nbytes].view(dtype)
+
+
 def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.Tensor,
-                   out: torch.Tensor, fenced: threading.Event | None = None) -> None:
+                   out: torch.Tensor, fenced: threading.Event | None = None,
+                   scratch: Scratch | None = None) -> None:
     """Sum ``contrib`` (float32 or float64, 1-D, same dtype on every member) over the group and
     write the float64 sum rounded to ``out``'s dtype into ``out`` (which may be ``contrib``).
-    Raises ``Fenced`` before any hop once ``fenced`` is set."""
+    Raises ``Fenced`` before any hop once ``fenced`` is set. ``scratch``: the hops' buffers
+    (None: new ones)."""
     n = contrib.numel()
     bounds = [i * n // size for i in range(size + 1)]
 
@@ -52,13 +72,16 @@ def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.T
     # reduce-scatter: at hop h, send the partial sum of segment rank - h, add to segment
     # rank - h - 1; after size - 1 hops this rank holds the whole sum of segment rank + 1
     outgoing = contrib[seg(rank)]
-    total = outgoing.to(torch.float64)
+    total = outgoing.to(torch.float64) if size == 1 else outgoing  # (replaced by hop 0)
     for h in range(size - 1):
         part = seg(rank - h - 1)
-        incoming = torch.empty(part.stop - part.start, device=contrib.device,
-                               dtype=contrib.dtype if h == 0 else torch.float64)
+        numel = part.stop - part.start
+        incoming = _buffer(scratch, "in", numel, contrib.dtype if h == 0 else torch.float64,
+                           contrib.device)
         _exchange(pg, outgoing, nxt, incoming, prv, fenced)
-        total = contrib[part].to(torch.float64) + incoming
+        # (the partial sum just sent is no longer needed: its buffer takes the next one)
+        total = _add64(contrib[part], incoming, _buffer(scratch, "sum", numel, torch.float64,
+                                                        contrib.device))
         outgoing = total
     _check(fenced)
     out[seg(rank + 1)] = total
@@ -68,13 +91,14 @@ def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.T
 
 
 def ring_reduce_scatter(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.Tensor,
-                        bounds: Sequence[int], fenced: threading.Event | None = None
-                        ) -> torch.Tensor:
+                        bounds: Sequence[int], fenced: threading.Event | None = None,
+                        scratch: Scratch | None = None) -> torch.Tensor:
     """Sum ``contrib`` (float32 or float64, 1-D, same dtype on every member) over the group,
     segment by segment, and return this rank's segment ``bounds[rank]:bounds[rank + 1]`` of
     the sum in float64, unrounded: the float64 sum of the same terms as ``exact_ring_sum``'s.
     ``bounds`` (``size + 1`` offsets, the same on every member) may cut uneven segments.
-    Raises ``Fenced`` before any hop once ``fenced`` is set."""
+    Raises ``Fenced`` before any hop once ``fenced`` is set. With ``scratch`` (the hops'
+    buffers) the sum returned is in it: read it before the ring's next job."""
 
     def seg(i: int) -> slice:
         i %= size
@@ -84,13 +108,16 @@ def ring_reduce_scatter(pg: dist.ProcessGroup, rank: int, size: int, contrib: to
     # as exact_ring_sum's reduce-scatter, shifted by one segment so that this rank ends with
     # the sum of its own: at hop h send segment rank - 1 - h, add to segment rank - 2 - h
     outgoing = contrib[seg(rank - 1)]
-    total = contrib[seg(rank)].to(torch.float64)
+    if size == 1:
+        return contrib[seg(rank)].to(torch.float64)
     for h in range(size - 1):
         part = seg(rank - h - 2)
-        incoming = torch.empty(part.stop - part.start, device=contrib.device,
-                               dtype=contrib.dtype if h == 0 else torch.float64)
+        numel = part.stop - part.start
+        incoming = _buffer(scratch, "in", numel, contrib.dtype if h == 0 else torch.float64,
+                           contrib.device)
         _exchange(pg, outgoing, nxt, incoming, prv, fenced)
-        total = contrib[part].to(torch.float64) + incoming
+        total = _add64(contrib[part], incoming, _buffer(scratch, "sum", numel, torch.float64,
+                                                        contrib.device))
         outgoing = total
     _check(fenced)
     return total
@@ -106,6 +133,22 @@ def exchange(pg: dist.ProcessGroup, sends: Sequence[tuple[torch.Tensor, int]],
     works += [pg.recv([t], source, tag) for t, source in recvs if t.numel()]
     for work in works:
         work.wait()
+
+
+def _add64(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``a + b`` added in float64 into ``out`` (float64): both terms widened exactly first.
+    (``torch.add`` of two float32 tensors adds in float32 even into a float64 ``out``.)"""
+    if a.dtype == torch.float64 or b.dtype == torch.float64:
+        return torch.add(a, b, out=out)  # promoted to float64 before the addition
+    out.copy_(a)
+    return out.add_(b)
+
+
+def _buffer(scratch: Scratch | None, name: str, numel: int, dtype: torch.dtype,
+            device: torch.device) -> torch.Tensor:
+    if scratch is None:
+        return torch.empty(numel, dtype=dtype, device=device)
+    return scratch.get(name, numel, dtype, device)
 
 
 def _check(fenced: threading.Event | None) -> None:
@@ -132,6 +175,7 @@ class RingThread:
     def __init__(self, pg: dist.ProcessGroup, rank: int, size: int) -> None:
         self.pg, self.rank, self.size = pg, rank, size
         self._fenced = threading.Event()
+        self.scratch = Scratch()
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True, name="dyntrain-ring")
         self._thread.start()
@@ -139,7 +183,7 @@ class RingThread:
     def submit(self, contrib: torch.Tensor, out: torch.Tensor) -> torch.futures.Future:
         """Queue ``exact_ring_sum`` of ``contrib`` into ``out``."""
         return self.submit_job(lambda pg, rank, size, fenced: exact_ring_sum(
-            pg, rank, size, contrib, out, fenced))
+            pg, rank, size, contrib, out, fenced, self.scratch))
 
     def submit_job(self, job: Callable[[dist.ProcessGroup, int, int, threading.Event], None]
                    ) -> torch.futures.Future:
