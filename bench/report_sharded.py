@@ -29,7 +29,7 @@ two short unit tests (about 10 s) during the 25M runs.
 """
 SCRATCH_NOTE = """
 Levels 0-3 beside DDP and FSDP2 at 4 workers again, after the exact ring's hops stopped
-allocating fresh buffers (`ring.Scratch`, commit after 84ce0ce; `bench/ring_hops.py`: 1.76x
+allocating fresh buffers (`ring.Scratch`, commit ba70ff4; `bench/ring_hops.py`: 1.76x
 faster ring at 4 workers). Nothing else of ours ran on the machine.
 """
 WORLD2_NOTE = """
