@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import start_server, stop_server
+from conftest import start_server, stop_server, wait_for
 from dyntrain.service.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,3 +271,32 @@ def test_logs_of_a_retried_array_child_head_each_attempt(service):
     assert re.fullmatch(r"=== attempt 2: started \S+ \S+, ran \d+ s, exit code 0 ===",
                         lines[2]), lines
     assert lines[3] == "child 1 attempt 2"
+
+
+def test_a_follower_waits_out_a_service_that_does_not_answer(tmp_path):
+    """`submit --wait` follows a job while its service stops answering for longer than one
+    request may wait (SIGSTOP, as a starved or frozen host would): it says that it asks again,
+    and once the service answers it follows the job to its end (exit 0, the whole log). A loaded
+    CI run failed here when one slow answer ended the wait."""
+    server, url = start_server(tmp_path / "state", tmp_path / "server.log")
+    err = tmp_path / "submit.err"
+    job = "print('first', flush=True); import time; time.sleep(3); print('last')"
+    try:
+        with open(err, "w") as sink:
+            follower = subprocess.Popen(
+                [*DYNTRAIN, "submit", "--url", url, "--wait", "--", PY, "-c", job],
+                stdout=subprocess.PIPE, stderr=sink, text=True, env=_env(), cwd=ROOT)
+        wait_for(lambda: "RUNNING" in err.read_text(), "the job running")
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: "asking again" in err.read_text(),
+                     "the follower saying that it asks again")
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        out, _ = follower.communicate(timeout=240)
+        said = err.read_text()
+        assert follower.returncode == 0, (out, said)
+        assert "did not answer in time" in said and "the service answers again" in said, said
+        assert out.split()[1:] == ["first", "last"], out
+    finally:
+        stop_server(server)

@@ -27,6 +27,44 @@ from dyntrain.service.core.model import JobStatus
 
 PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
 FAILED_SHOWN = 5  # failed children listed under an array job's summary
+#: how long a follower asks again when the service does not answer (a loaded machine, a
+#: restarted service) before it gives up
+PATIENCE_SECONDS = 120.0
+
+
+class _Patient:
+    """A client whose reads are asked again while the service does not answer, until it has
+    been silent for ``PATIENCE_SECONDS``; says once on stderr that it waits, and when the
+    service answers again. Following only reads: asking again repeats nothing."""
+
+    def __init__(self, client) -> None:
+        self._client, self._silent_since = client, None
+
+    def __getattr__(self, name: str):
+        call = getattr(self._client, name)
+        return lambda *args, **kwargs: self._ask(call, args, kwargs)
+
+    def _ask(self, call, args, kwargs):
+        from dyntrain.service.client import ServiceUnreachable
+
+        while True:
+            try:
+                result = call(*args, **kwargs)
+            except ServiceUnreachable as exc:
+                now = time.monotonic()
+                if self._silent_since is None:
+                    self._silent_since = now
+                    click.echo(f"dyntrain: {exc}; asking again for up to "
+                               f"{PATIENCE_SECONDS:g} s", err=True)
+                elif now - self._silent_since > PATIENCE_SECONDS:
+                    raise ServiceUnreachable(
+                        f"{exc} (no answer for {now - self._silent_since:.0f} s)") from None
+                time.sleep(POLL_SECONDS)
+                continue
+            if self._silent_since is not None:
+                click.echo("dyntrain: the service answers again", err=True)
+                self._silent_since = None
+            return result
 
 
 class _LogPrinter:
@@ -101,9 +139,11 @@ def follow(client, job_id: str, *, announce: bool,
            seen: dict[str, Any] | None = None) -> dict[str, Any]:
     """Print a job's log until it ends, with its progress (and, with ``announce``, its status
     changes and why it waits) on stderr; returns the finished job. ``seen["status"]``: the
-    status it last saw (what a Ctrl-C reports without asking the service again)."""
+    status it last saw (what a Ctrl-C reports without asking the service again). A service that
+    does not answer for a while (``PATIENCE_SECONDS``) is asked again, not given up on."""
     watcher, after, seen_status, next_look = _Watcher(job_id, announce), 0, None, 0.0
     seen = {} if seen is None else seen
+    client = _Patient(client)
     job = client.get_job(job_id)
     seen["status"] = job.get("status")
     printer = _LogPrinter(client, job)
