@@ -172,7 +172,7 @@ def merge_reports(staging: Path, step: int, reports: Sequence[bytes]) -> dict:
     parts = [pickle.loads(r) for r in reports]  # from this generation's members
     failed = [f"member {rank}: {p['error']}" for rank, p in enumerate(parts) if "error" in p]
     if failed:
-        raise OSError(f"{'; '.join(failed)}")
+        raise OSError('; '.join(failed))
     metadata = Metadata(
         state_dict_metadata={k: v for p in parts
                              for k, v in p["metadata"].state_dict_metadata.items()},
