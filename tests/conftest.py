@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from dyntrain.elastic.runlog import read_records
-from dyntrain.testing.jobs import wait_until
+from dyntrain.testing.jobs import pinned_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -116,13 +116,20 @@ def ledger_script() -> Path:
 
 @pytest.fixture(scope="session")
 def static_ledger(tmp_path_factory) -> Path:
-    """The ledger workload trained alone (plain ``python``, no coordinator): its final.pt is
-    what every elastic ledger run with the default settings must end with, bit for bit."""
-    out = tmp_path_factory.mktemp("static-ledger")
-    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+    """The ledger workload trained alone (``static_run``): its final.pt is what every elastic
+    ledger run with the default settings must end with, bit for bit."""
+    return static_run(tmp_path_factory.mktemp("static-ledger"), SCRIPTS / "ledger_train.py")
+
+
+def static_run(out: Path, *command, timeout: float = 300) -> Path:
+    """The static reference of a job into ``out``: ``COMMAND`` (a script and its arguments, or
+    ``-m MODULE ...``) trained alone by plain ``python`` (no coordinator) with a job's default
+    numerics (``pinned_env``), as every job pins them."""
+    env = pinned_env(DYNTRAIN_OUT=str(out))
     env.pop("DYNTRAIN_COORDINATOR", None)
-    subprocess.run([sys.executable, str(SCRIPTS / "ledger_train.py")], env=env, check=True,
-                   timeout=240, cwd=ROOT, capture_output=True)
+    proc = subprocess.run([sys.executable, *map(str, command)], env=env, cwd=ROOT, text=True,
+                          capture_output=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return out
 
 

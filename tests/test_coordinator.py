@@ -14,9 +14,13 @@ import pytest
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.admission import CanaryDigest
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 
 T0 = 1000.0
+# what every fake worker says it computes with, and its canary: all the same
+SETTINGS = {"torch": "2.13.0", "threads": 1, "cpu_capability": "AVX2"}
+CANARY = CanaryDigest("d0", "c0")
 
 
 class FakeClock:
@@ -33,6 +37,7 @@ class RecordingSink:
         self.metrics_rows: list[dict] = []
         self.logs: list[str] = []
         self.results: list[dict] = []
+        self.numerics_records: list = []
 
     def event(self, record: dict) -> None:
         self.events.append(record)
@@ -45,6 +50,9 @@ class RecordingSink:
 
     def result(self, record: dict) -> None:
         self.results.append(record)
+
+    def numerics(self, record) -> None:
+        self.numerics_records.append(record)
 
 
 class FakeWorker:
@@ -64,7 +72,8 @@ class FakeWorker:
         self.store.set(p.inbox_count_key(self.id), str(self.seq))
 
     def hello(self, fingerprint: str = "fp", config: dict | None = None) -> None:
-        self.send(p.Hello(fingerprint, config or {"global_batch": 8}, host="hostA", pid=4242))
+        self.send(p.Hello(fingerprint, config or {"global_batch": 8}, host="hostA", pid=4242,
+                          numerics=SETTINGS, canary=CANARY))
         self.store.append(p.ROSTER, self.id + " ")
         self.store.add(p.ROSTER_COUNT, 1)
 

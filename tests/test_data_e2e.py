@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from conftest import read_jsonl, run_cli
-from dyntrain.workloads import imagenet
+from conftest import read_jsonl, run_cli, static_run
 from dyntrain.workloads.digits_images import write_digits_images
 from test_elastic_e2e import world_sizes
 
@@ -15,20 +14,13 @@ IMAGENET = ["-m", "dyntrain.workloads.imagenet", "--recipe", "digits-resnet", "-
             "2", "--prefetch", "3", "--val-every", "8", "--checkpoint-every", "5"]
 
 
-def test_image_workload_with_loader_processes_is_bitwise_static(tmp_path, monkeypatch):
+def test_image_workload_with_loader_processes_is_bitwise_static(tmp_path):
     """2 loader processes per worker; a crash makes the survivors recompute a step whose chunks
     were prefetched: a chunk applied twice or skipped would change the parameters."""
     write_digits_images(tmp_path / "data", size=16, per_class=6)
     common = [*IMAGENET, "--data", tmp_path / "data"]
     static, elastic = tmp_path / "static", tmp_path / "elastic"
-    # the static reference: the same workload alone in this process (no coordinator), which
-    # spares a second interpreter importing torch
-    monkeypatch.setenv("DYNTRAIN_OUT", str(static))
-    threads = torch.get_num_threads()
-    try:
-        imagenet.main([str(a) for a in common[2:]])
-    finally:
-        torch.set_num_threads(threads)
+    static_run(static, *common)  # the static reference: the same workload alone
     # 1 -> 3 (joins) -> 2 (SIGKILL: the interrupted step is recomputed) -> 1 (leave of rank 0)
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
                     "step=3:join=2,step=6:kill=1,step=9:leave=rank:0", *common,

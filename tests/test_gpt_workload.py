@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from conftest import read_jsonl, run_cli
+from conftest import read_jsonl, run_cli, static_run
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.workloads import gpt
@@ -142,15 +142,9 @@ def test_the_step_is_the_same_at_any_world_size(corpus, precision):
 
 
 @pytest.mark.slow
-def test_an_elastic_run_is_bitwise_the_static_run(tmp_path, monkeypatch):
+def test_an_elastic_run_is_bitwise_the_static_run(tmp_path):
     static, elastic = tmp_path / "static", tmp_path / "elastic"
-    # the static reference: the workload alone in this process (no coordinator)
-    monkeypatch.setenv("DYNTRAIN_OUT", str(static))
-    threads = torch.get_num_threads()
-    try:
-        gpt.main(SMALL)
-    finally:
-        torch.set_num_threads(threads)
+    static_run(static, "-m", "dyntrain.workloads.gpt", *SMALL)  # the workload alone
     # 1 -> 3 (joins) -> 2 (SIGKILL) -> 1 (rank 0 leaves); each event waits for the last to settle
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
                     "step=2:join=2,step=5:kill=1,step=8:leave=rank:0", "-m",

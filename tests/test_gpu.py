@@ -163,3 +163,30 @@ def test_gpt_refuses_cuda_without_a_gpu_in_one_line(tmp_path):
     assert ("job failed: no worker could start: gpt: error: --device cuda: this torch sees no "
             "CUDA device") in proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@cuda
+def test_a_worker_on_a_gpu_observes_its_architecture_and_runs_its_canary_there():
+    """The numerics a GPU worker reports name the device's architecture and libraries (a worker
+    on another GPU type is refused), and its canary is computed on the device, repeatably."""
+    from torch import nn
+
+    from dyntrain.elastic.canary import canary_digest
+    from dyntrain.elastic.numerics import observe
+
+    seen = observe("cuda")
+    assert seen["gpu_arch"].startswith("sm_") and seen["cuda"] == torch.version.cuda
+    assert {"cudnn", "cudnn_allow_tf32", "cuda_matmul_allow_tf32"} <= seen.keys()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(16, 32, generator=g), torch.randint(0, 4, (16,), generator=g)
+
+    def loss(m, batch):
+        return nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    device = torch.device("cuda")
+    on_gpu = canary_digest(model.to(device), loss, (x.to(device), y.to(device)), 0, device)
+    assert on_gpu == canary_digest(model, loss, (x.to(device), y.to(device)), 0, device)
+    on_cpu = canary_digest(model.cpu(), loss, (x, y), 0, torch.device("cpu"))
+    assert on_gpu.data == on_cpu.data  # the same chunk, computed on another device

@@ -65,6 +65,22 @@ def test_disks_are_private_and_the_shared_folder_is_everywhere(hosts, tmp_path):
     assert h1.run([sys.executable, "-c", "import dyntrain"], check=True).returncode == 0
 
 
+def test_hosts_can_have_fewer_cores_and_an_older_cpu_until_reset(hosts):
+    """Unlike machines, as a spot fleet mixes them: a host that sees one core (every process
+    started there), a host whose CPU lists no AVX2 (as dyntrain reads its instruction set)."""
+    probe = [sys.executable, "-c", "import os; from dyntrain.elastic.numerics import cpu_flags; "
+             "print(len(os.sched_getaffinity(0)), 'avx2' in cpu_flags())"]
+    normal = hosts.host(0).run(probe, check=True).stdout.split()
+    hosts.limit_cpus(1, (0,))
+    hosts.hide_cpu_flags(2, ("avx2",))
+    assert hosts.host(1).run(probe, check=True).stdout.split() == ["1", normal[1]]
+    assert hosts.host(2).run(probe, check=True).stdout.split() == [normal[0], "False"]
+    assert hosts.host(0).run(probe, check=True).stdout.split() == normal  # the others unchanged
+    hosts.reset()
+    assert hosts.host(1).run(probe, check=True).stdout.split() == normal
+    assert hosts.host(2).run(probe, check=True).stdout.split() == normal
+
+
 def test_partition_silences_an_open_connection_and_heal_resumes_it(hosts):
     h0, h1, h2 = hosts.hosts
     _, served = start(h0, "serve")

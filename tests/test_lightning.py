@@ -10,6 +10,7 @@ import torch
 
 from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, wait_for
 from dyntrain import TrainConfig
+from dyntrain.testing.jobs import pinned_env
 
 pl = pytest.importorskip("lightning.pytorch")
 from dyntrain.adapters.lightning import (  # noqa: E402
@@ -24,7 +25,7 @@ from lightning_train import Blobs, Classifier  # noqa: E402
 
 
 def alone(out, *args):
-    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+    env = pinned_env(DYNTRAIN_OUT=str(out))  # a job's numerics: the static reference
     env.pop("DYNTRAIN_COORDINATOR", None)
     return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], env=env, timeout=300,
                           cwd=ROOT, capture_output=True, text=True)

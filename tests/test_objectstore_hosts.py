@@ -21,6 +21,7 @@ import pytest
 from conftest import DYNTRAIN, ROOT, OutputLines, wait_for
 from dyntrain.elastic.runlog import read_events
 from dyntrain.elastic.storage import open_store
+from dyntrain.testing.jobs import pinned_env
 from objectstore import start_s3_server
 
 HOSTS = 5
@@ -80,7 +81,7 @@ def files_on(disk) -> list[str]:
 def test_fresh_hosts_resume_a_run_from_s3_after_every_host_is_lost(hosts, s3, tmp_path):
     static = subprocess.Popen([sys.executable, *DIGITS], cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.STDOUT,
-                              env={**os.environ, "DYNTRAIN_OUT": str(tmp_path / "static")})
+                              env=pinned_env(DYNTRAIN_OUT=str(tmp_path / "static")))
     url = f"s3://{s3.bucket('hosts-run')}/digits"
     with open(tmp_path / "worker-1.log", "w") as log:
         run, lines, worker = start_job(hosts, s3, 1, 2, url, log)

@@ -22,7 +22,13 @@ from dyntrain.elastic.reach import (
     unreachable_members,
 )
 from dyntrain.errors import DyntrainError
-from test_coordinator import FakeWorker, Job, store  # noqa: F401 (the fixture)
+from test_coordinator import (  # noqa: F401 (the fixture)
+    CANARY,
+    SETTINGS,
+    FakeWorker,
+    Job,
+    store,
+)
 
 
 def closed_port() -> int:
@@ -69,7 +75,8 @@ def test_a_member_its_peers_cannot_reach_is_removed_and_told_why(store):  # noqa
     job = Job(store)
     job.start("a", step=1)
     job.w["b"] = FakeWorker(store, "b")
-    job.w["b"].send(p.Hello("fp", {}, host="hb", pid=2, probe="127.0.1.1:4242"))
+    job.w["b"].send(p.Hello("fp", {}, host="hb", pid=2, probe="127.0.1.1:4242",
+                            numerics=SETTINGS, canary=CANARY))
     store.append(p.ROSTER, "b ")
     store.add(p.ROSTER_COUNT, 1)
     job.tick()

@@ -26,7 +26,7 @@ from dyntrain.elastic.channel import CoordinatorGone, WorkerChannel
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.coordinator import REATTACH_WAIT, Phase
 from dyntrain.elastic.trainer import ENV_REATTACH, ElasticTrainer
-from test_coordinator import FakeWorker, Job
+from test_coordinator import CANARY, SETTINGS, FakeWorker, Job
 
 GEN3 = p.Generation(3, ("a", "b", "c"), 12, source="a")
 
@@ -40,7 +40,8 @@ def store():
 
 def reattach(w: FakeWorker, state: str, gen: p.Generation | None, step: int | None) -> None:
     """What WorkerChannel sends first to a restarted coordinator, then its roster entry."""
-    w.send(p.Reattach(p.Hello("fp", {"global_batch": 8}, host="hostA", pid=7),
+    w.send(p.Reattach(p.Hello("fp", {"global_batch": 8}, host="hostA", pid=7,
+                              numerics=SETTINGS, canary=CANARY),
                       p.Position(p.WorkerState(state), gen, step)))
     w.store.append(p.ROSTER, w.id + " ")
     w.store.add(p.ROSTER_COUNT, 1)
@@ -136,7 +137,7 @@ def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path):
     position = [p.Position(p.WorkerState.RUNNING, GEN3, 3)]
     ch = WorkerChannel(f"127.0.0.1:{port}", "a", reattach_seconds=60, heartbeat_interval=0.05,
                        position=lambda: position[0])
-    ch.hello("fp", {"global_batch": 8})
+    ch.hello("fp", {"global_batch": 8}, SETTINGS, CANARY)
     ch.watch(3)
     for step in (1, 2, 3):
         ch.send(p.Metrics(({"gen": 3, "step": step},)))
@@ -231,7 +232,7 @@ def test_a_coordinator_lost_between_the_hello_and_the_roster_is_said_as_such(tmp
 
     ch.store = GoneAtTheRoster(ch.store)
     with pytest.raises(CoordinatorGone) as err:
-        ch.hello("f", {})
+        ch.hello("f", {}, SETTINGS, CANARY)
     message = str(err.value)
     assert "\n" not in message and f"lost the coordinator at {address}" in message
     assert "did not come back within 0.5 s" in message

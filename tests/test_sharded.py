@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, read_jsonl, run_cli
+from conftest import SCRIPTS, read_jsonl, run_cli, static_run
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.comm import Group
@@ -28,7 +28,6 @@ from dyntrain.elastic.sharded import (
 from dyntrain.elastic.storage import open_store
 from dyntrain.errors import ConfigError
 from dyntrain.recipes import LARS
-from dyntrain.workloads import gpt
 from test_elastic_e2e import assert_exactly_once, world_sizes
 from test_gpt_workload import SMALL
 
@@ -38,15 +37,8 @@ MAX_NORM = 1.0
 
 
 def _static_run(out, argv):
-    """The unsharded reference: the workload alone in this process (no coordinator)."""
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("DYNTRAIN_OUT", str(out))
-        try:
-            gpt.main(argv)
-        finally:
-            torch.set_num_threads(threads)
-    return out
+    """The unsharded reference: the workload alone (``conftest.static_run``)."""
+    return static_run(out, "-m", "dyntrain.workloads.gpt", *argv)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import torch
 
 from conftest import read_jsonl, wait_for
 from dyntrain.service.client import Client
+from dyntrain.testing.jobs import pinned_env
 
 from .test_cli_service import PY, ROOT, _env, start_server, stop_server
 
@@ -41,7 +42,7 @@ def rows(path) -> list[dict]:
 
 @pytest.mark.slow
 def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
-    static = subprocess.Popen(DIGITS, env={**_env(), "DYNTRAIN_OUT": str(tmp_path / "static")},
+    static = subprocess.Popen(DIGITS, env=pinned_env(_env(), DYNTRAIN_OUT=str(tmp_path / "static")),
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=ROOT)
     state = tmp_path / "state"
     server, url = start_server(state, tmp_path / "server-1.log")

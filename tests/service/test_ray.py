@@ -31,6 +31,7 @@ from dyntrain.service.core.executor import ExecutorError, StartError, WorkerSpec
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.ray import RayExecutor, import_ray
 from dyntrain.service.executors.ray_address import coordinator_address
+from dyntrain.testing.jobs import pinned_env
 
 from .test_cli_service import PY, ROOT, _env
 from .test_controller import LEDGER, expected_counts
@@ -348,7 +349,8 @@ def world(run) -> int:
 @pytest.mark.slow
 def test_elastic_job_grows_onto_a_joining_node_and_reforms_when_it_is_lost(ray_cluster,
                                                                            tmp_path):
-    static = subprocess.Popen(LEDGER_RUN, env={**_env(), "DYNTRAIN_OUT": str(tmp_path / "static")},
+    static = subprocess.Popen(LEDGER_RUN, env=pinned_env(_env(), DYNTRAIN_OUT=str(tmp_path /
+                                                                            "static")),
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=ROOT)
     gate = tmp_path / "slow"  # while it exists each step takes >= 0.2 s: the job cannot end
     gate.touch()              # before the test saw the node join and go

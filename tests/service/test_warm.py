@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from dyntrain.elastic.numerics import Numerics
 from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.local import LocalExecutor
@@ -34,7 +35,9 @@ BASE = {"PATH": os.environ.get("PATH", ""), "HOME": "/root"}
     ([PY, "missing.py"], {}, False),  # the cold start says what is missing
     (["/usr/bin/python3", "job.py"], {}, False),  # another interpreter (or environment)
     (["/bin/true"], {}, False),
-    ([PY, "job.py"], {"OMP_NUM_THREADS": "1"}, False),  # read when torch is imported
+    # the numerics a worker names are set by the warm worker itself (a job's, or its threads)
+    ([PY, "job.py"], {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"}, True),
+    ([PY, "job.py"], {"PYTHONPATH": "/x"}, False),  # read at interpreter start-up
     ([PY, "job.py"], {"PYTHONHASHSEED": "0"}, False),  # read at interpreter start-up
 ])
 def test_which_commands_may_run_in_a_warm_worker(tmp_path, argv, extra, expected):
@@ -44,6 +47,9 @@ def test_which_commands_may_run_in_a_warm_worker(tmp_path, argv, extra, expected
 
 JOB = """import os, signal, sys, time
 print("torch already imported:", "torch" in sys.modules, flush=True)
+if "torch" in sys.modules:  # what it computes with: the job's numerics, not the zygote's
+    import torch
+    print("numerics:", torch.get_num_threads(), torch.backends.cpu.get_cpu_capability())
 print(__name__, sys.argv, os.getcwd(), sys.path[0] == os.path.dirname(__file__),
       os.environ.get("JOB_VAR"), os.getpgid(0) == os.getpid(), flush=True)
 if sys.argv[1] == "wait":
@@ -67,10 +73,10 @@ def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
     executor = LocalExecutor(tmp_path / "state", cpus=2, memory_mib=4096, warm_workers=2)
     ended: dict = {}
 
-    def start(wid: str, arg: str):
+    def start(wid: str, arg: str, env: dict | None = None):
         return executor.start(WorkerSpec(
-            "j", 1, wid, [PY, str(job), arg], {"DYNTRAIN_JOB_ID": "j"}, Resources(0.5, 0, 256),
-            str(tmp_path), str(tmp_path / f"{wid}.log")))
+            "j", 1, wid, [PY, str(job), arg], {"DYNTRAIN_JOB_ID": "j", **(env or {})},
+            Resources(0.5, 0, 256), str(tmp_path), str(tmp_path / f"{wid}.log")))
 
     def log(wid: str) -> list[str]:
         path = tmp_path / f"{wid}.log"
@@ -82,9 +88,10 @@ def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
         assert log("w0")[0] == "torch already imported: False"
         supervisor_log = tmp_path / "state" / "workers" / "supervisor.log"
         wait_for(lambda: supervisor_log.read_text().count("warm worker") >= 2, "the pool")
-        first, second = start("w1", "3"), start("w2", "wait")
+        pinned = Numerics(threads=1, cpu_kernels="default").env()
+        first, second = start("w1", "3", pinned), start("w2", "wait")
         assert wait_for(lambda: exits(executor, ended).get("w1"), "w1").exit_code == 3
-        assert log("w1") == ["torch already imported: True",
+        assert log("w1") == ["torch already imported: True", "numerics: 1 DEFAULT",
                              f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True"]
         wait_for(lambda: log("w2"), "w2 to start")
         assert log("w2")[0] == "torch already imported: True"

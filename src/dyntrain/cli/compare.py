@@ -77,6 +77,9 @@ def compare(run_a, run_b, atol, as_json):
     result = state_distance(load_state(run_a), load_state(run_b))
     result["allclose"] = (result["max_abs_diff"] <= atol and result["non_float_equal"]
                           and not result["nan_in_one"])
+    numerics = numerics_differences(run_a, run_b)
+    if numerics is not None:
+        result["numerics_differences"] = numerics
     if as_json:
         click.echo(json.dumps(result))
     else:
@@ -86,4 +89,50 @@ def compare(run_a, run_b, atol, as_json):
                    f"{'equal' if result['non_float_equal'] else 'differ'}"
                    + (f"; {result['nan_in_one']} value(s) NaN in one run only"
                       if result["nan_in_one"] else ""))
+        if numerics:
+            click.echo("the runs computed with other numerics (numerics.json): "
+                       + "; ".join(numerics))
+        elif numerics is not None and not result["allclose"]:
+            click.echo("the runs recorded the same numerics: the difference lies elsewhere "
+                       "(the data, the script, a setting they do not name)")
     raise SystemExit(0 if result["allclose"] else 1)
+
+
+def numerics_differences(run_a: str, run_b: str) -> list[str] | None:
+    """What differs between the numerics two run folders recorded (``numerics.json``): their
+    pins, what their first workers computed with, their canaries, mixed workers. None when
+    either is not a run folder; a phrase for a folder that records none."""
+    from dyntrain.elastic.numerics import shown
+    from dyntrain.elastic.runfolder import read_numerics
+    from dyntrain.elastic.storage import StorageError, is_url, open_store
+
+    records = []
+    for run in (run_a, run_b):
+        if run.endswith((".pt", ".pth")) or (not is_url(run) and not Path(run).is_dir()):
+            return None
+        try:
+            records.append(read_numerics(open_store(run)))
+        except (OSError, StorageError, DyntrainError) as exc:
+            return [f"{run}: {exc}"]
+    a, b = records
+    missing = [f"{run} records no numerics" for run, r in ((run_a, a), (run_b, b)) if r is None]
+    if missing:
+        return missing
+    out = []
+    if (a.pinned is None) != (b.pinned is None):
+        pinned, alone = (run_a, run_b) if b.pinned is None else (run_b, run_a)
+        out.append(f"{pinned} pinned its numerics, {alone} trained alone without a pin")
+    elif a.pinned != b.pinned:
+        pins = [a.pinned.to_json(), b.pinned.to_json()]
+        out += [f"pinned {k} {pins[0][k]} vs {pins[1][k]}" for k in sorted(pins[0])
+                if pins[0][k] != pins[1][k]]
+    out += [f"{k} {shown(a.settings.get(k))} vs {shown(b.settings.get(k))}"
+            for k in sorted(set(a.settings) | set(b.settings))
+            if a.settings.get(k) != b.settings.get(k)]
+    if a.canary != b.canary:
+        out.append(f"canary {a.canary.compute} vs {b.canary.compute}")
+    for run, r in ((run_a, a), (run_b, b)):
+        if r.mixed:
+            out.append(f"{run} admitted workers of other numerics from step "
+                       f"{r.bitwise_until} ({', '.join(m.worker for m in r.mixed)})")
+    return out

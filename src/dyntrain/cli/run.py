@@ -5,11 +5,13 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
 import click
 
+from dyntrain.cli.numerics import asked_numerics, numerics_options
 from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.errors import DyntrainError
 from dyntrain.launch.events import parse_events, parse_workers
@@ -61,10 +63,12 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--tensorboard/--no-tensorboard", default=None,
               help="TensorBoard event files in OUT/tensorboard [default: on when the "
                    "tensorboard package is installed].")
+@numerics_options
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, grace_seconds, quiet,
-        tensorboard, script, args):
+        tensorboard, threads, cpu_kernels, deterministic, matmul_precision,
+        allow_mixed_numerics, script, args):
     """Train SCRIPT elastically with local worker processes.
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
@@ -87,7 +91,10 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
                       events=parse_events(events), host=host, port=port,
                       chaos=parse_chaos(chaos) if chaos else None,
                       failure_timeout=failure_timeout, grace_seconds=grace_seconds,
-                      quiet=quiet, tensorboard=tensorboard)
+                      quiet=quiet, tensorboard=tensorboard,
+                      numerics=asked_numerics(threads, cpu_kernels, deterministic,
+                                              matmul_precision),
+                      allow_mixed_numerics=allow_mixed_numerics)
     sys.exit(run_job(opts))
 
 
@@ -110,6 +117,7 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
     over afresh."""
     from dyntrain.elastic import address
     from dyntrain.elastic.channel import connect_store, parse_address, wait_job_info
+    from dyntrain.elastic.numerics import Numerics, host_refusal
     from dyntrain.elastic.protocol import ENV_WORKER_ARGV
     from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
 
@@ -122,6 +130,12 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
                          connect_timeout)
     env = {**os.environ, ENV_COORDINATOR: coordinator, "DYNTRAIN_CONNECT_TIMEOUT":
            str(connect_timeout), ENV_WORKER_ARGV: json.dumps([sys.executable, *command])}
+    if info.get("numerics"):  # the job's numerics, whatever this host's shell says
+        numerics = Numerics.from_json(info["numerics"])
+        refusal = host_refusal(numerics, f"this host ({socket.gethostname()})")
+        if refusal:
+            raise DyntrainError(f"this worker cannot join the job: {refusal}")
+        env.update(numerics.env())
     if advertise_address:
         env[ENV_ADVERTISE] = advertise_address
     if iface:

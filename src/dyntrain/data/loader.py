@@ -333,6 +333,18 @@ class ChunkLoader:
             raise RuntimeError(f"loader and stepper disagree on the samples of chunk {key}")
         return _to_device(_unpack(batch, self._pin), self.device)
 
+    def load_here(self, step: int, chunk: int):
+        """The batch of (``step``, ``chunk``) loaded in this process as a loader process loads
+        it, on the device; the loader processes and their plan are left alone (the canary's
+        chunk, read before training)."""
+        idx = self.order.chunk(step, chunk, self.chunk_size)
+        chunks = self._loader.dataset
+        _, batch = SeededChunks(chunks.dataset, chunks.seed).__getitems__(
+            ChunkRequest(step, chunk, tuple(idx.tolist())))
+        if isinstance(batch, _Failure):
+            raise DataError(f"loading step {step} chunk {chunk}: {batch.message}")
+        return _to_device(batch, self.device)
+
     def close(self) -> None:
         """Stop the loader processes."""
         it, self._it = self._it, None

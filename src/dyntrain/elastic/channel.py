@@ -385,9 +385,11 @@ class WorkerChannel:
             self._check_gone()
             return None
 
-    def hello(self, fingerprint: str, config: dict) -> None:
+    def hello(self, fingerprint: str, config: dict, numerics: dict,
+              canary: p.CanaryDigest) -> None:
         self._hello = p.Hello(fingerprint, config, host=socket.gethostname(), pid=os.getpid(),
-                              address=self.advertise, probe=self.probe.endpoint)
+                              address=self.advertise, probe=self.probe.endpoint,
+                              numerics=numerics, canary=canary)
         self.send(self._hello)
         self.flush()  # the roster entry must not overtake the hello message
         while True:

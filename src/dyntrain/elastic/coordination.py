@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from dyntrain.elastic.admission import NumericsRecord
+
 
 class Phase(enum.Enum):
     """The coordinator's state."""
@@ -27,6 +29,7 @@ class Sink(Protocol):
     def metrics(self, record: dict) -> None: ...
     def log(self, line: str) -> None: ...
     def result(self, record: dict) -> None: ...
+    def numerics(self, record: NumericsRecord) -> None: ...
 
 
 @dataclass
@@ -40,6 +43,9 @@ class JobRecord:
     last_error: str | None = None  # "<worker>: <exception>" of the last error reported
     errors: dict[str, str] = field(default_factory=dict)  # worker -> the exception it reported
     failure: str | None = None  # why the job failed
+    # what the job computes with, and its proof (``dyntrain.elastic.admission``): from the run
+    # folder when resumed, else from the first worker that runs the job's pinned numerics
+    numerics: NumericsRecord | None = None
 
     def stepped(self, row: dict, now: float) -> None:
         """Take a metrics row of the current generation: mark it ``recomputed`` when its step

@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.admission import Candidate, NumericsRecord, judge
 from dyntrain.elastic.board import CoordinatorBoard
 from dyntrain.elastic.changes import Change, ChangeLog, EventKind
 from dyntrain.elastic.coordination import JobRecord, Phase, Sink
@@ -47,18 +48,21 @@ class Coordinator:
             only when no worker holds state. It may raise (a run folder that cannot be read);
             the host then fails the job rather than start over.
         clock: Seconds (``time.time`` by default; a fake one in tests).
+        numerics: The job's numerics as its run folder recorded them (a resumed run), or None:
+            the first worker that runs ``config.numerics`` defines them.
     """
 
     def __init__(self, store: dist.Store, config: CoordinatorConfig, sink: Sink,
                  find_checkpoint: Callable[[], tuple[int, str] | None],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 numerics: NumericsRecord | None = None) -> None:
         self.config, self.sink, self.clock = config, sink, clock
         self.find_checkpoint = find_checkpoint
         self.phase = Phase.WAITING
         self.membership = Membership()
         self.changes = ChangeLog()
         self.formation = Formation()  # generations until their first step: retries, culprits
-        self.job = JobRecord()
+        self.job = JobRecord(numerics=numerics)
         self.started_at = clock()
         self.board = CoordinatorBoard(store)
         self._last_poll, self._last_poll_known = 0.0, False  # for _own_stall
@@ -267,18 +271,32 @@ class Coordinator:
     # ---- the messages -----------------------------------------------------------------------
 
     def _greet(self, worker: str, hello: p.Hello) -> bool:
-        """Register a worker that said hello or re-attached; False if its settings differ."""
+        """Register a worker that said hello or re-attached; False if its settings differ from
+        the job's or it computes other bits (``admission.judge``)."""
         self.membership.greet(worker, hello, self.clock())
+        if self.job.fingerprint is not None and hello.fingerprint != self.job.fingerprint:
+            return self._reject(worker, "its training settings differ from the job's "
+                                        f"({hello.config} vs {self.job.config})",
+                                "settings differ from the job's")
+        verdict = judge(self.config.numerics, self.job.numerics,
+                        Candidate(worker, hello.host, hello.numerics, hello.canary),
+                        self.job.highest_step, self.config.allow_mixed_numerics)
+        if not verdict.admit:
+            return self._reject(worker, verdict.reason, verdict.reason)
+        if verdict.changed:
+            self.job.numerics = verdict.record
+            self.sink.numerics(verdict.record)
+        if verdict.reason:  # admitted although it computes other bits: said, and recorded
+            self.sink.log(verdict.reason)
         if self.job.fingerprint is None:
             self.job.fingerprint, self.job.config = hello.fingerprint, hello.config
-        elif hello.fingerprint != self.job.fingerprint:
-            self.board.reply(worker, p.Reply(p.ReplyKind.REJECT, "its training settings differ "
-                                             f"from the job's ({hello.config} vs "
-                                             f"{self.job.config})"))
-            self.membership.gone.add(worker)
-            self.sink.log(f"rejected worker {worker}: settings differ from the job's")
-            return False
         return True
+
+    def _reject(self, worker: str, told: str, logged: str) -> bool:
+        self.board.reply(worker, p.Reply(p.ReplyKind.REJECT, told))
+        self.membership.gone.add(worker)
+        self.sink.log(f"rejected worker {worker}: {logged}")
+        return False
 
     def _on_hello(self, worker: str, msg: p.Hello) -> None:
         if self._greet(worker, msg):

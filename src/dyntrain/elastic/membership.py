@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.numerics import Numerics
 from dyntrain.elastic.protocol import Generation
 
 
@@ -28,6 +29,10 @@ class CoordinatorConfig:
         failure_timeout: Seconds without a heartbeat before a worker is declared dead.
         stall_gap: A gap between two of the coordinator's polls longer than this is its own
             stall (a frozen host), not its workers' silence; None: half the failure timeout.
+        numerics: What the job pins (``dyntrain.elastic.numerics``): a worker that does not
+            run it is refused; None pins nothing (the first worker's numerics are the job's).
+        allow_mixed_numerics: Admit a worker that computes other bits than the job, and
+            record from which step the run is no longer bitwise (``admission.judge``).
     """
 
     min_workers: int
@@ -36,6 +41,8 @@ class CoordinatorConfig:
     settle_seconds: float = 2.0
     failure_timeout: float = p.FAILURE_TIMEOUT
     stall_gap: float | None = None
+    numerics: Numerics | None = None
+    allow_mixed_numerics: bool = False
 
     def own_stall(self) -> float:
         return self.failure_timeout / 2 if self.stall_gap is None else self.stall_gap

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from dyntrain.elastic.admission import CanaryDigest
 from dyntrain.elastic.reach import Unreachable
 from dyntrain.elastic.wire import WireError, from_wire, to_wire
 from dyntrain.errors import DyntrainError
@@ -240,7 +241,8 @@ class Message:
 
 @dataclass(frozen=True)
 class Hello(Message):
-    """A worker asks to join: its settings (the job's must match) and how to reach it."""
+    """A worker asks to join: its settings (the job's must match), what it computes with and
+    the proof that it computes the job's bits, and how to reach it."""
 
     kind: ClassVar[str] = "hello"
     fingerprint: str
@@ -249,6 +251,8 @@ class Hello(Message):
     pid: int = 0
     address: str = ""  # what its process groups bind (dyntrain.elastic.address)
     probe: str = ""  # "address:port" of its probe listener (dyntrain.elastic.reach)
+    numerics: dict = field(default_factory=dict)  # dyntrain.elastic.numerics.observe()
+    canary: CanaryDigest = field(default_factory=CanaryDigest)  # dyntrain.elastic.canary
 
 
 @dataclass(frozen=True)

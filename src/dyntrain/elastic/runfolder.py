@@ -23,8 +23,10 @@ import math
 from dataclasses import asdict
 from typing import Any
 
+from dyntrain.elastic.admission import CanaryDigest, Candidate, NumericsRecord, judge
 from dyntrain.elastic.ckptstore import list_checkpoints
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.storage import RunStore
 from dyntrain.errors import DyntrainError
@@ -148,3 +150,31 @@ def _read(store: RunStore) -> dict[str, Any] | None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RunFolderMismatch(f"{store.where(RUN_FILE)} is not readable ({exc}); delete it to "
                                 "record this run's settings again") from None
+
+
+def read_numerics(store: RunStore) -> NumericsRecord | None:
+    """The numerics the run folder recorded (``numerics.json``), or None (a fresh run, or one
+    from before they were recorded); a ``ConfigError`` if the file is not a record."""
+    try:
+        raw = store.get(NUMERICS_FILE)
+    except FileNotFoundError:
+        return None
+    return NumericsRecord.decode(raw, store.where(NUMERICS_FILE))
+
+
+def write_numerics(store: RunStore, record: NumericsRecord) -> None:
+    store.put(NUMERICS_FILE, record.encode())
+
+
+def check_numerics_alone(store: RunStore, pinned: Numerics | None, settings: dict,
+                         canary: CanaryDigest, host: str) -> None:
+    """A run that trains alone in ``store``: record what it computes with, or refuse to resume
+    a run that computed other bits (what differs, in one line)."""
+    verdict = judge(pinned, read_numerics(store), Candidate("this run", host, settings, canary),
+                    0, allow_mixed=False)
+    if not verdict.admit:
+        raise RunFolderMismatch(f"{store.location} holds a run that computed other bits than "
+                                f"this one ({verdict.differs}): resume it with that run's "
+                                f"numerics ({NUMERICS_FILE}), or use another output folder")
+    if verdict.changed:
+        write_numerics(store, verdict.record)

@@ -239,7 +239,7 @@ class ChunkStepper:
                 last = i == len(chunks) - 1
                 # randomness (dropout, augmentation): of (seed, step, chunk), not of the worker
                 self._seed(chunk_seed(cfg.seed, step, chunk))
-                batch = self._fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
+                batch = self.fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
                 self.bn.before_chunk()
                 with units.round() if units is not None else contextlib.nullcontext():
                     # the chunk's mean x chunk/global: summed over all chunks, the global mean
@@ -439,7 +439,8 @@ class ChunkStepper:
             return None  # an overflow step, which the scaler skips as well
         return self.noise.update(small, big)
 
-    def _fetch(self, step: int, chunk: int, idx: torch.Tensor):
+    def fetch(self, step: int, chunk: int, idx: torch.Tensor):
+        """Chunk ``chunk`` of step ``step`` (samples ``idx``) on the device."""
         if self.loader is not None:
             return self.loader.fetch(step, chunk, idx)
         ds = self.dataset

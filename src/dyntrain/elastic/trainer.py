@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -16,10 +17,12 @@ from torch.utils.data import Dataset
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.balance import ChunkBalancer
+from dyntrain.elastic.canary import job_canary
 from dyntrain.elastic.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint, read_ref
 from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group, run_abortable
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.numerics import apply, numerics_from_env, observe
 from dyntrain.elastic.progress import AloneOutput
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
     ENV_ADVERTISE,
@@ -32,7 +35,7 @@ from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment
 )
 from dyntrain.elastic.reach import probe_peers
 from dyntrain.elastic.rejoin import start_over
-from dyntrain.elastic.runfolder import check_run_folder, describe_setup
+from dyntrain.elastic.runfolder import check_numerics_alone, check_run_folder, describe_setup
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.sharded import shards_for, without_tensor_state
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
@@ -141,6 +144,13 @@ class ElasticTrainer:
         tensorboard: bool | None = None,
     ) -> None:
         install_excepthook()  # a DyntrainError from here on is one line in a script
+        self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
+        # the job's numerics (``dyntrain.elastic.numerics``), pinned by its launcher: what can
+        # be set at run time is set again here, should the script have changed it. Alone, a
+        # run pins nothing: it records what it computes with
+        self.numerics = numerics_from_env() if self.coordinator else None
+        if self.numerics is not None:
+            apply(self.numerics)
         out = out_dir or os.environ.get(ENV_OUT)
         # a local folder exists from here on: one that cannot be is one line, naming its source
         self.store: RunStore | None = (open_store(out, "out_dir" if out_dir else ENV_OUT)
@@ -160,7 +170,6 @@ class ElasticTrainer:
         self.rows = StepRows(config, model, self.total_steps, self.stepper.steps_per_epoch,
                              self.stepper.noise, validation)
         self.writer = RunWriter(self.store, config, self.parts, self.stepper.steps_per_epoch)
-        self.coordinator = coordinator or os.environ.get(ENV_COORDINATOR)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
         self.collective_timeout = timedelta(seconds=collective_timeout)
         self.step = 0
@@ -266,7 +275,9 @@ class ElasticTrainer:
         group = Group(None, 0, 1, self.device)
         self.generation = p.Generation(0, ("local",), 0)
         self.has_state = True
-        if self.store is not None:  # resume, as `dyntrain run` does with the same --out
+        if self.store is not None:  # what it computes with, then resume as `dyntrain run` does
+            check_numerics_alone(self.store, self.numerics, observe(self.device),
+                                 job_canary(self.stepper), socket.gethostname())
             found = latest_valid_checkpoint(self.store, on_skip=lambda where, why: out.say(
                 f"skipping checkpoint {where}: {why}"))
             if found is not None:
@@ -306,7 +317,8 @@ class ElasticTrainer:
         ch = self._channel
         ch.hello(self.config.fingerprint(), {
             "global_batch": self.config.global_batch, "chunk_size": self.config.chunk_size,
-            "total_steps": self.total_steps, "seed": self.config.seed})
+            "total_steps": self.total_steps, "seed": self.config.seed},
+            observe(self.device), job_canary(self.stepper))
         after = -1
         while True:
             try:

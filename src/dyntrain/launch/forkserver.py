@@ -386,6 +386,8 @@ def _become_worker(request: dict) -> None:
     run it as ``python`` would; the interpreter then exits with its code."""
     import runpy
 
+    from dyntrain.elastic.numerics import apply, numerics_from_env
+
     os.setsid()
     log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -400,6 +402,9 @@ def _become_worker(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    pinned = numerics_from_env()  # the job's numerics, before the script runs
+    if pinned is not None:
+        apply(pinned)
     argv = request["argv"]
     if argv[0] == "-m":
         sys.argv = argv[1:]

@@ -23,29 +23,6 @@ class LocalWorker:
     signalled: str | None = None  # "leave" or "kill" when the launcher sent a signal
 
 
-def thread_settings(max_local: int, environ: dict[str, str] | None = None,
-                    cpus: int | None = None) -> dict[str, str]:
-    """The intra-op thread count for workers that share this machine, as torchrun sets it.
-
-    torch starts one thread per core in every process: several workers on one machine then
-    fight over the cores, and a small model runs many times slower than with one thread each.
-    Unless the user chose (``OMP_NUM_THREADS`` set), each of up to ``max_local`` workers gets
-    an equal share of the cores, at least one.
-
-    Args:
-        max_local: the most workers this launcher may run at once (``--workers``' MAX).
-        environ: the launcher's environment (default: ``os.environ``).
-        cpus: the cores this process may use (default: its CPU affinity).
-    Returns:
-        ``{"OMP_NUM_THREADS": N}`` to add to the workers' environment, or ``{}``.
-    """
-    environ = os.environ if environ is None else environ
-    if "OMP_NUM_THREADS" in environ or max_local <= 1:
-        return {}
-    cpus = len(os.sched_getaffinity(0)) if cpus is None else cpus
-    return {"OMP_NUM_THREADS": str(max(1, cpus // max_local))}
-
-
 def start_fork_server(logs_dir: Path, extra_env: dict[str, str]) -> ForkServer:
     """The fork server for workers with this environment beside ours, logging into
     ``logs_dir/forkserver.log``. Started before the launcher starts any thread, it is forked from

@@ -18,10 +18,13 @@ import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.address import is_wildcard, machine_addresses
+from dyntrain.elastic.admission import NumericsRecord
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.elastic.linelog import open_lines
+from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics, host_refusal, merge_pin
 from dyntrain.elastic.progress import progress_line, result_line, write_result
+from dyntrain.elastic.runfolder import read_numerics, write_numerics
 from dyntrain.elastic.runlog import open_events, open_metrics, read_records
 from dyntrain.elastic.runrows import EventRow, MetricsRow
 from dyntrain.elastic.storage import RunStore, StorageError, open_store
@@ -32,7 +35,7 @@ from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
 from dyntrain.launch.forkserver import wanted as fork_server_wanted
 from dyntrain.launch.interrupt import StopSignals, stop_workers
-from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server, thread_settings
+from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
 
 TICK_SECONDS = 0.01
 # Each injected event as it fires (one JSON line), so that a resumed run skips those.
@@ -62,6 +65,10 @@ class RunOptions:
     chaos: tuple[int, int, tuple[str, ...]] | None = None  # (seed, strikes, aims): launch.chaos
     # TensorBoard files in the run folder: True, False, or None (when tensorboard is installed)
     tensorboard: bool | None = None
+    # the numerics the user asked for (``Numerics`` fields; the rest: the run folder's, else
+    # the defaults), and whether a worker that computes other bits may join anyway
+    numerics: dict = field(default_factory=dict)
+    allow_mixed_numerics: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -151,6 +158,10 @@ class RunSink:
         self.catch_up()  # what happened follows the step it happened after
         self._say(line)
 
+    def numerics(self, record: NumericsRecord) -> None:
+        """The job's numerics were defined, or a worker of other numerics joined."""
+        write_numerics(self.files, record)
+
     def result(self, record: dict) -> None:
         record = {k: v for k, v in record.items() if k != "worker"}
         self.results.update(record)
@@ -187,9 +198,13 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     store = open_store(opts.out_dir, "--out")
     store.check()
     logs = store.local / "logs" if store.local is not None else local_logs(store.location)
-    threads = thread_settings(opts.max_workers)
+    recorded = read_numerics(store)
+    numerics = merge_pin(opts.numerics, recorded.pinned if recorded else None, store.location)
+    refusal = host_refusal(numerics, "this machine")
+    if refusal and (opts.nproc or any(e.action == "join" for e in opts.events) or opts.chaos):
+        raise DyntrainError(f"local workers cannot run: {refusal}")
     # before the store's server and anything else that starts a thread: forked from here
-    server = start_fork_server(logs, threads) if fork_server_wanted() else None
+    server = start_fork_server(logs, numerics.env()) if fork_server_wanted() else None
     try:
         tcp = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
                             timeout=timedelta(seconds=30))
@@ -203,7 +218,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     host = (machine_addresses() or ["127.0.0.1"])[0] if is_wildcard(opts.host) else opts.host
     address = f"{host}:{tcp.port}"
     out = str(store.local.resolve()) if store.local is not None else store.location
-    tcp.set(p.JOB_INFO, json.dumps({"out_dir": out}))
+    tcp.set(p.JOB_INFO, json.dumps({"out_dir": out, "numerics": numerics.to_json()}))
     sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every, opts.tensorboard)
 
     def find_checkpoint():
@@ -213,9 +228,10 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
 
     coord = Coordinator(tcp, CoordinatorConfig(
         opts.min_workers, opts.max_workers, expected_initial=max(opts.nproc, 1),
-        settle_seconds=opts.settle_seconds, failure_timeout=opts.failure_timeout),
-        sink, find_checkpoint)
-    workers = LocalWorkers(opts.command, address, out, extra_env=threads,
+        settle_seconds=opts.settle_seconds, failure_timeout=opts.failure_timeout,
+        numerics=numerics, allow_mixed_numerics=opts.allow_mixed_numerics),
+        sink, find_checkpoint, numerics=recorded)
+    workers = LocalWorkers(opts.command, address, out, extra_env=numerics.env(),
                            fork_server=server or False, logs_dir=logs)
     if store.local is None:
         sink.log(f"run folder {store.location}; local workers' logs in {logs}")
@@ -226,10 +242,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
     join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
     sink.log(f"coordinator listening on {address}; join with: {join}")
-    if threads:
-        sink.log(f"each local worker runs {threads['OMP_NUM_THREADS']} intra-op thread(s) "
-                 f"(OMP_NUM_THREADS; up to {opts.max_workers} workers share this machine); "
-                 f"set OMP_NUM_THREADS to choose")
+    sink.log(_numerics_line(numerics, opts.max_workers))
     if opts.nproc == 0:  # said even with --quiet: nothing happens until someone runs it
         local = (" (it listens on 127.0.0.1: workers on this machine only; --host 0.0.0.0 "
                  "accepts other machines)" if opts.host in ("127.0.0.1", "localhost") else "")
@@ -253,6 +266,11 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
             if code is None:
                 return _interrupted(opts, coord, workers, sink, signals)
             _report_unfired(schedule, scheduled, coord, sink)
+            mixed = coord.job.numerics.mixed if coord.job.numerics else ()
+            if mixed:  # said even with --quiet: the run's result is not what it promises
+                sink.announce(f"not bitwise: {', '.join(f'{m.worker} on {m.host}' for m in mixed)}"
+                              f" computed other bits from step {mixed[0].step} on "
+                              f"(--allow-mixed-numerics; {NUMERICS_FILE} says what differed)")
             if chaos is not None:
                 sink.log(f"chaos: {chaos.made} of {chaos.chaos.count} strikes made"
                          + ("" if chaos.made == chaos.chaos.count else
@@ -266,6 +284,17 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                 chaos.close()
             if store.local is None:
                 _upload_logs(store, logs, sink.announce)
+
+
+def _numerics_line(numerics: Numerics, max_workers: int) -> str:
+    """What every worker computes with, and whether local workers share cores."""
+    cores = len(os.sched_getaffinity(0))
+    line = (f"numerics of each worker, whatever its host: {numerics.describe()} (recorded in "
+            f"{NUMERICS_FILE}; --threads, --cpu-kernels, ... choose)")
+    if numerics.threads > 1 and numerics.threads * max_workers > cores:
+        line += (f"; up to {max_workers} local worker(s) x {numerics.threads} thread(s) share "
+                 f"{cores} core(s): slower, the same bits")
+    return line
 
 
 def local_logs(location: str) -> Path:

@@ -52,6 +52,7 @@ __all__ = ["BedError", "Host", "HostBed", "unavailable"]
 #: where hosts have their private disk; the bed's folder lies under it (hidden inside hosts)
 PRIVATE_ROOT = Path("/tmp")
 TOOLS = ("ip", "tc", "unshare", "nsenter")
+CPUINFO = ".cpuinfo"  # a host's /proc/cpuinfo with flags hidden, on its own disk
 
 # $1 hostname, $2 hosts file, $3 shared folder, $4 its mount point on the host's disk, $5 disk,
 # then pairs: a folder of the installation under /tmp, its mount point on the host's disk
@@ -123,6 +124,7 @@ class Host:
         link: The bridge-side end of its veth pair (down: partitioned).
         holder: The process that holds its namespaces.
         netns: Its network namespace's inode: how its processes are found.
+        cpus: The cores its processes may run on (None: every core of the machine).
     """
 
     index: int
@@ -132,6 +134,7 @@ class Host:
     link: str  # the bridge-side end of its veth pair (down: partitioned)
     holder: subprocess.Popen
     netns: int  # its network namespace's inode: how its processes are found
+    cpus: tuple[int, ...] | None = None  # ``HostBed.limit_cpus``: its processes' affinity
 
     def popen(self, argv: list[str], *, env: dict | None = None, cwd: str | Path | None = None,
               **kwargs) -> subprocess.Popen:
@@ -148,8 +151,12 @@ class Host:
             here = Path.cwd()
             cwd = "/" if here.is_relative_to(PRIVATE_ROOT) else here
         argv = ["nsenter", "-t", str(self.holder.pid), "--net", "--uts", "--mount",
-                f"--wd={cwd}", "--", *map(str, argv)]
+                f"--wd={cwd}", "--", *self._affinity(), *map(str, argv)]
         return subprocess.Popen(argv, env=dict(os.environ) if env is None else env, **kwargs)
+
+    def _affinity(self) -> list[str]:
+        return [] if self.cpus is None else ["taskset", "--cpu-list",
+                                             ",".join(map(str, self.cpus))]
 
     def run(self, argv: list[str], *, timeout: float = 120.0, check: bool = False,
             **kwargs) -> subprocess.CompletedProcess:
@@ -345,6 +352,35 @@ class HostBed:
         for dev, pid in ((h.link, None), ("eth0", h.holder.pid)):
             netns.tc("qdisc", "del", "dev", dev, "root", netns_pid=pid, check=False)
 
+    def limit_cpus(self, i: int, cpus: tuple[int, ...] | None) -> None:
+        """Host i sees only ``cpus`` (the affinity of every process started there from now
+        on), as a machine with fewer cores would; None: every core again.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+            cpus: Core numbers of this machine.
+        """
+        self.hosts[i].cpus = None if cpus is None else tuple(cpus)
+
+    def hide_cpu_flags(self, i: int, flags: tuple[str, ...]) -> None:
+        """Host i's ``/proc/cpuinfo`` lists its CPU without ``flags`` (an older instruction
+        set, as dyntrain reads it), until ``reset``.
+
+        Args:
+            i: The host's index in ``hosts`` (0-based).
+            flags: The flags to leave out (``avx2``, ``avx512f``, ...).
+        """
+        h = self.hosts[i]
+        lines = []
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() in ("flags", "Features"):
+                line = f"{name}:{' '.join(f for f in value.split() if f not in flags)}"
+            lines.append(line)
+        (h.disk / CPUINFO).write_text("\n".join(lines) + "\n")  # its disk: /tmp inside
+        netns.run(["nsenter", "-t", str(h.holder.pid), "--mount", "--", "mount", "--bind",
+                   str(PRIVATE_ROOT / CPUINFO), "/proc/cpuinfo"])
+
     def freeze(self, i: int) -> int:
         """SIGSTOP every process of host i (again for any forked meanwhile); how many.
 
@@ -385,6 +421,11 @@ class HostBed:
             netns.signal_all([h.netns], signal.SIGKILL, exclude=[h.holder.pid])
             self.heal(h.index)
             self.fast_link(h.index)
+            h.cpus = None
+            if (h.disk / CPUINFO).exists():
+                netns.run(["nsenter", "-t", str(h.holder.pid), "--mount", "--", "umount",
+                           "/proc/cpuinfo"], check=False)
+                (h.disk / CPUINFO).unlink()
 
     # ---- teardown -------------------------------------------------------------------------------
 

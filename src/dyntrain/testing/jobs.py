@@ -31,6 +31,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
+def pinned_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """``base`` (default: this process's environment) with a job's default numerics
+    (``Numerics().env()``): a plain ``python`` run started with it computes the bits a job of
+    ``dyntrain run`` computes, so it is the static reference an elastic run is compared with."""
+    from dyntrain.elastic.numerics import Numerics
+
+    return {**(os.environ if base is None else base), **Numerics().env(), **extra}
+
+
 def wait_until(condition: Callable[[], object], what: str, timeout: float = 120.0,
                poll: float = 0.02, max_poll: float = 0.25):
     """Poll ``condition`` until it returns something true, and return that; raise
@@ -130,13 +139,15 @@ class HostJob(RunRows):
                        "the launcher's join command", timeout=120)
         return m.group(1)
 
-    def add_worker(self, host: Host, *options: str, args: list[str] | None = None) -> Output:
+    def add_worker(self, host: Host, *options: str, args: list[str] | None = None,
+                   env: dict[str, str] | None = None) -> Output:
         """``dyntrain worker --coordinator ... OPTIONS COMMAND`` on ``host`` (``args``: other
-        arguments for the command than the launcher's)."""
+        arguments for the command than the launcher's; ``env``: variables of that host's
+        shell)."""
         command = self.command if args is None else [self.command[0], *map(str, args)]
         worker = Output(host.popen([*CLI, "worker", "--coordinator", self.coordinator, *options,
-                                    *command], env=clean_env(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True))
+                                    *command], env=clean_env(**(env or {})),
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         self.workers.append(worker)
         return worker
 

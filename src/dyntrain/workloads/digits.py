@@ -191,7 +191,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"digits: error: {exc}", file=sys.stderr)
         sys.exit(2)
     torch.manual_seed(args.seed)
-    torch.set_num_threads(1)
     model = build_model(args.model)
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)

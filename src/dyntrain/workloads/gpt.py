@@ -83,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps [100]")
     ap.add_argument("--checkpoint-seconds", type=float, default=None,
                     help="also checkpoint when this many seconds passed since the last one")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker [1]")
     ap.add_argument("--step-delay", type=float, default=0.0,
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
     ap.add_argument("--shard", type=int, choices=(0, 1, 2, 3), default=0,
@@ -188,7 +187,7 @@ def pick_device(name: str) -> torch.device:
 
 def build(args: argparse.Namespace) -> ElasticTrainer:
     """The trainer of the command line ``args`` (corpus read, model built and seeded)."""
-    for flag in ("threads", "val_every", "val_samples"):
+    for flag in ("val_every", "val_samples"):
         if getattr(args, flag) < 1:
             raise DyntrainError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.grad_clip < 0 or args.step_delay < 0:
@@ -203,7 +202,6 @@ def build(args: argparse.Namespace) -> ElasticTrainer:
     corpus = load_corpus(args.corpus)
     train, val = byte_windows(corpus.train, cfg.seq_len), byte_windows(corpus.val, cfg.seq_len)
     total = config.total_steps(len(train))
-    torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     torch.manual_seed(args.seed)
     model = GPT(cfg).to(device)

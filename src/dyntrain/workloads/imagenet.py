@@ -57,7 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--val-batch", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker [1]")
     ap.add_argument("--step-delay", type=float, default=0.0,
                     help="extra seconds per chunk, to slow a demo down so events can be seen")
     return ap
@@ -103,7 +102,6 @@ def run(args: argparse.Namespace) -> None:
         "precision", "label_smoothing", "lars", "decay_bn_and_bias", "channels_last", "compile",
         "grad_clip_norm")}
     recipe = get_recipe(args.recipe).with_overrides(**overrides)
-    torch.set_num_threads(args.threads)
     train = ImageDataset(posixpath.join(args.data, "train"), recipe.transform)
     val = ImageDataset(posixpath.join(args.data, "val"), recipe.transform.evaluation())
     if val.classes != train.classes:

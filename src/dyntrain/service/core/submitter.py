@@ -22,7 +22,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dyntrain.elastic.numerics import ENV_ALLOW_MIXED, Numerics, numerics_from_env, parse_switch
 from dyntrain.elastic.storage import StorageError, is_url, open_store
+from dyntrain.errors import ConfigError
 from dyntrain.service.core.model import ValidationError
 
 # Set by the controller for every worker (see Controller._worker_env), never taken from a shell.
@@ -95,3 +97,16 @@ def check_run_folder(environment: Mapping[str, str]) -> None:
         open_store(out)  # a known protocol whose package is installed here (no request made)
     except StorageError as exc:
         raise ValidationError(f"DYNTRAIN_OUT: {exc}") from None
+
+
+def job_numerics(environment: Mapping[str, str]) -> tuple[Numerics, bool]:
+    """An elastic job's numerics (the defaults and what its environment's ``DYNTRAIN_THREADS``,
+    ``DYNTRAIN_CPU_KERNELS``, ``DYNTRAIN_DETERMINISTIC`` and ``DYNTRAIN_MATMUL_PRECISION``
+    say) and whether it admits workers of other numerics (``DYNTRAIN_ALLOW_MIXED_NUMERICS``);
+    a ``ValidationError`` naming a bad value."""
+    try:
+        numerics = numerics_from_env(environment, base=Numerics())
+        mixed = parse_switch(environment.get(ENV_ALLOW_MIXED, "0"), ENV_ALLOW_MIXED)
+    except ConfigError as exc:
+        raise ValidationError(str(exc)) from None
+    return numerics, mixed

@@ -16,9 +16,12 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import parse_address
 from dyntrain.elastic.ckptstore import latest_valid_checkpoint
 from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.numerics import Numerics
 from dyntrain.elastic.progress import result_line
+from dyntrain.elastic.runfolder import read_numerics
 from dyntrain.elastic.runlog import last_step
 from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
+from dyntrain.errors import ConfigError
 from dyntrain.launch.runner import RunSink
 from dyntrain.service.core.jobtext import short_worker
 from dyntrain.service.core.model import JobStatus
@@ -109,7 +112,8 @@ class ElasticHost:
     def __init__(self, store: Store, job_id: str, run_dir: Path, min_workers: int,
                  max_workers: int, expected: int, failure_timeout: float = p.FAILURE_TIMEOUT,
                  attempt: int = 1, recovering: list[str] | None = None,
-                 host: str = "127.0.0.1", files: RunStore | None = None) -> None:
+                 host: str = "127.0.0.1", files: RunStore | None = None,
+                 numerics: Numerics | None = None, allow_mixed_numerics: bool = False) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.run_dir = run_dir
         self.files = files or LocalStore(run_dir)
@@ -122,9 +126,17 @@ class ElasticHost:
         jobstore = dist.PrefixStore(self.secret, self.tcp)
         self.address = f"{host}:{self.tcp.port}"
         out = str(run_dir.resolve()) if self.files.local is not None else self.files.location
-        jobstore.set(p.JOB_INFO, json.dumps({"out_dir": out, "job": self.identity}))
+        self.numerics = numerics or Numerics()  # what every worker gets in its environment
+        jobstore.set(p.JOB_INFO, json.dumps({"out_dir": out, "job": self.identity,
+                                             "numerics": self.numerics.to_json()}))
         p.write_coordinator_file(run_dir, self.address, self.identity)
         self.sink = ServiceSink(store, job_id, self.files, attempt)
+        try:
+            recorded = read_numerics(self.files)
+        except (ConfigError, OSError, StorageError) as exc:  # said, and recorded again
+            self.sink.log(f"the run folder's numerics are not readable ({exc}); the first "
+                          "worker records them again")
+            recorded = None
         if self.files.local is None:
             try:
                 self.files.put(p.COORDINATOR_FILE, (run_dir / p.COORDINATOR_FILE).read_bytes())
@@ -132,8 +144,10 @@ class ElasticHost:
                 self.sink.log(f"cannot record the coordinator's address: {exc}")
         self.coordinator = Coordinator(
             jobstore, CoordinatorConfig(min_workers, max_workers, expected_initial=expected,
-                                        settle_seconds=2.0, failure_timeout=failure_timeout),
-            self.sink, self._find_checkpoint)
+                                        settle_seconds=2.0, failure_timeout=failure_timeout,
+                                        numerics=self.numerics,
+                                        allow_mixed_numerics=allow_mixed_numerics),
+            self.sink, self._find_checkpoint, numerics=recorded)
         if recovering is not None:
             self.coordinator.expect_reattach(recovering, last_step(self.files))
 

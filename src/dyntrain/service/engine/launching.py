@@ -279,6 +279,7 @@ class Launcher:
                 restart=restart_count(attempt.number), run_id=job.id,
                 max_restarts=job.retry_strategy.attempts - 1))
         if attempt.host is not None:
+            env.update(attempt.host.numerics.env())  # the job's numerics, whatever the host's
             env[ENV_COORDINATOR] = attempt.host.address
             env[ENV_REATTACH] = f"{self.config.reattach_seconds:g}"
             env[ENV_SECRET] = attempt.host.secret

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from dyntrain.elastic.protocol import ENV_OUT
 from dyntrain.elastic.storage import LocalStore, RunStore, open_store
 from dyntrain.service.core.executor import Executor
+from dyntrain.service.core.submitter import job_numerics
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.store import Job, Store
 
@@ -60,8 +61,10 @@ class ElasticHosts:
         ``recovering``: after a restart, the workers that re-attach to it."""
         from dyntrain.service.engine.elastic_host import ElasticHost  # torch: only when needed
 
+        numerics, mixed = job_numerics(job.environment)
         return ElasticHost(self.store, job.id, self.folders.run_dir(job.id), job.min_workers,
                            job.max_workers, expected=expected,
                            failure_timeout=self.config.failure_timeout, attempt=attempt_no,
                            recovering=recovering, host=self.executor.coordinator_host,
-                           files=self.folders.run_store(job))
+                           files=self.folders.run_store(job), numerics=numerics,
+                           allow_mixed_numerics=mixed)

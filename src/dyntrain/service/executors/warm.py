@@ -23,8 +23,11 @@ Which workers may take one (``eligible``): the command runs this very interprete
 path, not merely the same binary: a virtual environment is its path) as ``python [-u] SCRIPT
 ...`` or ``python [-u] -m MODULE ...``, and its environment equals the one the warm process
 started with except for per-worker variables (``PER_WORKER``): whatever a fresh interpreter
-reads at start-up (``OMP_NUM_THREADS``, ``PYTHONHASHSEED``, ``PYTHONPATH``, ...) must be what it
-would have seen. Every other worker starts cold, as before.
+reads at start-up (``PYTHONHASHSEED``, ``PYTHONPATH``, ...) must be what it would have seen.
+The numerics a worker asks for (its thread count and CPU kernel level: ``LIBRARY_ENV``) are read
+by torch's libraries when they first compute, which the zygote never does: a warm worker sets
+them itself (``become``), so a worker that names them may differ there. Every other worker
+starts cold, as before.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import shutil
 import socket
 import sys
 import time
+
+from dyntrain.elastic.numerics import LIBRARY_ENV
 
 WARM_IMPORTS = ("torch", "torch.optim", "torch._dynamo", "torch.distributed", "numpy",
                 "dyntrain.elastic.trainer")
@@ -56,7 +61,7 @@ def eligible(argv: list[str], env: dict[str, str], cwd: str | None, base_env: di
     if entry is None or (entry[0] == "script" and not os.path.isfile(
             os.path.join(cwd or os.getcwd(), entry[1]))):
         return False  # (a missing script: the cold start says so in Python's own words)
-    keys = (set(env) | set(base_env)) - PER_WORKER
+    keys = (set(env) | set(base_env)) - PER_WORKER - {k for k in LIBRARY_ENV if k in env}
     return all(env.get(k) == base_env.get(k) for k in keys if not k.startswith(PER_WORKER_PREFIXES))
 
 
@@ -87,6 +92,7 @@ def become(assignment: dict) -> None:
         os.chdir(assignment["cwd"])
     os.environ.clear()
     os.environ.update(env)
+    _numerics(env)
     kind, target, rest = _entry(assignment["argv"][1:])
     if kind == "module":
         sys.argv, sys.path[0] = [target, *rest], os.getcwd()
@@ -95,6 +101,20 @@ def become(assignment: dict) -> None:
         sys.argv = [target, *rest]
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
+
+
+def _numerics(env: dict[str, str]) -> None:
+    """What a cold start would have read when torch loaded: the job's numerics (threads,
+    deterministic algorithms, matmul precision), or a plain ``OMP_NUM_THREADS``. The kernel
+    level is read from the environment at the first computation, after this."""
+    from dyntrain.elastic.numerics import apply, numerics_from_env
+
+    pinned = numerics_from_env(env)
+    threads = env.get("OMP_NUM_THREADS", "")
+    if pinned is not None:
+        apply(pinned)
+    elif threads.isdigit() and int(threads) > 0:
+        sys.modules["torch"].set_num_threads(int(threads))
 
 
 def serve_forks(imports_s: float) -> bool:

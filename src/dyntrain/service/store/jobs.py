@@ -29,7 +29,7 @@ from dyntrain.service.core.model import (
     parse_launcher,
     substitute,
 )
-from dyntrain.service.core.submitter import check_run_folder, clean
+from dyntrain.service.core.submitter import check_run_folder, clean, job_numerics
 from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
 from dyntrain.service.store.definitions import _definition_from_row, _find_definition
 from dyntrain.service.store.records import (
@@ -133,6 +133,7 @@ class JobStore(StoreBase):
                 env = {**dict(spec.environment if spec else ()),
                        **{str(k): str(v) for k, v in (environment or {}).items()}}
                 check_run_folder(env)
+                job_numerics(env)  # a bad DYNTRAIN_THREADS & co.: refused now, in one line
                 retry = retry_strategy or (spec.retry_strategy if spec else RetryStrategy())
                 if retry_attempts is not None:
                     retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)
