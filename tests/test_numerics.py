@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from conftest import ROOT
-from dyntrain.elastic.admission import Candidate, CanaryDigest, NumericsRecord, judge
+from dyntrain.elastic.admission import CanaryDigest, Candidate, NumericsRecord, judge
 from dyntrain.elastic.canary import canary_digest
 from dyntrain.elastic.numerics import (
     KernelLevel,
@@ -45,6 +45,18 @@ def test_the_defaults_never_come_from_the_host():
         "ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE", "MKL_CBWR": "AVX512"}
     assert env["ATEN_CPU_CAPABILITY"] == "avx512"
     assert KernelLevel.DEFAULT.env(machine="aarch64") == {"ATEN_CPU_CAPABILITY": "default"}
+
+
+def test_a_process_gets_the_library_variables_it_does_not_choose_itself():
+    """What a plain process (a service job that is not elastic) is given: threads as a pair,
+    the kernel level as a set, each left out whole where the process names one of its own."""
+    pin = Numerics(threads=2, cpu_kernels="default")
+    kernels = KernelLevel.DEFAULT.env()
+    assert pin.library_env() == {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", **kernels}
+    assert pin.library_env({"OMP_NUM_THREADS": "3"}) == kernels
+    assert pin.library_env({"MKL_CBWR": "AUTO"}) == {"OMP_NUM_THREADS": "2",
+                                                     "MKL_NUM_THREADS": "2"}
+    assert pin.library_env({"PATH": "/bin"}) == pin.library_env()
 
 
 @pytest.mark.parametrize("fields, said", [

@@ -189,26 +189,25 @@ def test_run_ends_with_the_last_step_then_the_result(tmp_path):
     assert lines[-2:] == ["job finished at step 60", "result: steps=60"], proc.stdout
 
 
-def test_local_workers_share_the_cores_unless_the_user_chose_their_threads(tmp_path,
-                                                                           monkeypatch):
-    """Up to MAX workers on one machine each get cores / MAX intra-op threads (as torchrun sets
-    OMP_NUM_THREADS), and the launcher says so; a user's own OMP_NUM_THREADS is kept."""
-    import os
-
-    from dyntrain.launch.local import thread_settings
-
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    proc = run_cli(["run", "--workers", "2", "--out", tmp_path / "run",
+def test_local_workers_run_the_jobs_threads_whatever_the_cores_or_the_shell(tmp_path,
+                                                                         monkeypatch):
+    """Every local worker runs the job's pinned intra-op threads: 1 by default whatever the
+    machine's cores, --workers or the shell's OMP_NUM_THREADS; --threads chooses, is recorded,
+    and the launcher says what many threads per core cost (time, not bits)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the shell does not decide the bits
+    proc = run_cli(["run", "--workers", "2", "--out", tmp_path / "one",
                     SCRIPTS / "ledger_train.py", "--epochs", "2", "--report-threads"],
                    check=True)
-    share = max(1, len(os.sched_getaffinity(0)) // 2)
-    assert f"each local worker runs {share} intra-op thread(s)" in proc.stdout, proc.stdout
-    assert json.loads((tmp_path / "run" / "result.json").read_text())["threads"] == share
+    assert "numerics of each worker, whatever its host: threads 1," in proc.stdout, proc.stdout
+    assert json.loads((tmp_path / "one" / "result.json").read_text())["threads"] == 1
+    assert json.loads((tmp_path / "one" / "numerics.json").read_text())["pinned"]["threads"] == 1
 
-    assert thread_settings(4, {}, cpus=2) == {"OMP_NUM_THREADS": "1"}
-    assert thread_settings(2, {}, cpus=16) == {"OMP_NUM_THREADS": "8"}
-    assert thread_settings(1, {}, cpus=16) == {}  # one worker: torch's own default
-    assert thread_settings(4, {"OMP_NUM_THREADS": "3"}, cpus=16) == {}
+    proc = run_cli(["run", "--workers", "2", "--threads", "2", "--out", tmp_path / "two",
+                    SCRIPTS / "ledger_train.py", "--epochs", "2", "--report-threads"],
+                   check=True)
+    assert "numerics of each worker, whatever its host: threads 2," in proc.stdout, proc.stdout
+    assert json.loads((tmp_path / "two" / "result.json").read_text())["threads"] == 2
+    assert json.loads((tmp_path / "two" / "numerics.json").read_text())["pinned"]["threads"] == 2
 
 
 @pytest.mark.slow

@@ -106,6 +106,35 @@ def test_plain_jobs_succeed_fail_and_retry(store, tmp_path):
     assert all(w.state == WORKER_EXITED for w in store.list_workers(active=False))
 
 
+def test_a_plain_job_computes_with_its_numerics_not_the_hosts(store, tmp_path):
+    """A job that is not elastic gets its numerics as torch's libraries read them (threads and
+    kernel level: the defaults, or what DYNTRAIN_THREADS & co. say), under the job's own
+    variables: a plain job computes what an elastic job of the same numerics does."""
+    from dyntrain.elastic.numerics import Numerics
+
+    setup_env(store)
+    c = make_controller(store, tmp_path)
+    code = ("import os, torch; print('numerics', torch.get_num_threads(), "
+            "os.environ['OMP_NUM_THREADS'], os.environ['ATEN_CPU_CAPABILITY'], "
+            "os.environ.get('MKL_CBWR', '-'))")
+    jobs = {"default": {}, "pinned": {"DYNTRAIN_THREADS": "2", "DYNTRAIN_CPU_KERNELS": "default"},
+            "own": {"OMP_NUM_THREADS": "3"}}
+    ids = {name: store.submit(queue="q", command=[PY, "-c", code], resources=SMALL,
+                              environment=env).id for name, env in jobs.items()}
+    drive(c, terminal(store, *ids.values()))
+    seen = {}
+    for name, job_id in ids.items():
+        assert store.get_job(job_id).status is JobStatus.SUCCEEDED, store.read_log(job_id)
+        seen[name] = next(line.line.split()[1:] for line in store.read_log(job_id)[0]
+                          if line.line.startswith("numerics"))
+    level = Numerics().cpu_kernels.env()
+    assert seen["default"] == ["1", "1", level["ATEN_CPU_CAPABILITY"],
+                               level.get("MKL_CBWR", "-")]
+    low = Numerics(cpu_kernels="default").cpu_kernels.env()
+    assert seen["pinned"] == ["2", "2", "default", low.get("MKL_CBWR", "-")]
+    assert seen["own"][1:] == ["3", *seen["default"][2:]], seen  # the job's own variable wins
+
+
 def test_array_children_run_in_sequence_and_see_their_index(store, tmp_path):
     setup_env(store)
     c = make_controller(store, tmp_path)

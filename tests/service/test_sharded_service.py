@@ -25,6 +25,7 @@ import torch
 
 from conftest import SCRIPTS, read_jsonl, start_server, stop_server, wait_for
 from dyntrain.service.client import Client
+from dyntrain.testing.jobs import pinned_env
 from test_elastic_e2e import world_sizes
 
 pytestmark = pytest.mark.slow
@@ -44,11 +45,12 @@ SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    """The unsharded reference, `python -m dyntrain.workloads.gpt` alone (no coordinator),
-    started at once so that it trains while the server starts and the first job is held slow:
-    a function that waits for it and returns its run folder."""
+    """The unsharded reference, `python -m dyntrain.workloads.gpt` alone (no coordinator) with a
+    job's default numerics (as the service pins them in every worker), started at once so that
+    it trains while the server starts and the first job is held slow: a function that waits for
+    it and returns its run folder."""
     out = tmp_path_factory.mktemp("static")
-    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+    env = pinned_env(DYNTRAIN_OUT=str(out))
     env.pop("DYNTRAIN_COORDINATOR", None)
     with open(out / "output.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "dyntrain.workloads.gpt", *GPT], env=env,

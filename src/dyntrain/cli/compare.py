@@ -101,7 +101,8 @@ def compare(run_a, run_b, atol, as_json):
 def numerics_differences(run_a: str, run_b: str) -> list[str] | None:
     """What differs between the numerics two run folders recorded (``numerics.json``): their
     pins, what their first workers computed with, their canaries, mixed workers. None when
-    either is not a run folder; a phrase for a folder that records none."""
+    either is not a run folder or neither records numerics; a phrase for one that records
+    none."""
     from dyntrain.elastic.numerics import shown
     from dyntrain.elastic.runfolder import read_numerics
     from dyntrain.elastic.storage import StorageError, is_url, open_store
@@ -115,6 +116,8 @@ def numerics_differences(run_a: str, run_b: str) -> list[str] | None:
         except (OSError, StorageError, DyntrainError) as exc:
             return [f"{run}: {exc}"]
     a, b = records
+    if a is None and b is None:
+        return None  # neither run recorded its numerics (a run of an older dyntrain): no word
     missing = [f"{run} records no numerics" for run, r in ((run_a, a), (run_b, b)) if r is None]
     if missing:
         return missing

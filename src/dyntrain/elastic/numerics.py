@@ -178,9 +178,18 @@ class Numerics:
         load."""
         return {ENV_THREADS: str(self.threads), ENV_CPU_KERNELS: self.cpu_kernels.value,
                 ENV_DETERMINISTIC: "1" if self.deterministic else "0",
-                ENV_MATMUL_PRECISION: self.matmul_precision,
-                "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads),
-                **self.cpu_kernels.env()}
+                ENV_MATMUL_PRECISION: self.matmul_precision, **self.library_env()}
+
+    def library_env(self, own: Mapping[str, str] | None = None) -> dict[str, str]:
+        """What torch, OpenMP, oneDNN and MKL read when they load (threads and kernel level):
+        what pins any process that imports torch, dyntrain's worker or not. Less what ``own``
+        (a process's own variables) already chooses: its threads if it names any thread
+        variable, its kernel level if it names any kernel variable (never half of each)."""
+        own = own or {}
+        threads = {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        kernels = self.cpu_kernels.env()
+        return {**({} if own.keys() & threads.keys() else threads),
+                **({} if own.keys() & set(LIBRARY_ENV[2:]) else kernels)}
 
     def expected(self) -> dict[str, object]:
         """What ``observe`` must find in a worker that applied these numerics."""

@@ -23,6 +23,7 @@ from dyntrain.service.core.executor import (
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.plan import Start
+from dyntrain.service.core.submitter import job_numerics
 from dyntrain.service.core.torchrun import restart_count, worker_env
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
 from dyntrain.service.engine.config import ControllerConfig
@@ -258,8 +259,11 @@ class Launcher:
         """AWS Batch's variables too; a multi-node job's nodes are its workers in start order
         (an elastic one's ranks come from its coordinator, not from the node index); a
         torchrun job's workers get torchrun's variables, ranked in start order."""
-        # the submitter's variables, under the job's own, under the service's (submitter.py)
-        env = {**self._exported(job), **job.environment,
+        # the job's numerics as the libraries read them (threads, kernel level) unless the job
+        # chose its own, the submitter's variables under the job's own, under the service's
+        # (submitter.py)
+        own = {**self._exported(job), **job.environment}
+        env = {**job_numerics(job.environment)[0].library_env(own), **own,
                "DYNTRAIN_JOB_ID": job.id, "DYNTRAIN_JOB_NAME": job.name,
                "DYNTRAIN_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JOB_ID": job.id,
                "AWS_BATCH_JOB_ATTEMPT": str(attempt.number), "AWS_BATCH_JQ_NAME": job.queue,
