@@ -102,6 +102,49 @@ def test_forked_workers_run_like_python_script_and_report_exit_codes(tmp_path, h
                                                                        "exit handler ran"]
 
 
+# In a pid namespace of its own (only its processes fork there), a worker that exited, then one
+# forked with the same pid (the kernel reuses pids: 32768 of them on many hosts).
+REUSED = """
+import json, os, signal, sys
+from pathlib import Path
+import torch
+from dyntrain.launch.forkserver import ForkServer
+tmp, script = Path(sys.argv[1]), sys.argv[2]
+server = ForkServer(tmp / "server.log", dict(os.environ), fork=True)
+first = server.start([script, "0"], dict(os.environ), tmp / "first.log")
+code = first.wait(60)
+with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+    f.write(str(first.pid - 1))
+second = server.start([script, "wait"], dict(os.environ), tmp / "second.log")
+alive = second.poll()
+second.send_signal(signal.SIGKILL)
+print(json.dumps({"pids": [first.pid, second.pid], "first": code, "second_alive": alive is None,
+                  "second": second.wait(60)}))
+server.close()
+"""
+
+
+def test_a_worker_given_the_pid_of_an_exited_one_is_seen_alive_and_can_be_killed(tmp_path):
+    """Exit codes are the server's answer to a request, not to a pid: a worker forked with the
+    pid of one that exited is alive, and a kill reaches it (it looked exited at once, so an
+    event's kill went nowhere and the launcher lost track of a live worker)."""
+    script = tmp_path / "probe.py"
+    script.write_text(PROBE)
+    try:
+        out = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
+                              REUSED, str(tmp_path), str(script)], capture_output=True,
+                             text=True, cwd=tmp_path, timeout=240)
+    except FileNotFoundError:
+        pytest.skip("no unshare on this machine")
+    if "unshare failed" in out.stderr or "Operation not permitted" in out.stderr:
+        pytest.skip(f"no pid namespace here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["pids"][0] == result["pids"][1], result  # the same pid, given again
+    assert result["first"] == 0 and result["second_alive"], result
+    assert result["second"] == -signal.SIGKILL, result
+
+
 @pytest.mark.parametrize("cuda, hip, gpu, switch, expected", [
     (None, None, False, None, True),  # a CPU build
     ("13.0", None, False, None, True),  # a CUDA build on a machine without a GPU

@@ -92,13 +92,13 @@ class ForkedProcess(_Polled):
 
     what = "worker"
 
-    def __init__(self, server: ForkServer, pid: int) -> None:
-        self.server, self.pid = server, pid
+    def __init__(self, server: ForkServer, pid: int, request: int) -> None:
+        self.server, self.pid, self.request = server, pid, request
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.server.exit_code(self.pid)
+            self.returncode = self.server.exit_code(self.request, self.pid)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -137,7 +137,9 @@ class ForkServer:
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                     start_new_session=True, env=self.env)
         self._replies: dict[int, int] = {}  # request number -> pid
-        self._exits: dict[int, int] = {}  # pid -> exit code
+        # request number -> exit code: not by pid, which a later worker may be given again (the
+        # kernel reuses pids: 32768 of them on many hosts)
+        self._exits: dict[int, int] = {}
         self._ready = threading.Event()
         self._cond = threading.Condition()
         self._next = 0
@@ -152,7 +154,7 @@ class ForkServer:
                 elif "pid" in msg:
                     self._replies[msg["request"]] = msg["pid"]
                 elif "exit" in msg:
-                    self._exits[msg["exit"]] = msg["code"]
+                    self._exits[msg["request"]] = msg["code"]
                 self._cond.notify_all()
         with self._cond:
             self._cond.notify_all()
@@ -180,11 +182,12 @@ class ForkServer:
                 raise OSError("the fork server did not answer")
             if number not in self._replies:
                 raise OSError("the fork server exited")
-            return ForkedProcess(self, self._replies.pop(number))
+            return ForkedProcess(self, self._replies.pop(number), number)
 
-    def exit_code(self, pid: int) -> int | None:
+    def exit_code(self, request: int, pid: int) -> int | None:
+        """The exit code of the worker forked for ``request`` (as ``pid``); None while alive."""
         with self._cond:
-            code = self._exits.get(pid)
+            code = self._exits.pop(request, None)
         if code is None and self.proc.poll() is not None and not _exists(pid):
             return 1  # the server died before it could report this exit: its code is lost
         return code
@@ -354,7 +357,7 @@ def _serve() -> dict | None:
     for name in WARM:
         importlib.import_module(name)
     _reply({"ready": True})
-    pending, children = b"", set()
+    pending, children = b"", {}  # pid -> request number
     while True:
         readable, _, _ = select.select([0], [], [], 0.05)
         if readable:
@@ -368,13 +371,13 @@ def _serve() -> dict | None:
             pid = os.fork()
             if pid == 0:
                 return request
-            children.add(pid)
+            children[pid] = request["request"]
             _reply({"request": request["request"], "pid": pid})
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
-                children.discard(pid)
-                _reply({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+                _reply({"exit": pid, "request": children.pop(pid),
+                        "code": os.waitstatus_to_exitcode(status)})
 
 
 def _reply(msg: dict) -> None:
