@@ -162,3 +162,36 @@ def test_a_slow_close_says_so_with_every_threads_stack(capfd):
     quick.cancel()
     quick.join(10)
     assert "never said" not in capfd.readouterr().err
+
+
+def test_an_abandoned_group_whose_destructor_waits_does_not_hold_up_the_next_generation():
+    """A group's destructor that waits (gloo joining a thread stuck in an operation severing
+    did not fail) runs on a thread of its own: close returns at once, the process waits for it
+    only before it exits (``wait_for_drops``)."""
+    import threading
+    import time
+
+    import torch
+
+    from dyntrain.elastic.comm import Group, wait_for_drops
+
+    released, destroyed = threading.Event(), threading.Event()
+
+    class StuckGroup:  # what close uses of a process group, and a destructor that waits
+        def name(self) -> str:
+            return "stuck"
+
+        def abort(self) -> None:
+            pass
+
+        def __del__(self) -> None:
+            released.wait(60)
+            destroyed.set()
+
+    group = Group(StuckGroup(), 0, 2, torch.device("cpu"))
+    began = time.monotonic()
+    group.close(abandoned=True)
+    assert time.monotonic() - began < 1.0 and group.pg is None
+    assert not destroyed.is_set() and not wait_for_drops(timeout=0.05)  # still dropping
+    released.set()
+    assert wait_for_drops(timeout=30) and destroyed.is_set()

@@ -17,9 +17,11 @@ collective at once, and a late peer's sends find no socket to land in.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import sys
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -32,10 +34,14 @@ POLL_SECONDS = 0.05
 # The tag of the receive that severs a group: no member ever sends with it.
 SEVER_TAG = 1 << 30
 SEVER_WAIT = timedelta(milliseconds=1)
-#: A group whose close takes longer than this says so on stderr, with every thread's stack: a
-#: gloo operation that severing did not fail keeps the process group's destructor waiting up to
-#: the collective timeout (seen once: a re-shard began 300 s after its world formed).
-SLOW_CLOSE_SECONDS = 30.0
+#: A close that keeps the next generation waiting longer than this says so on stderr, with every
+#: thread's stack (severing and stopping the ring thread take milliseconds).
+SLOW_CLOSE_SECONDS = 2.0
+#: A dropped group whose destructor takes longer than this says so on stderr, with every
+#: thread's stack: a gloo operation that severing did not fail (a receive cut off in the middle
+#: of a message) keeps the destructor waiting up to the collective timeout. It waits on a thread
+#: of its own (``drop_in_background``): the next generation does not wait for it.
+SLOW_DROP_SECONDS = 30.0
 
 
 class Aborted(Exception):
@@ -212,10 +218,57 @@ class Group:
                 self._ring_thread.stop()
                 self._ring_thread = None
             self.buffers = {}
-            phase[0] = "dropping the process group: gloo waits for its pending operations"
-            self.pg = None  # the last reference: gloo joins its threads and closes the sockets
+            if self.pg is not None:
+                holder, self.pg = [self.pg], None  # the last reference, handed over
+                drop_in_background(holder, f"rank {self.rank}: dropping an abandoned process "
+                                   "group (gloo waits for its pending operations)")
         finally:
             watch.cancel()
+
+
+#: the threads dropping process groups (``drop_in_background``), until they are done
+_dropping: list[threading.Thread] = []
+_dropping_lock = threading.Lock()
+
+
+def drop_in_background(holder: list, what: str) -> None:
+    """Drop the process group in ``holder`` (its only reference) on a thread of its own.
+
+    Dropping a gloo group joins its threads, which wait for their pending operations: one that
+    severing did not fail keeps the destructor waiting up to the collective timeout. torch
+    releases the GIL in a process group's destructor, so the next generation forms and trains
+    meanwhile; the sockets it closes are the old generation's only. Before the process exits,
+    ``wait_for_drops`` lets each finish (gloo's threads still running at exit would make it
+    call ``std::terminate``)."""
+
+    def drop() -> None:
+        watch = watch_slow(lambda: what, SLOW_DROP_SECONDS)
+        try:
+            holder.clear()  # gloo joins its threads and closes the sockets
+        finally:
+            watch.cancel()
+
+    thread = threading.Thread(target=drop, daemon=True, name="dyntrain-drop-group")
+    with _dropping_lock:
+        if not _dropping:
+            atexit.register(wait_for_drops)
+        _dropping[:] = [t for t in _dropping if t.is_alive()]
+        _dropping.append(thread)
+    thread.start()
+
+
+def wait_for_drops(timeout: float | None = None) -> bool:
+    """Wait until every group handed to ``drop_in_background`` is dropped (at most ``timeout``
+    seconds); whether all are. Runs at exit, saying so when it waits."""
+    with _dropping_lock:
+        pending = [t for t in _dropping if t.is_alive()]
+    if pending and timeout is None:
+        print(f"dyntrain: waiting for {len(pending)} abandoned process group(s) to close before "
+              "exiting", file=sys.stderr, flush=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for thread in pending:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return not any(t.is_alive() for t in pending)
 
 
 class _StagedRecv:
