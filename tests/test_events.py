@@ -249,3 +249,24 @@ def test_hang_is_an_action_with_a_target() -> None:
     assert (event.trigger, event.at, event.action, event.target) == ("step", 4.0, "hang", "rank:1")
     with pytest.raises(ConfigError, match="hang=0"):
         parse_events("step=4:hang=0")
+
+
+def test_a_kill_that_reaches_no_worker_does_not_hold_up_the_next_event() -> None:
+    """A member that is not a local process (started elsewhere) cannot be killed from here: the
+    event says so, and the next event does not wait for that worker to be gone."""
+    from types import SimpleNamespace
+
+    from dyntrain.launch.runner import _fire, _settled
+
+    said, requested = [], []
+    coord = SimpleNamespace(
+        current=SimpleNamespace(members=("w0", "w1")), note_request=requested.append,
+        membership=SimpleNamespace(gone=set()), settled=lambda: True, phase=None)
+    workers = SimpleNamespace(signal=lambda worker_id, action: worker_id == "w0")
+    sink = SimpleNamespace(log=said.append)
+    hit = _fire(parse_events("step=1:kill=rank:1")[0], coord, workers, sink)
+    assert hit == [] and requested == ["w1"]
+    assert said == ["event step=1:kill=rank:1: w1 is not a local process; not killed"]
+    assert _settled(coord, ("kill", hit))
+    assert _fire(parse_events("step=2:kill=rank:0")[0], coord, workers, sink) == ["w0"]
+    assert not _settled(coord, ("kill", ["w0"]))  # until w0 is gone

@@ -455,6 +455,7 @@ def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink
     if not targets:
         sink.log(f"event {event.text}: no such member among {members}; skipped")
         return []
+    hit = []  # what the next event waits for: only workers this one reached
     for worker_id in targets:
         coord.note_request(worker_id)
         if not workers.signal(worker_id, event.action):
@@ -463,5 +464,7 @@ def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink
             else:
                 sink.log(f"event {event.text}: {worker_id} is not a local process; not killed")
                 continue
-    sink.log(f"event {event.text}: {SIGNALS[event.action].name} to {', '.join(targets)}")
-    return targets
+        hit.append(worker_id)
+    if hit:
+        sink.log(f"event {event.text}: {SIGNALS[event.action].name} to {', '.join(hit)}")
+    return hit
