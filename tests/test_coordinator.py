@@ -310,6 +310,31 @@ def test_join_while_running_reforms_and_reports_after_first_step(job):
     assert job.coord.settled()
 
 
+def test_a_requested_join_counts_from_the_request_not_the_workers_hello(job):
+    """A worker started for a join (an event, capacity that appeared) is slow to say hello (its
+    script imports, loads data): the join's latency is what the user waited, from the request;
+    ``detected_at`` is when the worker was ready."""
+    job.start("a", "b", step=5)
+    job.coord.expect_joiners(["c"], within=60.0, requested_at=job.clock.now)
+    job.clock.now += 8.0  # the new worker's start-up
+    job.hello("c")
+    job.tick()
+    job.w["a"].ready(0, 5)
+    job.w["b"].ready(0, 5)
+    job.tick(0.5)
+    job.clock.now += 0.5
+    job.w["a"].metrics(1, 6)
+    job.tick()
+    join = job.sink.events[-1]
+    assert join["event"] == "join" and join["workers"] == ["c"]
+    assert join["detected_at"] - join["requested_at"] == pytest.approx(8.0)
+    assert join["latency_s"] == pytest.approx(join["first_step_at"] - join["requested_at"])
+    assert join["latency_s"] > 8.0 and join["first_step_at"] - join["detected_at"] < 2.0
+    # the request is spent: a crash of c later counts from its own detection
+    job.clock.now += 1.0
+    assert "c" not in job.coord.membership.requested
+
+
 def test_join_waits_while_world_is_at_max_workers(store):
     job = Job(store, max_workers=2)
     job.start("a", "b", step=1)

@@ -110,11 +110,17 @@ class Coordinator:
         self.membership.await_reattach(workers, now)
         self.changes.reattach = Change(EventKind.REATTACH, [], self.started_at, now, 0)
 
-    def expect_joiners(self, workers: list[str], within: float) -> None:
+    def expect_joiners(self, workers: list[str], within: float,
+                       requested_at: float | None = None) -> None:
         """Admit these soon-to-arrive workers together: hold joins until all said hello (or
-        ``within`` seconds passed), so that adding K workers re-forms the group once."""
+        ``within`` seconds passed), so that adding K workers re-forms the group once. Their
+        join's latency counts from ``requested_at`` (default: now), when they were asked for,
+        not from their hello."""
+        now = self.clock()
         self.membership.expected = set(workers)
-        self.membership.expect_deadline = self.clock() + within
+        self.membership.expect_deadline = now + within
+        for worker in workers:
+            self.note_request(worker, now if requested_at is None else requested_at)
 
     def note_request(self, worker: str, at: float | None = None) -> None:
         """Remember when a leave or kill of ``worker`` was requested (for latency records)."""
@@ -505,8 +511,11 @@ class Coordinator:
             self.changes.add(Change(kind, list(gen.members), now, now, 0))
             m.expected = set()
         elif admitted:
-            asked = max(m.hello_at[w] for w in admitted)
-            self.changes.add(Change(EventKind.JOIN, admitted, asked, asked,
+            # from the request that started them (an event, capacity that appeared), else from
+            # their hello; ``detected_at``: the last one ready
+            ready = max(m.hello_at[w] for w in admitted)
+            asked = min(m.requested.pop(w, m.hello_at[w]) for w in admitted)
+            self.changes.add(Change(EventKind.JOIN, admitted, min(asked, ready), ready,
                                     gen.world_size - len(admitted)))
         origin = "checkpoint" if gen.checkpoint else "fresh" if gen.fresh else "members"
         self.changes.published(gen, now, redone, origin)

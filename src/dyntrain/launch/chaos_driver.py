@@ -73,7 +73,10 @@ class ChaosDriver:
         self.made += 1
         targets: list[str] = list(strike.targets)
         if strike.action == "join":
+            asked = self.coord.clock()
             targets = [self.workers.start() for _ in range(strike.count)]
+            for worker in targets:
+                self.coord.note_request(worker, asked)
         else:
             for worker in targets:
                 self.coord.note_request(worker)

@@ -130,9 +130,13 @@ class RunSink:
         if self.tensorboard is not None:
             self.tensorboard.event(EventRow.from_json(record))
         who = ",".join(record["workers"])
+        ready = ""
+        if record["event"] == "join" and record["detected_at"] > record["requested_at"]:
+            ready = (f", {record['first_step_at'] - record['detected_at']:.3f} s after the "
+                     "worker was ready")
         self._say(f"{record['event']} {who}: world {record['world_before']} -> "
                   f"{record.get('world_after')}, first step in the new world "
-                  f"{record['latency_s']:.3f} s after the request "
+                  f"{record['latency_s']:.3f} s after the request{ready} "
                   f"(steps redone: {record.get('steps_redone', 0)})")
 
     def metrics(self, record: dict) -> None:
@@ -446,8 +450,9 @@ def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
 
 def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink) -> list[str]:
     if event.action == "join":
+        asked = coord.clock()
         started = [workers.start() for _ in range(int(event.target))]
-        coord.expect_joiners(started, within=JOIN_BATCH_SECONDS)
+        coord.expect_joiners(started, within=JOIN_BATCH_SECONDS, requested_at=asked)
         sink.log(f"event {event.text}: started {', '.join(started)}")
         return started
     members = list(coord.current.members) if coord.current else []

@@ -166,6 +166,7 @@ class Launcher:
             self.store.add_worker(record)
             self.attempts.own(record.id, attempt.job_id)
         specs = self._specs([attempt])
+        asked = attempt.host.coordinator.clock() if attempt.host is not None else None
         answers = dict(zip((s.worker_id for s in specs), self.executor.start_many(specs),
                            strict=True))
         handles, error = self._results([attempt], answers)[attempt.job_id]
@@ -176,7 +177,8 @@ class Launcher:
                                  self._drop_unstarted(attempt), {})
         if attempt.host is not None and first > 0 and handles:
             # workers added together join together: the group re-forms once
-            attempt.host.coordinator.expect_joiners(list(handles), within=60.0)
+            attempt.host.coordinator.expect_joiners(list(handles), within=60.0,
+                                                    requested_at=asked)
         self.stopper.count_workers(attempt)
         if error is not None:
             raise error
