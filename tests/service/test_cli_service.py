@@ -11,10 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import httpx
 import pytest
 
 from conftest import start_server, stop_server, wait_for
+from dyntrain.elastic.numerics import host_levels
 from dyntrain.service.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -305,10 +307,12 @@ def test_a_follower_waits_out_a_service_that_does_not_answer(tmp_path):
 def test_a_job_the_machine_cannot_hold_now_waits_with_the_reason_everywhere(tmp_path):
     """An environment declared twice this machine: the second job waits RUNNABLE, its reason
     the executor's, in the API, `dyntrain status`, the dashboard and AWS Batch's statusReason;
-    its history stays empty while it waits, and it runs once the first job is done."""
-    import boto3
-
+    its history stays empty while it waits, and it runs once the first job is done. (The
+    server also says which cpu kernels this machine runs.)"""
     proc, url = start_server(tmp_path / "state", tmp_path / "server.log")
+    levels = ", ".join(k.value for k in host_levels())
+    assert f"the hosts run cpu kernels {levels}; a job pinned to another is refused" in (
+        tmp_path / "server.log").read_text()
     try:
         cpus = os.cpu_count() or 1
         gate = tmp_path / "gate"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from conftest import read_jsonl
+from dyntrain.elastic.numerics import KernelLevel
 from dyntrain.elastic.sampler import epoch_permutation
 from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import (
@@ -553,3 +555,27 @@ def test_a_job_the_executor_can_place_only_in_part_waits_with_one_attempt_record
     assert attempt.reason == job.status_reason
     assert not store.list_workers(job.id) and not executor.poll()
 
+
+def test_a_job_pinned_to_kernels_its_hosts_cannot_run_fails_at_start_with_the_reason(store,
+                                                                                    tmp_path):
+    """Hosts that run only the baseline kernels (a CPU without AVX2) and jobs pinned to avx2
+    that got past submit (the service moved to older hosts): each attempt fails at its start,
+    counted, with the reason, and the jobs end FAILED instead of starting workers that refuse
+    to run again and again."""
+    setup_env(store)
+    executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384,
+                             kernel_levels=[KernelLevel.DEFAULT])
+    c = Controller(store, executor, ControllerConfig(tmp_path / "runs", schedule_every=0.05))
+    avx2 = {"DYNTRAIN_CPU_KERNELS": "avx2"}
+    plain = store.submit(queue="q", command=[PY, "-c", "pass"], resources=SMALL,
+                         retry_attempts=2, environment=avx2)
+    elastic = store.submit(queue="q", command=[PY, "-c", "pass"], resources=SMALL,
+                           workers=(1, 2), environment=avx2)
+    drive(c, terminal(store, plain.id, elastic.id))
+    why = (f"CannotStartContainerError: host {socket.gethostname()} runs cpu kernels up to "
+           "default, not the job's avx2: start the job with --cpu-kernels default "
+           "(DYNTRAIN_CPU_KERNELS=default), a level every host runs")
+    for job, attempts in ((store.get_job(plain.id), 2), (store.get_job(elastic.id), 1)):
+        assert (job.status, job.attempts, job.preemptions) == (JobStatus.FAILED, attempts, 0)
+        assert job.status_reason == f"{why} (attempt {attempts} of {attempts})"
+        assert all(w.handle is None for w in store.list_workers(job.id, active=False))

@@ -24,7 +24,7 @@ from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.placement import Refusal, refusal, with_released
 from dyntrain.service.core.plan import Start
-from dyntrain.service.core.submitter import job_numerics
+from dyntrain.service.core.submitter import job_numerics, pinned_kernels
 from dyntrain.service.core.torchrun import restart_count, worker_env
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
 from dyntrain.service.engine.config import ControllerConfig
@@ -244,7 +244,9 @@ class Launcher:
         return [WorkerSpec(job.id, attempt.number, record.id, list(job.command),
                            self._worker_env(job, attempt, record), job.resources, job.workdir,
                            str(self.folders.log_path(job.id, record.id)),
-                           record.compute_environment, _main_worker(attempt))
+                           record.compute_environment, _main_worker(attempt),
+                           pinned_kernels(job.environment, self._exported(job),
+                                          job.elastic is not None))
                 for attempt in attempts if (job := attempt.job)
                 for record in attempt.workers.values() if record.handle is None]
 
