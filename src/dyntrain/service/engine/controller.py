@@ -167,6 +167,7 @@ class Controller:
         job = self.store.get_job(job_id)
         done = False
         now = self.clock()
+        self.launcher.refusals.pop(job_id, None)  # no longer waits for room
         if job.is_array_parent:
             moved = []
             for status in (*WAITING, JobStatus.RUNNABLE):
