@@ -10,7 +10,10 @@ the job again before anything was freed would be refused the same way, so it is 
 (``Snapshot.held``: it waits, and blocks its queue as a job that does not fit would) until the
 executor has more of some resource free than when it refused (a worker ended, a node joined);
 then it is offered again, and a second refusal replaces the first one's reason instead of adding
-to the job's history.
+to the job's history. A job none of whose workers started is also offered again
+``RETRY_SECONDS`` after its refusal whatever is free (an executor may refuse for another
+reason than room, its supervisor gone, say, and such a refusal leaves no record); one that
+started in part, which leaves an attempt recorded, only once more is free.
 
 Nothing here reads a clock, a store or a process.
 """
@@ -24,6 +27,7 @@ from dyntrain.service.core.executor import make_resources
 from dyntrain.service.core.model import Resources
 
 WAITING_FOR_ROOM = "waiting for room on the executor"
+RETRY_SECONDS = 30.0
 _EPS = 1e-9
 
 
@@ -34,16 +38,21 @@ class Refusal:
     Args:
         reason: the job's status reason while it waits.
         free: what the executor had free when it refused.
+        expires: when the job is offered again whatever is free (epoch seconds; None: only
+            once more is free).
     """
 
     reason: str
     free: Resources
+    expires: float | None = None
 
 
-def refusal(error: str, free: Resources) -> Refusal:
+def refusal(error: str, free: Resources, now: float | None = None) -> Refusal:
     """The refusal of a placement the executor answered with ``error`` (one line) while it had
-    ``free``."""
-    return Refusal(f"{WAITING_FOR_ROOM}: {error}", free)
+    ``free``; ``now``: when, for a refusal that left no record (it expires ``RETRY_SECONDS``
+    later), else None."""
+    return Refusal(f"{WAITING_FOR_ROOM}: {error}", free,
+                   None if now is None else now + RETRY_SECONDS)
 
 
 def with_released(free: Resources, resources: Resources, count: int) -> Resources:
@@ -60,7 +69,10 @@ def grew(before: Resources, after: Resources) -> bool:
             or after.memory_mib > before.memory_mib)
 
 
-def still_held(refusals: Mapping[str, Refusal], free: Resources) -> dict[str, Refusal]:
-    """The refusals that still hold now that the executor has ``free``: those whose job would be
-    refused the same way (nothing grew since); the others' jobs are offered again."""
-    return {job: r for job, r in refusals.items() if not grew(r.free, free)}
+def still_held(refusals: Mapping[str, Refusal], free: Resources,
+               now: float) -> dict[str, Refusal]:
+    """The refusals that still hold at ``now``, the executor having ``free``: those whose job
+    would be refused the same way (nothing grew since) and that have not expired; the others'
+    jobs are offered again."""
+    return {job: r for job, r in refusals.items()
+            if not grew(r.free, free) and (r.expires is None or now < r.expires)}

@@ -146,7 +146,7 @@ class Controller:
             self._update_array_parents()
             if self.launcher.refusals:  # offered again once the executor has more room
                 self.launcher.refusals = still_held(self.launcher.refusals,
-                                                    self.executor.free())
+                                                    self.executor.free(), now)
             envs = self.store.list_compute_environments()
             self._apply(schedule(self.snapshot(now, envs), self.config.policy),
                         {ce.name: ce for ce in envs})

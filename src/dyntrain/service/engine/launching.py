@@ -190,6 +190,7 @@ class Launcher:
         self.stopper.count_workers(attempt)
         if error is not None:
             if not isinstance(error, StartError):  # no more room: grow again once there is
+                # (its workers' records stay: no retry before more is free)
                 self.refusals[attempt.job_id] = refusal(str(error), self.executor.free())
             raise error
 
@@ -208,7 +209,7 @@ class Launcher:
         attempt, no preemption, no worker records) and let the job wait, RUNNABLE, with the
         executor's reason, until it has more room (``core/placement.py``)."""
         job = attempt.job
-        refused = self.refusals[job.id] = refusal(str(exc), self.executor.free())
+        refused = self.refusals[job.id] = refusal(str(exc), self.executor.free(), self.clock())
         self._drop_unstarted(attempt)
         self.attempts.remove(job.id)
         if attempt.host is not None:
