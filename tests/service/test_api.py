@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 
 from conftest import wait_for as wait_for_condition
+from dyntrain.elastic.numerics import KernelLevel
 from dyntrain.errors import DyntrainError
 from dyntrain.service.client import ApiError, Client
 from dyntrain.service.server import Service, ServiceConfig, create_app
@@ -574,3 +575,18 @@ def test_bad_input_is_a_4xx_with_a_one_line_message_and_changes_nothing(client):
     after = client.get_compute_environment("ce-bad")
     assert {k: v for k, v in after.items() if k != "slots_in_use"} == \
         {k: v for k, v in ce.items() if k != "slots_in_use"}
+
+
+def test_a_job_pinned_to_kernels_the_executors_hosts_cannot_run_is_a_400(tmp_path,
+                                                                          monkeypatch):
+    """The executor says what its hosts run (here it is told: a CPU without AVX2): POST /jobs
+    of a job pinned to avx2 is a 400 naming the level and what the hosts run."""
+    with serve(tmp_path, scheduler=False) as (service, url), Client(url) as client:
+        monkeypatch.setattr(service.executor, "_levels", (KernelLevel.DEFAULT,))
+        e = error_of(client.submit, queue="default", command=[PY, "-c", "pass"],
+                     environment={"DYNTRAIN_CPU_KERNELS": "avx2"})
+        assert e.status == 400 and "its cpu kernels avx2 run on none of this service's hosts " \
+            "(they run default): submit it with DYNTRAIN_CPU_KERNELS=default" in str(e), str(e)
+        assert client.list_jobs() == []
+        assert client.submit(queue="default", command=[PY, "-c", "pass"],
+                             environment={"DYNTRAIN_CPU_KERNELS": "default"})["id"]

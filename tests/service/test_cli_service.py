@@ -11,10 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import httpx
 import pytest
 
 from conftest import start_server, stop_server, wait_for
+from dyntrain.elastic.numerics import host_levels
 from dyntrain.service.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -300,3 +302,54 @@ def test_a_follower_waits_out_a_service_that_does_not_answer(tmp_path):
         assert out.split()[1:] == ["first", "last"], out
     finally:
         stop_server(server)
+
+
+def test_a_job_the_machine_cannot_hold_now_waits_with_the_reason_everywhere(tmp_path):
+    """An environment declared twice this machine: the second job waits RUNNABLE, its reason
+    the executor's, in the API, `dyntrain status`, the dashboard and AWS Batch's statusReason;
+    its history stays empty while it waits, and it runs once the first job is done. (The
+    server also says which cpu kernels this machine runs.)"""
+    proc, url = start_server(tmp_path / "state", tmp_path / "server.log")
+    levels = ", ".join(k.value for k in host_levels())
+    assert f"the hosts run cpu kernels {levels}; a job pinned to another is refused" in (
+        tmp_path / "server.log").read_text()
+    try:
+        cpus = os.cpu_count() or 1
+        gate = tmp_path / "gate"
+        gate.touch()
+        hold = f"import os, time\nwhile os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+        whole = {"cpus": cpus, "gpus": 0, "memory_mib": 256}
+        with Client(url) as client:
+            client.create_compute_environment(name="big", slot=whole, min_slots=0,
+                                              desired_slots=2, max_slots=2)
+            client.create_job_queue(name="bq", compute_environments=["big"])
+            first = client.submit(queue="bq", command=[PY, "-c", hold], resources=whole)["id"]
+            wait_for(lambda: client.get_job(first)["status"] == "RUNNING", "the first job runs")
+            second = client.submit(queue="bq", command=[PY, "-c", "print('held no more')"],
+                                   resources=whole)["id"]
+            job = wait_for(lambda: (j := client.get_job(second))["status_reason"] and
+                           j["status_reason"].startswith("waiting for room on the executor: ")
+                           and j, "the second job to wait for room")
+            assert (job["status"], job["attempts"], job["preemptions"]) == ("RUNNABLE", 0, 0)
+            assert f"needs cpus={cpus} " in job["status_reason"], job
+            assert job["waiting"]["reason"] == job["status_reason"], job
+        reason = job["status_reason"]
+        table, details = parallel(("status", "--queue", "bq"), ("status", second), url=url)
+        assert f"waiting: #1 {reason}"[:100] in ok(table).replace("\n", " "), table.stdout
+        assert "status:       RUNNABLE" in ok(details) and "needs cpus=" in details.stdout, \
+            details.stdout
+        page = httpx.get(f"{url}/ui/jobs/{second}", timeout=30).text
+        assert "waiting for room on the executor" in page
+        batch = boto3.client("batch", endpoint_url=url, region_name="eu-west-1",
+                             aws_access_key_id="x", aws_secret_access_key="x")
+        [described] = batch.describe_jobs(jobs=[second])["jobs"]
+        assert (described["status"], described["statusReason"]) == ("RUNNABLE", reason)
+        assert described.get("attempts", []) == []
+        batch.close()
+        gate.unlink()
+        with Client(url) as client:
+            done = client.wait(second, timeout=120)
+            assert (done["status"], done["attempts"], done["preemptions"]) == ("SUCCEEDED", 1, 0)
+    finally:
+        gate.unlink(missing_ok=True)
+        assert stop_server(proc) == 0

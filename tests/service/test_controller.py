@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from conftest import read_jsonl
+from dyntrain.elastic.numerics import KernelLevel
 from dyntrain.elastic.sampler import epoch_permutation
 from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import (
@@ -493,3 +495,87 @@ def test_a_multinode_job_starts_its_nodes_together_and_ends_with_its_main_node(t
         "exited with code 5", "the main node exited", "the main node exited"]
     assert sorted(x.line for x in store.read_log(job.id)[0]) == [
         f"node {i} of 3 main 0" for i in range(3)]
+
+
+def test_a_job_the_executor_cannot_place_waits_runnable_with_the_reason_then_starts(store,
+                                                                                    tmp_path):
+    """An environment declared larger than its executor: the job that does not fit waits
+    RUNNABLE with the executor's reason, however many passes go by, its refused placements
+    neither attempts nor preemptions and its history empty; once room frees it starts."""
+    setup_env(store, slots=4)  # four slots of 0.25 cpus, on an executor with room for one
+    executor = LocalExecutor(tmp_path / "executor", cpus=0.25, memory_mib=16_384)
+    c = Controller(store, executor, ControllerConfig(tmp_path / "runs", schedule_every=0.05))
+    gate = tmp_path / "gate"
+    gate.touch()
+    hold = f"import os, time\nwhile os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+    first = store.submit(queue="q", command=[PY, "-c", hold], resources=SMALL)
+    drive(c, lambda: store.get_job(first.id).status is JobStatus.RUNNING)
+    second = store.submit(queue="q", command=[PY, "-c", "print('placed at last')"],
+                          resources=SMALL)
+    passes: list[float] = []
+    c.pass_observers.append(passes.append)
+    drive(c, lambda: len(passes) >= 60)  # many passes while the executor is full
+    job = store.get_job(second.id)
+    assert job.status is JobStatus.RUNNABLE, (job.status, job.status_reason)
+    assert (job.attempts, job.preemptions) == (0, 0)
+    assert store.list_attempts(second.id) == []
+    assert store.list_workers(second.id, active=False) == []
+    assert job.status_reason.startswith("waiting for room on the executor: ")
+    assert "needs cpus=0.25" in job.status_reason and "free: cpus=0 " in job.status_reason
+    assert c.waiting[second.id].reason == job.status_reason
+    gate.unlink()
+    drive(c, terminal(store, first.id, second.id))
+    job = store.get_job(second.id)
+    assert (job.status, job.attempts, job.preemptions) == (JobStatus.SUCCEEDED, 1, 0)
+    assert len(store.list_attempts(second.id)) == 1
+    assert any("placed at last" in line.line for line in store.read_log(second.id)[0])
+
+
+def test_a_job_the_executor_can_place_only_in_part_waits_with_one_attempt_recorded(store,
+                                                                                   tmp_path):
+    """A multi-node job of two nodes on an executor with room for one: its first node starts,
+    the second is refused; the first is stopped and the job waits RUNNABLE with the reason,
+    neither an attempt nor a preemption, and is not started in part again and again (its own
+    node's exit frees no more than it was refused with)."""
+    setup_env(store, slots=4)
+    executor = LocalExecutor(tmp_path / "executor", cpus=0.25, memory_mib=16_384)
+    c = Controller(store, executor, ControllerConfig(tmp_path / "runs", schedule_every=0.05,
+                                                     grace_seconds=5.0))
+    job = store.submit(queue="q", command=[PY, "-c", "import time; time.sleep(60)"],
+                       resources=SMALL, num_nodes=2)
+    drive(c, lambda: (store.get_job(job.id).status is JobStatus.RUNNABLE
+                      and not store.list_workers(job.id)))
+    passes: list[float] = []
+    c.pass_observers.append(passes.append)
+    drive(c, lambda: len(passes) >= 60)
+    job = store.get_job(job.id)
+    assert (job.status, job.attempts, job.preemptions) == (JobStatus.RUNNABLE, 0, 0)
+    assert job.status_reason.startswith("waiting for room on the executor: worker ")
+    [attempt] = store.list_attempts(job.id)
+    assert attempt.reason == job.status_reason
+    assert not store.list_workers(job.id) and not executor.poll()
+
+
+def test_a_job_pinned_to_kernels_its_hosts_cannot_run_fails_at_start_with_the_reason(store,
+                                                                                    tmp_path):
+    """Hosts that run only the baseline kernels (a CPU without AVX2) and jobs pinned to avx2
+    that got past submit (the service moved to older hosts): each attempt fails at its start,
+    counted, with the reason, and the jobs end FAILED instead of starting workers that refuse
+    to run again and again."""
+    setup_env(store)
+    executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384,
+                             kernel_levels=[KernelLevel.DEFAULT])
+    c = Controller(store, executor, ControllerConfig(tmp_path / "runs", schedule_every=0.05))
+    avx2 = {"DYNTRAIN_CPU_KERNELS": "avx2"}
+    plain = store.submit(queue="q", command=[PY, "-c", "pass"], resources=SMALL,
+                         retry_attempts=2, environment=avx2)
+    elastic = store.submit(queue="q", command=[PY, "-c", "pass"], resources=SMALL,
+                           workers=(1, 2), environment=avx2)
+    drive(c, terminal(store, plain.id, elastic.id))
+    why = (f"CannotStartContainerError: host {socket.gethostname()} runs cpu kernels up to "
+           "default, not the job's avx2: start the job with --cpu-kernels default "
+           "(DYNTRAIN_CPU_KERNELS=default), a level every host runs")
+    for job, attempts in ((store.get_job(plain.id), 2), (store.get_job(elastic.id), 1)):
+        assert (job.status, job.attempts, job.preemptions) == (JobStatus.FAILED, attempts, 0)
+        assert job.status_reason == f"{why} (attempt {attempts} of {attempts})"
+        assert all(w.handle is None for w in store.list_workers(job.id, active=False))

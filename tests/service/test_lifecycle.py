@@ -274,3 +274,11 @@ def test_detect_cycle_agrees_with_graphlib(edges):
     if cycle is not None:
         assert cycle[0] == cycle[-1] and len(set(cycle[:-1])) == len(cycle) - 1
         assert all(b in edges[a] for a, b in zip(cycle, cycle[1:], strict=False))
+
+
+def test_an_attempt_the_executor_could_not_place_waits_and_counts_as_nothing():
+    reason = "waiting for room on the executor: worker w needs cpus=1; free: cpus=0"
+    ending = Ending(EndKind.UNPLACED, 0, reason)
+    assert not ending.counts_as_retry and not ending.preempted
+    out = after_ending("j", ending, RetryStrategy(attempts=1), attempts_used=0)
+    assert out == AttemptOutcome(JobStatus.RUNNABLE, reason, False, 0)

@@ -6,9 +6,11 @@ readiness in their log before they are signalled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import wait_for
+from dyntrain.elastic.numerics import KernelLevel, host_levels
 from dyntrain.procstat import read_stat
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors import (
@@ -459,3 +462,32 @@ def test_term_kills_a_worker_that_does_not_trap_it(executor, tmp_path):
     e = collect(executor, spec.worker_id)[spec.worker_id]
     assert (e.exit_code, e.signal) == (None, 15)
     assert "SIGTERM" in e.reason
+
+
+def test_a_worker_pinned_to_kernels_its_host_cannot_run_is_refused_at_start(tmp_path):
+    """An executor whose host runs only the baseline kernels (as a CPU without AVX2 does)
+    refuses a worker pinned to avx2 in one line before anything starts, and starts one pinned
+    to the baseline; left to itself, an executor's levels are what this machine's CPU runs."""
+    old = LocalExecutor(tmp_path / "old", cpus=1, gpus=[], memory_mib=1024,
+                        kernel_levels=[KernelLevel.DEFAULT])
+    try:
+        assert old.kernel_levels() == (KernelLevel.DEFAULT,)
+        spec = dataclasses.replace(make_spec(tmp_path, "k1-a1-w0", LONG),
+                                   cpu_kernels=KernelLevel.AVX2)
+        with pytest.raises(StartError) as err:
+            old.start(spec)
+        assert str(err.value) == (
+            f"host {socket.gethostname()} runs cpu kernels up to default, not the job's avx2: "
+            "start the job with --cpu-kernels default (DYNTRAIN_CPU_KERNELS=default), a level "
+            "every host runs")
+        assert old.free() == old.capacity() and old.poll() == []
+        baseline = dataclasses.replace(spec, worker_id="k1-a1-w1",
+                                       cpu_kernels=KernelLevel.DEFAULT)
+        old.start(baseline)
+        old.signal(baseline.worker_id, "KILL")
+        assert baseline.worker_id in collect(old, baseline.worker_id)
+    finally:
+        old.shutdown()
+    here = LocalExecutor(tmp_path / "here", cpus=1, gpus=[], memory_mib=1024)
+    assert here.kernel_levels() == tuple(host_levels())
+    here.shutdown()

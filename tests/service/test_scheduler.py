@@ -50,6 +50,19 @@ def plan_of(envs, queues, jobs):
 
 # --- admission -------------------------------------------------------------------------------
 
+def test_a_job_the_executor_refused_waits_with_its_reason_blocks_its_queue_and_shrinks_nobody():
+    reason = "waiting for room on the executor: worker w needs cpus=1; free: cpus=0"
+    jobs = [running("low", "lo", 0, {"e": 3}, lo=1, hi=3), queued("held", "hi", 1),
+            queued("behind", "hi", 2)]
+    queues = [queue("lo", 1, "e"), queue("hi", 10, "e")]
+    plan = schedule(Snapshot((env("e", 4),), tuple(queues), tuple(jobs), held={"held": reason}))
+    assert (plan.starts, plan.shrinks, plan.grows) == ((), (), ())
+    assert plan.waiting["held"] == WaitInfo(reason, 1)
+    assert plan.waiting["behind"] == WaitInfo(f"queued behind held, which is {reason}", 2)
+    # once no longer held, it starts in the free slot
+    assert plan_of([env("e", 4)], queues, jobs).starts[0] == Start("held", {"e": 1})
+
+
 def test_higher_priority_queue_starts_first_even_when_submitted_later():
     plan = plan_of([env("e", 2)], [queue("lo", 1, "e"), queue("hi", 10, "e")],
                    [queued("old-lo", "lo", 0, 2), queued("new-hi", "hi", 1, 2)])

@@ -12,6 +12,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from dyntrain.elastic.numerics import KernelLevel, default_kernels
 from dyntrain.service.core.model import (
     MAX_ARRAY_SIZE,
     CapacityType,
@@ -686,3 +687,33 @@ def test_bulk_transitions_and_claims_are_compare_and_set(store):
     assert store.list_workers(kids[0], active=False)[0].state == "EXITED"
     assert [u.worker_seconds for u in store.job_usage(kids[0])] == [4.0]
     assert [e.payload["status"] for e in store.list_events(kids[0])] == ["SUCCEEDED"]
+
+
+def test_a_job_whose_kernel_level_no_host_runs_is_refused_at_submit(store):
+    """Told the levels its hosts run (here: a CPU without AVX2), submit refuses a job pinned to
+    a level above them, in one line naming the level, what the hosts run and what to choose,
+    and stores nothing; a job at a level they run, or one that chose its own kernel variables
+    and is not elastic, is taken."""
+    setup_basics(store)
+    old = (KernelLevel.DEFAULT,)
+    with pytest.raises(ValidationError) as err:
+        store.submit(queue="q", command=["true"], kernel_levels=old,
+                     environment={"DYNTRAIN_CPU_KERNELS": "avx2"})
+    assert str(err.value) == (
+        "job refused: its cpu kernels avx2 run on none of this service's hosts (they run "
+        "default): submit it with DYNTRAIN_CPU_KERNELS=default, a level every host runs")
+    with pytest.raises(ValidationError, match="cpu kernels avx512 run on none"):
+        store.submit(queue="q", definition="train", kernel_levels=old,  # elastic: pinned
+                     environment={"DYNTRAIN_CPU_KERNELS": "avx512",
+                                  "ATEN_CPU_CAPABILITY": "default"})
+    if default_kernels() is not KernelLevel.DEFAULT:  # x86-64: the default level is avx2
+        with pytest.raises(ValidationError, match="cpu kernels avx2 run on none"):
+            store.submit(queue="q", command=["true"], kernel_levels=old)
+    assert store.list_jobs() == []
+    taken = [store.submit(queue="q", command=["true"], kernel_levels=old,
+                          environment={"DYNTRAIN_CPU_KERNELS": "default"}),
+             store.submit(queue="q", command=["true"], kernel_levels=old,  # its own choice
+                          environment={"ATEN_CPU_CAPABILITY": "default"}),
+             store.submit(queue="q", command=["true"],  # no levels given: not checked
+                          environment={"DYNTRAIN_CPU_KERNELS": "avx512"})]
+    assert len(store.list_jobs()) == len(taken)

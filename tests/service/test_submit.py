@@ -11,6 +11,7 @@ import yaml
 from conftest import wait_for
 from dyntrain.cli.main import main
 from dyntrain.cli.service.follow import _Watcher
+from dyntrain.elastic.numerics import KernelLevel, host_levels
 from dyntrain.service.client import Client
 from dyntrain.service.core.jobtext import progress_text
 from dyntrain.service.core.model import ValidationError
@@ -212,3 +213,18 @@ def test_status_of_a_running_job(dyntrain, url):
         assert client.wait(job_id, timeout=60)["status"] == "FAILED"
     # the terminated attempt ran, so it counts, with how it ended
     assert "attempts:     1 of 2" in dyntrain("status", job_id)[1]
+
+
+def test_a_job_pinned_to_the_top_kernels_is_taken_exactly_where_this_machine_runs_them(dyntrain):
+    """The service's hosts are this machine, whose CPU decides (``host_levels``): a job pinned
+    to the highest level runs here when its CPU has it and is refused at submit, in one line
+    naming what this machine runs, when it has not."""
+    top, here = KernelLevel.AVX512_BF16, host_levels()
+    result = dyntrain("submit", "--env", f"DYNTRAIN_CPU_KERNELS={top.value}", "--wait", "--",
+                      PY, "-c", "import os; print('kernels', os.environ['ATEN_CPU_CAPABILITY'])")
+    if top in here:
+        code, out, err = result
+        assert code == 0 and "kernels avx512" in out, result
+    else:
+        one_line_error(result, f"its cpu kernels {top.value} run on none of this service's "
+                               f"hosts (they run {', '.join(k.value for k in here)})")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -285,6 +285,17 @@ def host_levels(flags: set[str] | None = None, machine: str | None = None) -> li
             break
         runs.append(level)
     return runs
+
+
+def level_refusal(level: KernelLevel, levels: Sequence[KernelLevel], host: str) -> str | None:
+    """Why ``host``, which runs the kernel ``levels``, cannot run a job pinned to ``level`` (one
+    line: what it runs and the level to choose instead), or None when it can."""
+    if level in levels:
+        return None
+    best = max(levels, key=lambda k: k.rank, default=KernelLevel.DEFAULT)
+    return (f"{host} runs cpu kernels up to {best.value}, not the job's {level.value}: start the "
+            f"job with --cpu-kernels {best.value} ({ENV_CPU_KERNELS}={best.value}), a level every "
+            "host runs")
 
 
 def host_refusal(numerics: Numerics, host: str, flags: set[str] | None = None,

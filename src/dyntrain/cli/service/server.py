@@ -144,6 +144,9 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
             url = _url_for(host, config.port)
             click.echo(f"dyntrain service listening on {url} (state: {config.state_dir})")
             click.echo(f"dashboard: {url}/  metrics: {url}/metrics")
+            levels = ", ".join(k.value for k in service.executor.kernel_levels())
+            click.echo(f"the hosts run cpu kernels {levels or 'none'}; a job pinned to "
+                       "another is refused")
             for note in service.recovered:
                 click.echo(f"recovered: {note}")
             click.echo("Press Ctrl-C to stop.", err=True)

@@ -54,7 +54,8 @@ def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
         retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
         job_id=body.job_id, workdir=body.workdir,
         exported_environment=body.exported_environment,
-        launcher=None if body.launcher is None else body.launcher.value)
+        launcher=None if body.launcher is None else body.launcher.value,
+        kernel_levels=service.executor.kernel_levels())
     return views.job(job)
 
 

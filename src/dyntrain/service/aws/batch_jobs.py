@@ -25,6 +25,7 @@ def submit_job(ctx: Context, p: dict) -> dict[str, Any]:
     with ctx.service.lock:
         definition = definition_of(ctx, p["jobDefinition"])
         job = ctx.service.store.submit(queue=queue, client_token=ctx.client_token,
+                                       kernel_levels=ctx.service.executor.kernel_levels(),
                                        **mapping.submission(p, definition))
     return {"jobArn": ctx.arns.job(job.id), "jobName": job.name, "jobId": job.id}
 

@@ -24,6 +24,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from dyntrain.elastic.numerics import KernelLevel, host_levels
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.model import Resources
 
@@ -57,6 +58,9 @@ class WorkerSpec:
     #: node, whose address an executor with several hosts puts in the main-node variables
     #: (executors/main_node.py); None for every other job
     main_worker: str | None = None
+    #: the CPU kernel level the job pins its workers to: a host that cannot run it refuses the
+    #: start (``StartError``); None: not pinned (a job that chose its own kernel variables)
+    cpu_kernels: KernelLevel | None = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,13 @@ class Executor(ABC):
         get to store (it died between ``start()`` and the write), or None when no worker was
         started under that id. An executor that cannot tell raises ``ExecutorError``."""
         raise ExecutorError(f"executor {self.name!r} cannot find worker {worker_id} by its id")
+
+    def kernel_levels(self) -> tuple[KernelLevel, ...]:
+        """The CPU kernel levels this executor's hosts run, lowest first: a job pinned to
+        another is refused at submit (each worker's start is checked on its own host too).
+        This default is what an executor that cannot ask its hosts knows: the levels of the
+        host the service runs on."""
+        return tuple(host_levels())
 
     def slots(self, environments: dict[str, Resources]) -> dict[str, int] | None:
         """Slots each compute environment (name -> the resources of one slot) offers now, when

@@ -10,11 +10,12 @@ and returns the next status with a one-line reason, in AWS Batch's terms:
   run; for an array that is the first failed child), and PENDING otherwise.
 - Attempts (``after_ending``). How an attempt ended is one value, an ``Ending``: a user's
   terminate fails the job (the attempt counts); a preemption or capacity loss never counts
-  against the retry strategy: the job goes back to RUNNABLE. Exit code 0 is success. Anything
-  else (a timeout included, with reason "timeout after Ns") counts one attempt, and
-  ``RetryStrategy.should_retry`` decides between RUNNABLE (retry) and FAILED; a failed attempt's
-  reason quotes its first failing worker's error line. ``after_attempt`` is the same rule taken
-  from loose values.
+  against the retry strategy: the job goes back to RUNNABLE; neither does an attempt whose
+  workers the executor could not all place (it waits RUNNABLE for room, not a preemption).
+  Exit code 0 is success. Anything else (a timeout included, with reason "timeout after Ns")
+  counts one attempt, and ``RetryStrategy.should_retry`` decides between RUNNABLE (retry) and
+  FAILED; a failed attempt's reason quotes its first failing worker's error line.
+  ``after_attempt`` is the same rule taken from loose values.
 - Array parents (``array_parent_status``) summarize their children.
 - ``detect_cycle`` finds a dependency cycle for the error message that rejects it.
 
@@ -92,6 +93,7 @@ class EndKind(Enum):
     EXITED = "exited"  # its workers' exit code: 0 succeeded, anything else failed
     TIMED_OUT = "timed out"  # it ran past the job's timeout: a failed attempt
     RESTARTED = "restarted"  # a torchrun gang stopped to start again at a new size: not counted
+    UNPLACED = "unplaced"  # the executor had no room for all its workers: waits, not counted
     PREEMPTED = "preempted"  # capacity taken back or suspended: not counted, queued again
     TERMINATED = "terminated"  # a user stopped it: it counts, and the job fails
 
@@ -125,7 +127,7 @@ class Ending:
     def counts_as_retry(self) -> bool:
         """Whether it counts against the job's retry strategy (a preemption or a restart
         never does)."""
-        return self.kind not in (EndKind.PREEMPTED, EndKind.RESTARTED)
+        return self.kind not in (EndKind.PREEMPTED, EndKind.RESTARTED, EndKind.UNPLACED)
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,9 @@ def after_ending(job: str, ending: Ending, retry_strategy: RetryStrategy,
         return AttemptOutcome(JobStatus.FAILED, ending.reason, True, attempts_used + 1)
     if ending.kind is EndKind.RESTARTED:  # queued again: the next pass sizes its new gang
         return AttemptOutcome(JobStatus.RUNNABLE, ending.reason or "restart", False,
+                              attempts_used)
+    if ending.kind is EndKind.UNPLACED:  # waits for room; neither an attempt nor a preemption
+        return AttemptOutcome(JobStatus.RUNNABLE, ending.reason or "waiting for room", False,
                               attempts_used)
     if ending.preempted:
         return AttemptOutcome(JobStatus.RUNNABLE,

@@ -99,13 +99,16 @@ class Snapshot:
 
     RUNNABLE jobs come in ``jobs``, or already sorted in ``queued`` (queue -> its RUNNABLE jobs
     in first in, first out order by ``(created, id)``), which is how a caller that keeps its
-    queues sorted spares the pass from partitioning and sorting the whole queue.
+    queues sorted spares the pass from partitioning and sorting the whole queue. ``held``:
+    RUNNABLE jobs whose placement the executor refused, with why (``core/placement.py``): they
+    wait, whatever the slots say.
     """
 
     envs: tuple[EnvView, ...] = ()
     queues: tuple[QueueView, ...] = ()
     jobs: tuple[JobView, ...] = ()
     queued: Mapping[str, Sequence[JobView]] = field(default_factory=dict)
+    held: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "envs", tuple(self.envs))

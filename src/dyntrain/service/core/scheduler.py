@@ -34,6 +34,9 @@ One pass applies these rules, in this order:
    starts, so small jobs behind it cannot starve it. It also reserves every environment it could
    use: queues later in the order neither start nor grow jobs there. They backfill only what the
    blocked job cannot use (environments outside its queue, DISABLED, or with slots too small).
+   A job the executor refused to place (``Snapshot.held``: no room there, whatever the slots
+   say) waits with the executor's reason and blocks its queue the same way; no job is shrunk
+   for it, since the slots it misses are not the scheduler's to free.
 5. Growth. Running jobs below ``max_workers`` grow into the free slots left, higher priority first,
    then first in, first out, filling their queue's environments in order (cheapest first), never
    where a blocked job of their own or an earlier queue holds a reservation.
@@ -113,6 +116,7 @@ class _Pass:
         order = sorted(snapshot.queues, key=lambda q: (-q.priority, q.name))
         self.rank = {queue.name: i for i, queue in enumerate(order)}
         self.queued, self.running = _partition(snapshot.jobs)
+        self.held = snapshot.held
         self.unsorted = set(self.queued)  # queues whose jobs came unsorted in snapshot.jobs
         for name, jobs in snapshot.queued.items():
             if not jobs:
@@ -259,6 +263,10 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
             state.single[job.id] = WaitInfo(never, ahead + 1)
             ahead += 1
             continue
+        held = state.held.get(job.id)
+        if held is not None:
+            _block(state, queue, rank, jobs, i, ahead, fit, held)
+            return
         usable = usable_by_size.get(job.resources)
         if usable is None:
             usable = usable_by_size[job.resources] = state.usable(queue, rank, job.resources)
@@ -312,17 +320,21 @@ def _make_room(state: _Pass, job: JobView, queue: QueueView, usable: list[str]) 
 
 
 def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i: int, ahead: int,
-           fit: SlotFit) -> None:
-    """Rule 4: ``jobs[i]`` cannot start; it and the jobs behind it wait, and it reserves."""
+           fit: SlotFit, held: str | None = None) -> None:
+    """Rule 4: ``jobs[i]`` cannot start; it and the jobs behind it wait, and it reserves.
+    ``held``: why the executor refused it (then no slot it misses is the scheduler's to free)."""
     head = jobs[i]
     usable = state.usable(queue, rank, head.resources)
     short = head.min_workers - sum(state.free[env] for env in usable)
-    details = ", ".join(_env_detail(state, name, head.resources, rank)
-                        for name in queue.compute_environments)
-    reason = (f"waiting for {short} more slot{'s' if short != 1 else ''} in {queue.name}'s "
-              f"environments ({details}); it needs {head.min_workers} at once")
+    if held is not None:
+        reason = held
+    else:
+        details = ", ".join(_env_detail(state, name, head.resources, rank)
+                            for name in queue.compute_environments)
+        reason = (f"waiting for {short} more slot{'s' if short != 1 else ''} in {queue.name}'s "
+                  f"environments ({details}); it needs {head.min_workers} at once")
+        state.blocked.append(Waiter(head, tuple(usable), short, queue.priority))
     state.single[head.id] = WaitInfo(reason, ahead + 1)
-    state.blocked.append(Waiter(head, tuple(usable), short, queue.priority))
     for name in queue.compute_environments:
         env = state.envs.get(name)
         if env is not None and env.state is State.ENABLED and head.resources.fits_in(env.slot):

@@ -19,10 +19,18 @@ override everything.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dyntrain.elastic.numerics import ENV_ALLOW_MIXED, Numerics, numerics_from_env, parse_switch
+from dyntrain.elastic.numerics import (
+    ENV_ALLOW_MIXED,
+    ENV_CPU_KERNELS,
+    LIBRARY_ENV,
+    KernelLevel,
+    Numerics,
+    numerics_from_env,
+    parse_switch,
+)
 from dyntrain.elastic.storage import StorageError, is_url, open_store
 from dyntrain.errors import ConfigError
 from dyntrain.service.core.model import ValidationError
@@ -97,6 +105,29 @@ def check_run_folder(environment: Mapping[str, str]) -> None:
         open_store(out)  # a known protocol whose package is installed here (no request made)
     except StorageError as exc:
         raise ValidationError(f"DYNTRAIN_OUT: {exc}") from None
+
+
+def pinned_kernels(environment: Mapping[str, str], exported: Mapping[str, str] | None,
+                   elastic: bool) -> KernelLevel | None:
+    """The CPU kernel level a job's workers are pinned to: its numerics' (``DYNTRAIN_CPU_KERNELS``
+    or the default). None for a job that is not elastic and whose own (or exported) variables
+    name a kernel variable (``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_CBWR``): it
+    chose its own, and the service sets none. A ``ValidationError`` naming a bad value."""
+    own = {**(exported or {}), **environment}
+    if not elastic and own.keys() & set(LIBRARY_ENV[2:]):
+        return None
+    return job_numerics(environment)[0].cpu_kernels
+
+
+def kernel_refusal(level: KernelLevel, levels: Sequence[KernelLevel]) -> str | None:
+    """Why a job pinned to ``level`` cannot run on a service whose hosts run ``levels`` (one
+    line: the level, what the hosts run, what to choose), or None when they run it."""
+    if level in levels:
+        return None
+    best = max(levels, key=lambda k: k.rank, default=KernelLevel.DEFAULT)
+    return (f"its cpu kernels {level.value} run on none of this service's hosts (they run "
+            f"{', '.join(k.value for k in levels) or 'none'}): submit it with "
+            f"{ENV_CPU_KERNELS}={best.value}, a level every host runs")
 
 
 def job_numerics(environment: Mapping[str, str]) -> tuple[Numerics, bool]:

@@ -25,7 +25,10 @@ attempts keep their workers in memory, and the database writes of a phase share 
 and worker records) and committed before any worker starts, so even two controllers over one
 database never start a job twice, and a restarted service knows every worker that may run.
 Preemptions (shrink, suspend, capacity taken back) never count against a job's retry attempts; a
-command that cannot be executed is a failed attempt (``CannotStartContainerError``).
+command that cannot be executed is a failed attempt (``CannotStartContainerError``). A start the
+executor refuses for want of room is neither: the claim is taken back and the job waits RUNNABLE
+with the executor's reason, held until the executor has more room (``core/placement.py``); so is
+a running job's growth.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from dyntrain.service.core.capacity import parse_trace
 from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.placement import still_held
 from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
 from dyntrain.service.core.scheduler import schedule
 from dyntrain.service.core.torchrun import restart_for_resize
@@ -140,6 +144,9 @@ class Controller:
             started = time.perf_counter()
             self._resolve_waiting()
             self._update_array_parents()
+            if self.launcher.refusals:  # offered again once the executor has more room
+                self.launcher.refusals = still_held(self.launcher.refusals,
+                                                    self.executor.free(), now)
             envs = self.store.list_compute_environments()
             self._apply(schedule(self.snapshot(now, envs), self.config.policy),
                         {ce.name: ce for ce in envs})
@@ -160,6 +167,7 @@ class Controller:
         job = self.store.get_job(job_id)
         done = False
         now = self.clock()
+        self.launcher.refusals.pop(job_id, None)  # no longer waits for room
         if job.is_array_parent:
             moved = []
             for status in (*WAITING, JobStatus.RUNNABLE):
@@ -250,7 +258,8 @@ class Controller:
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),
                                   preemptible=job.elastic is not None, profile=profile))
-        return Snapshot(envs, queues, tuple(active), self.index.queues())
+        held = {job: r.reason for job, r in self.launcher.refusals.items()}
+        return Snapshot(envs, queues, tuple(active), self.index.queues(), held)
 
     def _apply(self, plan: Plan, envs: dict[str, ComputeEnvironment]) -> None:
         """Carry out a pass's decisions; ``envs``: the compute environments it saw, by name."""
@@ -272,7 +281,8 @@ class Controller:
             self.launcher.start(starts, envs)
         for grow in plan.grows:
             attempt = self.attempts.get(grow.job)
-            if attempt is not None and attempt.stop_reason is None and grow.job not in restarted:
+            if (attempt is not None and attempt.stop_reason is None and grow.job not in restarted
+                    and grow.job not in self.launcher.refusals):
                 try:
                     self.launcher.grow(attempt, {grow.env: grow.count}, envs)
                 except ExecutorError as exc:  # the job goes on with the workers it has

@@ -22,12 +22,13 @@ from dyntrain.service.core.executor import (
 )
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.placement import Refusal, refusal, with_released
 from dyntrain.service.core.plan import Start
-from dyntrain.service.core.submitter import job_numerics
+from dyntrain.service.core.submitter import job_numerics, pinned_kernels
 from dyntrain.service.core.torchrun import restart_count, worker_env
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
 from dyntrain.service.engine.config import ControllerConfig
-from dyntrain.service.engine.jobindex import JobIndex
+from dyntrain.service.engine.jobindex import JobIndex, job_view
 from dyntrain.service.engine.logtail import LogPump
 from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
 from dyntrain.service.engine.stopping import Stopper
@@ -75,6 +76,9 @@ class Launcher:
         self._launching: dict[str, Attempt] = {}  # job -> attempt whose starts were sent
         self._answers: Answers = {}  # answered starts not recorded yet
         self._parent_exports: dict[str, dict[str, str]] = {}  # array parent -> its exports
+        #: job -> the executor's refusal of its last placement (core/placement.py): the
+        #: controller holds the job back until the executor has more room
+        self.refusals: dict[str, Refusal] = {}
 
     def launching_workers(self) -> set[str]:
         """Workers whose attempt's starts are not all answered yet (their exits wait)."""
@@ -94,6 +98,7 @@ class Launcher:
                 self.index.forget(start.job)
                 continue
             attempt = Attempt(job.id, numbers.get(job.id, 0) + 1, now, job=job)
+            self.refusals.pop(job.id, None)
             try:
                 records = self._plan_workers(attempt, dict(start.placement), envs, now)
             except ExecutorError:
@@ -132,6 +137,11 @@ class Launcher:
         for attempt in ready:
             del self._launching[attempt.job_id]
         launched = self._results(ready, self._answers)
+        for job_id, (started_handles, error) in list(launched.items()):
+            if (error is not None and not isinstance(error, StartError)
+                    and not started_handles):  # no room for any: as if never claimed
+                del launched[job_id]
+                self._unplace(self.attempts[job_id], error)
         handles, never, running = {}, [], {}
         for job_id, (started_handles, error) in launched.items():
             attempt = self.attempts[job_id]
@@ -181,14 +191,38 @@ class Launcher:
                                                     requested_at=asked)
         self.stopper.count_workers(attempt)
         if error is not None:
+            if not isinstance(error, StartError):  # no more room: grow again once there is
+                # (its workers' records stay: no retry before more is free)
+                self.refusals[attempt.job_id] = refusal(str(error), self.executor.free())
             raise error
 
     def _start_failed(self, attempt: Attempt, exc: ExecutorError) -> None:
         if isinstance(exc, StartError):  # the command's fault: a failed attempt, counted
             self.stopper.stop_all(attempt, f"{CANNOT_START}: {exc}")
-        else:  # no room after all: not the job's fault
-            attempt.claim(Ending(EndKind.PREEMPTED))
-            self.stopper.stop_all(attempt, f"could not start: {exc}")
+        else:  # no room for all of its workers: not the job's fault, and no preemption
+            free = with_released(self.executor.free(), attempt.job.resources,
+                                 len(attempt.workers))  # what is free once they are stopped
+            refused = self.refusals[attempt.job_id] = refusal(str(exc), free)
+            attempt.claim(Ending(EndKind.UNPLACED))
+            self.stopper.stop_all(attempt, refused.reason)
+
+    def _unplace(self, attempt: Attempt, exc: ExecutorError) -> None:
+        """The executor had no room for any of the attempt's workers: take the claim back (no
+        attempt, no preemption, no worker records) and let the job wait, RUNNABLE, with the
+        executor's reason, until it has more room (``core/placement.py``)."""
+        job = attempt.job
+        refused = self.refusals[job.id] = refusal(str(exc), self.executor.free(), self.clock())
+        self._drop_unstarted(attempt)
+        self.attempts.remove(job.id)
+        if attempt.host is not None:
+            attempt.host.close()
+        if self.store.unclaim_start(job.id, attempt.number, refused.reason, job.started_at):
+            job = dataclasses.replace(job, status=JobStatus.RUNNABLE,
+                                      status_reason=refused.reason)
+            self.index.moved(job.id, job.array_parent_id, JobStatus.STARTING,
+                             JobStatus.RUNNABLE, job_view(job))
+        else:
+            self.index.forget(job.id)  # someone else moved it first
 
     def _plan_workers(self, attempt: Attempt, placement: dict[str, int],
                       envs: Mapping[str, ComputeEnvironment], now: float) -> list[WorkerRecord]:
@@ -213,7 +247,9 @@ class Launcher:
         return [WorkerSpec(job.id, attempt.number, record.id, list(job.command),
                            self._worker_env(job, attempt, record), job.resources, job.workdir,
                            str(self.folders.log_path(job.id, record.id)),
-                           record.compute_environment, _main_worker(attempt))
+                           record.compute_environment, _main_worker(attempt),
+                           pinned_kernels(job.environment, self._exported(job),
+                                          job.elastic is not None))
                 for attempt in attempts if (job := attempt.job)
                 for record in attempt.workers.values() if record.handle is None]
 

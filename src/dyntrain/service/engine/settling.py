@@ -209,9 +209,7 @@ class Settler:
         status, stopped = outcome.status, now if outcome.status.is_terminal() else None
         s.ends.append(AttemptEnd(job.id, attempt.number, ending.exit_code, outcome.reason, now,
                                  status.value, outcome.attempts_used,
-                                 job.preemptions + attempt.shrunk
-                                 + (0 if outcome.counted or ending.kind is EndKind.RESTARTED
-                                    else 1),
+                                 job.preemptions + attempt.shrunk + int(ending.preempted),
                                  stopped))
         s.moves.append((job, status, job_view(job) if status is JobStatus.RUNNABLE else None))
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import select
 import signal as _signal
+import socket
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dyntrain.elastic.numerics import KernelLevel, host_levels, level_refusal
 from dyntrain.procstat import read_stat
 from dyntrain.service.core.executor import (
     SIGNALS,
@@ -81,11 +83,14 @@ class LocalExecutor(Executor):
 
     def __init__(self, state_dir: str | os.PathLike, cpus: float | None = None,
                  gpus: int | Iterable[int] | None = None, memory_mib: int | None = None,
-                 inherit_env: bool = True, warm_workers: int = 0) -> None:
+                 inherit_env: bool = True, warm_workers: int = 0,
+                 kernel_levels: Iterable[KernelLevel] | None = None) -> None:
         """``gpus``: None detects CUDA devices, an int n means devices 0..n-1, a list names
         them. ``inherit_env``: workers get this process's environment plus their spec's.
         ``warm_workers``: Python processes with torch imported kept ready for workers that can
-        use one (``warm.py``; each costs the memory of a process that imported torch)."""
+        use one (``warm.py``; each costs the memory of a process that imported torch).
+        ``kernel_levels``: the CPU kernel levels this machine runs (None: what its CPU has,
+        ``host_levels()``); a worker pinned to another is refused at start."""
         self._cpus = float(os.cpu_count() or 1) if cpus is None else float(cpus)
         self._memory = mem_total_mib() if memory_mib is None else int(memory_mib)
         if gpus is None:
@@ -100,6 +105,7 @@ class LocalExecutor(Executor):
                                 f"gpu indices >= 0, got cpus={self._cpus}, gpus={gpu_list}, "
                                 f"memory_mib={self._memory}")
         self._gpus = gpu_list
+        self._levels = tuple(host_levels() if kernel_levels is None else kernel_levels)
         self._inherit_env = inherit_env
         self._dir = Path(state_dir) / "workers"
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -118,6 +124,9 @@ class LocalExecutor(Executor):
 
     def capacity(self) -> Resources:
         return make_resources(self._cpus, len(self._gpus), self._memory)
+
+    def kernel_levels(self) -> tuple[KernelLevel, ...]:
+        return self._levels
 
     def _used_gpus(self) -> set[int]:
         return {g for w in self._workers.values() if w.holds for g in w.handle.gpus}
@@ -229,6 +238,11 @@ class LocalExecutor(Executor):
         check_worker_id(wid)
         if wid in self._workers:
             raise ExecutorError(f"worker {wid} already exists")
+        if spec.cpu_kernels is not None:
+            refused = level_refusal(spec.cpu_kernels, self._levels,
+                                    f"host {socket.gethostname()}")
+            if refused is not None:
+                raise StartError(refused)
         need, free = spec.resources, self.free()
         if not (need.cpus <= free.cpus + _EPS and need.gpus <= free.gpus
                 and need.memory_mib <= free.memory_mib):

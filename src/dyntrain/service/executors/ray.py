@@ -180,9 +180,10 @@ class RayExecutor(Executor):
                 continue
             out.append(None)
             main = None if spec.main_worker is None else main_actor_name(spec)
+            kernels = None if spec.cpu_kernels is None else spec.cpu_kernels.value
             pending[i] = (spec, actor, actor.start.remote(spec.worker_id, list(spec.argv),
                                                           dict(spec.env), spec.cwd, main,
-                                                          self.namespace))
+                                                          self.namespace, kernels))
         refs = [ref for _, _, ref in pending.values()]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=START_WAIT_S)

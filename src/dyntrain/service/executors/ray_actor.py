@@ -29,6 +29,7 @@ import subprocess
 import threading
 import time
 
+from dyntrain.elastic.numerics import KernelLevel, host_levels, level_refusal
 from dyntrain.service.executors.main_node import free_port, local_interface, main_node_env
 from dyntrain.service.executors.runnable import start_problem
 
@@ -75,13 +76,21 @@ class WorkerProcess:
         self._cancelled: str | None = None  # signalled before its command started
 
     def start(self, worker_id: str, argv: list[str], env: dict[str, str],
-              cwd: str | None, main: str | None = None, namespace: str | None = None) -> dict:
+              cwd: str | None, main: str | None = None, namespace: str | None = None,
+              cpu_kernels: str | None = None) -> dict:
         """Start the command; ``{"pid", "node", ...}``, ``{"error": one line}`` (the command
-        cannot run) or ``{"lost": one line}`` (its gang's main worker was never placed).
+        cannot run: this node's CPU cannot run the job's ``cpu_kernels`` level, say) or
+        ``{"lost": one line}`` (its gang's main worker was never placed).
 
         ``main``: the actor name (in ``namespace``) of the gang's main worker, whose node's
         address and port go into the main-node variables (``main_node.py``) first."""
         import ray  # only ever called inside a Ray actor
+
+        if cpu_kernels is not None:
+            refused = level_refusal(KernelLevel(cpu_kernels), host_levels(),
+                                    f"node {socket.gethostname()}")
+            if refused is not None:
+                return {"error": refused}
 
         full = dict(os.environ)
         full.update(env)

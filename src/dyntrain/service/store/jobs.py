@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from dyntrain.elastic.numerics import KernelLevel
 from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
@@ -29,7 +30,13 @@ from dyntrain.service.core.model import (
     parse_launcher,
     substitute,
 )
-from dyntrain.service.core.submitter import check_run_folder, clean, job_numerics
+from dyntrain.service.core.submitter import (
+    check_run_folder,
+    clean,
+    job_numerics,
+    kernel_refusal,
+    pinned_kernels,
+)
 from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
 from dyntrain.service.store.definitions import _definition_from_row, _find_definition
 from dyntrain.service.store.records import (
@@ -68,7 +75,8 @@ class JobStore(StoreBase):
                exported_environment: dict[str, str] | None = None,
                retry_strategy: RetryStrategy | None = None, num_nodes: int | None = None,
                tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
-               client_token: str | None = None, launcher: str | None = None) -> Job:
+               client_token: str | None = None, launcher: str | None = None,
+               kernel_levels: Sequence[KernelLevel] | None = None) -> Job:
         """Create a job (and, for an array job, its ``array_size`` children) as SUBMITTED.
 
         ``definition`` is ``name`` (latest active revision) or ``name:revision``; ``command``
@@ -84,7 +92,8 @@ class JobStore(StoreBase):
         decides the outcome. ``client_token`` makes the submit idempotent: a submit with a token
         already used returns that job, unchanged. ``tags`` and ``aws`` are kept with the job.
         ``launcher`` (``Launcher``'s values) says how an elastic job's workers run; it needs
-        ``workers`` here or in the definition.
+        ``workers`` here or in the definition. ``kernel_levels``: the CPU kernel levels the
+        service's hosts run (``Executor.kernel_levels``); a job pinned to another is refused.
         """
         array_size = check_array_size(array_size)
         if definition is None and command is None:
@@ -139,6 +148,11 @@ class JobStore(StoreBase):
                     retry = RetryStrategy(retry_attempts, retry.evaluate_on_exit)
                 elastic = _with_launcher(elastic or (spec.elastic if spec else None),
                                          launcher)
+                level = pinned_kernels(env, exports, elastic is not None)
+                refused = (None if kernel_levels is None or level is None
+                           else kernel_refusal(level, kernel_levels))
+                if refused:
+                    raise ValidationError(f"job refused: {refused}")
                 job_name = check_name("job", name or (spec.name if spec else "inline"))
                 res = resources or (spec.resources if spec else Resources())
                 timeout = timeout_seconds or (spec.timeout_seconds if spec else None)

@@ -217,6 +217,24 @@ class SchedulingStore(StoreBase):
                                                 for w in records])
         return [s[0] for s in mine]
 
+    def unclaim_start(self, job_id: str, attempt_no: int, reason: str,
+                      started_at: float | None) -> bool:
+        """Take back a claim whose workers never started (the executor had no room): its
+        attempt and worker records go, and the job is RUNNABLE again (if still STARTING) with
+        ``reason`` and the ``started_at`` it had before; one transaction. True if it moved."""
+        now = self.clock()
+        with self._tx() as conn:
+            moved = conn.execute(jobs.update().where(
+                jobs.c.id == job_id, jobs.c.status == JobStatus.STARTING.value).values(
+                status=JobStatus.RUNNABLE.value, status_reason=reason, started_at=started_at,
+                current_workers=0, updated_at=now)).rowcount
+            if moved:
+                conn.execute(workers.delete().where(workers.c.job_id == job_id,
+                                                    workers.c.attempt_no == attempt_no))
+                conn.execute(attempts.delete().where(attempts.c.job_id == job_id,
+                                                     attempts.c.attempt_no == attempt_no))
+        return bool(moved)
+
     def record_launch(self, handles: dict[str, dict], never_started: Sequence[str],
                       running: dict[str, int]) -> None:
         """Store started workers' handles, mark the others never started, and move jobs
