@@ -1,6 +1,8 @@
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
-# Each target installs what it uses into .venv: `make demo` the service and the workloads
-# (`pip install -e '.[service,workloads]'`), `make lab` the lab, `make test` everything.
+# Each target installs what it uses into .venv: `make demo` the service, the workloads and
+# TensorBoard (`pip install -e '.[service,workloads,tensorboard]'`: every run folder of the demo
+# gets its event files), `make lab` the lab, `make docs` the site's tools only (the `docs` extra,
+# without torch), `make test` everything.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,6 +16,7 @@ PIP := $(PY) -m pip install --quiet --no-compile
 # again (importing torch and torch._dynamo: 13.4 s of CPU instead of 4.8 s, measured at load 5)
 unexport PYTHONDONTWRITEBYTECODE
 DEMO_STAMP := $(VENV)/.demo-installed
+DOCS_STAMP := $(VENV)/.docs-installed
 LAB_STAMP := $(VENV)/.lab-installed
 STAMP := $(VENV)/.installed
 
@@ -30,8 +33,15 @@ $(TORCH):
 	touch $(TORCH)
 
 $(DEMO_STAMP): pyproject.toml $(TORCH)
-	$(PIP) -c $(PIN) -e ".[service,workloads]"
+	$(PIP) -c $(PIN) -e ".[service,workloads,tensorboard]"
 	touch $(DEMO_STAMP)
+
+# the site needs MkDocs and its plugins, not dyntrain nor torch (the API reference is read from
+# src/ without importing it): the `docs` extra's requirements alone, read from pyproject.toml
+$(DOCS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["docs"]))')
+	touch $(DOCS_STAMP)
 
 $(LAB_STAMP): pyproject.toml $(TORCH)
 	$(PIP) -c $(PIN) -e ".[lab]"
@@ -99,7 +109,7 @@ test: $(STAMP) browser
 
 # The documentation site (MkDocs with Material; the API reference from the docstrings) into
 # build/site; nothing is fetched while it builds. `make test` builds it too, strictly.
-docs: $(STAMP)
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # docs/benchmarks/*.md from bench/results/*.json (tests/test_docs.py checks they are up to date)

@@ -1,6 +1,9 @@
 """Bad input through the real CLI: a one-line error, a non-zero exit, nothing touched."""
 
 import hashlib
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -50,7 +53,7 @@ def test_bad_events_or_other_settings_leave_an_existing_run_untouched(tmp_path):
     # before training, naming what differs
     proc = run_cli(["run", "--out", out, SCRIPTS / "ledger_train.py", "--epochs", "3",
                     "--global-batch", "32"])
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # bad input: the folder holds another run
     last = proc.stdout.strip().splitlines()[-1]
     assert last.endswith(
         f"job failed: no worker could start: {out} holds a run started with other settings: "
@@ -72,12 +75,40 @@ def test_malformed_coordinator_address(address):
     assert_one_line_error(proc, "HOST:PORT")
 
 
-def test_global_batch_not_a_multiple_of_chunk_size_fails_the_job(tmp_path):
-    proc = run_cli(["run", "--out", tmp_path / "o", SCRIPTS / "bad_config.py"])
-    assert proc.returncode == 1
+@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
+def test_a_bad_train_config_fails_the_job_in_one_line_as_bad_input(tmp_path, quiet):
+    """The script's ConfigError is the job's one line (even with --quiet), exit status 2."""
+    proc = run_cli(["run", *quiet, "--out", tmp_path / "o", SCRIPTS / "bad_config.py"])
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
     last = proc.stdout.strip().splitlines()[-1]
-    assert "no worker could start" in last
-    assert "global batch 30 is not a multiple of chunk size 8" in last
+    assert "job failed: no worker could start: global batch 30 is not a multiple of chunk " \
+           "size 8: choose a chunk size that divides it (e.g. 6)" in last, proc.stdout
+    if quiet:
+        assert proc.stdout.strip().count("\n") == 0, proc.stdout
+    log = (tmp_path / "o" / "logs" / "worker-w0.log").read_text()
+    assert "Traceback" not in log and log.strip().startswith("dyntrain: error: global batch"), log
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"global_batch": 30, "chunk_size": 8}, "global batch 30 is not a multiple of chunk size 8"),
+    ({"global_batch": 0, "chunk_size": 8}, "global_batch (0) and chunk_size (8) must be positive"),
+    ({"global_batch": -32, "chunk_size": 8}, "global_batch (-32)"),
+    ({"global_batch": 32, "chunk_sise": 8},
+     "TrainConfig has no option 'chunk_sise': did you mean 'chunk_size'?"),
+    ({"global_batch": "32", "chunk_size": 8}, "global_batch must be an integer, got '32'")])
+def test_a_bad_train_config_in_a_plain_script_is_one_line_and_exit_2(kwargs, needle):
+    proc = subprocess.run([sys.executable, SCRIPTS / "bad_config.py", json.dumps(kwargs)],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc, needle)
+
+
+def test_quiet_still_says_why_the_job_failed(tmp_path):
+    """A worker that raises mid-run: with --quiet the job's failure is still its one line."""
+    proc = run_cli(["run", "--quiet", "--out", tmp_path / "o", SCRIPTS / "ledger_train.py",
+                    "--raise-in", "all", "--raise-after", "4", "--epochs", "2"])
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    out = proc.stdout.strip()
+    assert out.count("\n") == 0 and "job failed: every worker is gone (last error: " in out, out
 
 
 def test_compare_reports_missing_files(tmp_path):

@@ -410,6 +410,31 @@ def test_graceful_leave_forms_generation_without_the_leaver(job):
     assert leave["latency_s"] == pytest.approx(2.0)  # from note_request to the first step
 
 
+def test_two_leaves_taken_in_by_one_re_formation_each_say_their_own_world(job):
+    """b and c are told to leave 0.5 s apart and both leave after step 4: one re-formation
+    4 -> 2, reported as two changes in the order asked for, 4 -> 3 and 3 -> 2."""
+    job.start("a", "b", "c", "d", step=4)
+    job.coord.note_request("b")
+    job.clock.now += 0.5
+    job.coord.note_request("c")
+    job.clock.now += 1.0
+    job.w["b"].left(0, 4)
+    job.w["c"].left(0, 4)
+    assert job.tick() is Phase.REFORMING
+    job.w["a"].ready(0, 4)
+    job.w["d"].ready(0, 4)
+    assert job.tick() is Phase.RUNNING
+    assert job.gen(1).members == ("a", "d")
+    job.clock.now += 1.0
+    job.w["a"].metrics(1, 5)
+    job.tick()
+    leaves = [e for e in job.sink.events if e["event"] == "leave"]
+    assert [(e["workers"], e["world_before"], e["world_after"]) for e in leaves] == [
+        (["b"], 4, 3), (["c"], 3, 2)]
+    assert [e["generation"] for e in leaves] == [1, 1]
+    assert [e["latency_s"] for e in leaves] == [pytest.approx(2.5), pytest.approx(2.0)]
+
+
 def test_a_member_that_leaves_before_it_joined_its_generation_aborts_it(job):
     """The whole world is told to leave (a terminate), but the notices straddle a step: a and b
     leave after step 4, c and d report the boundary, generation 1 is formed of c and d. d,
@@ -630,8 +655,12 @@ def test_all_members_dead_then_a_joiner_starts_over(store, checkpoint):
     assert sorted(job.kinds()) == sorted(["start", "crash", kind])  # one failure, one event
     crashes = [e for e in job.sink.events if e["event"] == "crash"]
     assert sorted(w for e in crashes for w in e["workers"]) == ["a", "b"]
-    assert all(e["steps_redone"] == redone and e["world_after"] == 1 for e in crashes)
-    assert job.sink.events[-1]["event"] == kind and job.sink.events[-1]["workers"] == ["d"]
+    # the crash took the world from 2 to 0, and d's start (or resume) from 0 to 1
+    assert all(e["steps_redone"] == redone and (e["world_before"], e["world_after"]) == (2, 0)
+               for e in crashes)
+    last = job.sink.events[-1]
+    assert last["event"] == kind and last["workers"] == ["d"]
+    assert (last["world_before"], last["world_after"]) == (0, 1)
 
 
 def test_a_message_the_protocol_does_not_know_is_refused_and_the_job_goes_on(job):

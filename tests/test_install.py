@@ -110,7 +110,7 @@ def test_a_command_that_needs_an_extra_names_it(bare, tmp_path, args, extra):
 
 def test_a_bundled_workload_without_its_extra_names_it(bare, tmp_path):
     proc = dyntrain(bare, "run", "--out", tmp_path / "run", "-m", "dyntrain.workloads.digits")
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # bad input: a missing extra
     last = proc.stdout.strip().splitlines()[-1]
     assert "job failed: no worker could start: digits: error: the digits workload needs " \
            "scikit-learn, which is not installed: pip install 'dyntrain[workloads]'" in last, last

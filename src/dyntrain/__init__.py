@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dyntrain.errors import install_excepthook
+
 __all__ = ["ElasticTrainer", "TrainConfig"]
 __version__ = "0.1.0"
+
+# A script that imports dyntrain ends on a DyntrainError (a bad TrainConfig, a missing extra) with
+# one line, ``dyntrain: error: ...``, and exit status 2, as ``dyntrain`` itself does.
+install_excepthook()
 
 if TYPE_CHECKING:
     from dyntrain.elastic.config import TrainConfig

@@ -256,6 +256,29 @@ def test_what_training_reported_is_in_the_log_status_api_and_dashboard(service):
         assert re.search(r'id="result">val_accuracy=0\.\d+, steps=12<', page)
 
 
+def test_logs_follow_ends_with_the_membership_changes_and_the_final_status(service):
+    """`logs -f` of an elastic job: when it ends, its membership changes (as `events.jsonl`
+    has them) and, last, its final status with the reason, on stderr; the log on stdout."""
+    digits = (PY, "-m", "dyntrain.workloads.digits", "--max-steps", "6")
+    job_id = ok(cli("submit", "--workers", "1:1", "--", *digits, url=service)).strip()
+    follow = cli("logs", "-f", job_id, url=service)
+    assert re.search(r"^result: val_accuracy=0\.\d+, steps=6$", ok(follow), re.M), follow.stdout
+    with Client(service) as client:
+        changes = [e["payload"] for e in client.events(job_id)
+                   if e["kind"].startswith("membership.")]
+        job = client.get_job(job_id)
+    assert job["status"] == "SUCCEEDED" and changes, (job, changes)
+    tag = f"[{job_id[:8]}]"
+    said = follow.stderr.strip().splitlines()
+    told = said.index(f"{tag} {len(changes)} membership change(s):")
+    listed = said[told + 1:told + 1 + len(changes)]
+    for line, change in zip(listed, changes, strict=True):
+        assert line.startswith(f"{tag}   {change['event']} ") and \
+            f"world {change.get('world_before')} -> {change['world_after']} (" in line, said
+    assert said[-1].startswith(f"{tag} SUCCEEDED"), said
+    assert len(said) == told + 1 + len(changes) + 1, said
+
+
 def test_logs_of_a_retried_array_child_head_each_attempt(service):
     """`logs ARRAY:1` of a child that failed its first attempt and passed its second: a header
     before each attempt's lines says when it started and how it ended."""

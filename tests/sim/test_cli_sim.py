@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -91,3 +92,22 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
     assert message in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 or "Usage:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_plots_without_matplotlib_are_refused_before_the_simulation(tmp_path, jobs_file,
+                                                                    monkeypatch, capsys):
+    """Without the lab extra, `--plots` is one line naming it, said before anything runs."""
+    import dyntrain.sim.compare
+    from dyntrain.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setattr(dyntrain.sim.compare, "compare", lambda *a, **k: pytest.fail(
+        "the simulation ran before matplotlib was checked"))
+    with pytest.raises(SystemExit) as exit_:
+        main(["sim", "--capacity", str(SPOT), "--jobs", str(jobs_file), "--plots",
+              str(tmp_path / "plots")])
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == "", (out, err)
+    assert err == ("dyntrain: error: `dyntrain sim` needs matplotlib, which is not installed: "
+                   "pip install 'dyntrain[lab]'\n"), err
+    assert not (tmp_path / "plots").exists()

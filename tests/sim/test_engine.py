@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dyntrain.service.core.allocation import FIFO
+from dyntrain.service.core.allocation import FIFO, policy_by_name
 from dyntrain.service.core.capacity import trace_from_points
 from dyntrain.service.core.goodput import Goodput
 from dyntrain.service.core.model import ValidationError
@@ -44,13 +44,28 @@ def test_one_job_on_constant_capacity():
 
 def test_capacity_taken_back_and_returned():
     env = spot([(0, 4), (55, 2), (100, 4)])
-    (a,) = run_simulation([env], trace(job("a", 4000)), FIFO).jobs
+    result = run_simulation([env], trace(job("a", 4000)), FIFO)
+    (a,) = result.jobs
     # 5-55 s: 4 workers (2000 samples); shrunk to 2 at 55, re-formed at 57; 57-105 s at 20/s
     # (960); 2 workers grow at 100, ready at 105, re-formed at 107; the last 1040 at 40/s
     assert a.finished_s == pytest.approx(107 + 1040 / 40)
     assert a.reformations == 2
-    leaving = 2 * 2.0  # the two that left held their slots 2 s more
-    assert a.worker_seconds == pytest.approx(4 * 55 + leaving + 2 * (133 - 55) + 2 * (133 - 100))
+    # the two that left at 55 lost their slots with the capacity: they hold nothing after it
+    assert a.worker_seconds == pytest.approx(4 * 55 + 2 * (133 - 55) + 2 * (133 - 100))
+    # every slot that existed was held, and never more than existed
+    assert result.slot_seconds_available == pytest.approx(4 * 55 + 2 * 45 + 4 * 33)
+    assert result.utilisation == pytest.approx(1.0)
+
+
+def test_a_worker_told_to_leave_holds_its_slot_while_the_capacity_still_has_it():
+    """Fair shares give the job that arrives at 50 s half of the 4 slots: the first job's two
+    workers told to leave hold theirs ``leave_s`` more, so the newcomer starts 10 s later."""
+    jobs = trace(job("a", 20_000), job("c", 4000, arrival=50.0))
+    result = run_simulation([spot([(0, 4)])], jobs, policy_by_name("fair"),
+                            SimConfig(leave_s=10.0))
+    a, c = result.jobs
+    assert a.sizes[4] > 0 and c.started_s == pytest.approx(60.0)
+    assert result.slot_seconds_used <= result.slot_seconds_available
 
 
 def test_a_job_below_its_min_is_suspended_and_resumes_where_it_was():

@@ -75,6 +75,8 @@ def sim(capacity, jobs_file, count, days, seed, policies, spot_price, on_demand_
     from dyntrain.sim.jobs import builtin_jobs, load_jobs
     from dyntrain.sim.results import format_table
 
+    if plots_dir is not None:  # a missing matplotlib is said before the simulation, not after
+        import matplotlib  # noqa: F401
     names = parse_policies(policies)
     for flag, value in (("--spot-price", spot_price), ("--on-demand-price", on_demand_price)):
         if value is not None and not (math.isfinite(value) and value >= 0):

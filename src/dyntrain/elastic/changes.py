@@ -3,7 +3,10 @@ of ``events.jsonl``. Pure bookkeeping for the coordinator (``dyntrain.elastic.co
 
 A change is ``pending`` until a generation is published that includes it; then it awaits that
 world's first completed step, when it is reported with its latency (request to first step).
-Changes whose world never completed a step are reported with the next one that does.
+Changes whose world never completed a step are reported with the next one that does. Several
+changes that one re-formation takes in (two workers told to leave at once) are each reported
+with their own world before and after, in the order they were requested: each starts from the
+world the one before it left, and the last ends at the world formed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ class Change:
     detected_at: float
     world_before: int
     fields: dict = field(default_factory=dict)
+
+    def moved(self) -> int:
+        """How many workers this change adds to the world (negative: takes away)."""
+        if self.kind in (EventKind.JOIN, EventKind.START, EventKind.RESUME):
+            return len(self.workers)
+        if self.kind is EventKind.REATTACH:
+            return 0
+        return -len(self.workers)
 
     def record(self, started_at: float) -> dict:
         """Its ``events.jsonl`` row (an ``EventRow``'s JSON object), times relative to
@@ -92,6 +103,12 @@ class ChangeLog:
             change.fields.update(generation=gen.number, reformed_at=now,
                                  world_after=gen.world_size, start_step=gen.start_step,
                                  steps_redone=redone, origin=origin)
+        # each from the world the one before it left, in the order they were asked for (and
+        # are reported in): module doc
+        self.awaiting.sort(key=lambda c: c.requested_at)
+        for change, later in zip(self.awaiting, self.awaiting[1:], strict=False):
+            change.fields["world_after"] = max(0, change.world_before + change.moved())
+            later.world_before = change.fields["world_after"]
 
     def went_on(self, change: Change, gen: Generation, now: float) -> None:
         """After a re-attach, ``gen`` simply goes on: ``change`` awaits its next step."""

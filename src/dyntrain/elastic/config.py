@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import numbers
+from dataclasses import asdict, dataclass, fields
 
 from dyntrain.errors import ConfigError
 
@@ -86,8 +88,8 @@ class TrainConfig:
             of fewer than this many members loses none of it.
 
     Raises:
-        ConfigError: A value is out of range, or ``chunk_size`` does not divide
-            ``global_batch`` (one line, naming the value).
+        ConfigError: An unknown option, a value of the wrong type or out of range, or
+            ``chunk_size`` does not divide ``global_batch`` (one line, naming the value).
     """
 
     global_batch: int
@@ -111,7 +113,18 @@ class TrainConfig:
     shard_level: int = 0
     shard_redundancy: int = 2
 
+    def __new__(cls, *args, **kwargs):
+        # a misspelt option is a ConfigError naming it, not the generated __init__'s TypeError
+        names = [f.name for f in fields(cls)]
+        for name in kwargs:
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1)
+                raise ConfigError(f"TrainConfig has no option {name!r}"
+                                  + (f": did you mean {close[0]!r}?" if close else ""))
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
+        self._check_types()
         if self.global_batch <= 0 or self.chunk_size <= 0:
             raise ConfigError(
                 f"global_batch ({self.global_batch}) and chunk_size ({self.chunk_size}) "
@@ -187,6 +200,18 @@ class TrainConfig:
         """
         steps = self.epochs * self.steps_per_epoch(dataset_size)
         return min(steps, self.max_steps) if self.max_steps is not None else steps
+
+    def _check_types(self) -> None:
+        """A number where one is expected (one line naming the option): ``"32"`` would fail
+        later with a TypeError, ``True`` would count as 1."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), f.type.removesuffix(" | None")
+            if value is None and f.type.endswith("| None"):
+                continue
+            wanted = {"int": numbers.Integral, "float": numbers.Real}.get(kind)
+            if wanted and (isinstance(value, bool) or not isinstance(value, wanted)):
+                what = "an integer" if kind == "int" else "a number"
+                raise ConfigError(f"{f.name} must be {what}, got {value!r}")
 
     def _check_level_2(self) -> None:
         """Refuse what level 2 cannot do exactly (one line each, naming the reason)."""

@@ -197,6 +197,20 @@ class EventRow:
             first_step_at=self.first_step_at, latency_s=self.latency_s))
         return {**out, **self.extra}
 
+    def text(self) -> str:
+        """One line: ``join w2: world 1 -> 2 (generation 2, steps redone 0, ...)``."""
+        who = ", ".join(self.workers) or "-"
+        parts = [f"generation {self.generation}"] if self.generation is not None else []
+        parts.append(f"steps redone {self.steps_redone}")
+        if self.origin:
+            parts.append(f"state from {self.origin}")
+        if self.latency_s is not None:
+            parts.append(f"latency {self.latency_s:.3f} s")
+        if self.reason:
+            parts.append(f"reason: {self.reason}")
+        return (f"{self.kind.value} {who}: world {self.world_before} -> {self.world_after} "
+                f"({', '.join(parts)})")
+
 
 Row = MetricsRow | EventRow
 

@@ -33,7 +33,7 @@ from dyntrain.elastic.runrows import EventRow, MetricsRow
 from dyntrain.elastic.storage import RunStore, StorageError
 from dyntrain.extras import MissingExtra
 
-__all__ = ["FOLDER", "TensorBoardMirror", "available", "membership_text", "wanted"]
+__all__ = ["FOLDER", "TensorBoardMirror", "available", "wanted"]
 
 FOLDER = "tensorboard"
 UPLOAD_SECONDS = 30.0  # how often an object store's event file is uploaded while a run goes
@@ -59,21 +59,6 @@ def wanted(setting: bool | None, what: str = "--tensorboard") -> bool:
     if setting and not available():
         raise MissingExtra("tensorboard", what)
     return setting
-
-
-def membership_text(row: EventRow) -> str:
-    """The text event of a membership change: ``join w2: world 1 -> 2 (generation 2, ...)``."""
-    who = ", ".join(row.workers) or "-"
-    parts = [f"generation {row.generation}"] if row.generation is not None else []
-    parts.append(f"steps redone {row.steps_redone}")
-    if row.origin:
-        parts.append(f"state from {row.origin}")
-    if row.latency_s is not None:
-        parts.append(f"latency {row.latency_s:.3f} s")
-    if row.reason:
-        parts.append(f"reason: {row.reason}")
-    return (f"{row.kind.value} {who}: world {row.world_before} -> {row.world_after} "
-            f"({', '.join(parts)})")
 
 
 class TensorBoardMirror:
@@ -125,7 +110,7 @@ class TensorBoardMirror:
 
     def event(self, row: EventRow) -> None:
         """Add one membership change as a text event at the step its world started from."""
-        self.writer.add_text("membership", membership_text(row), row.start_step or 0)
+        self.writer.add_text("membership", row.text(), row.start_step or 0)
         self.writer.flush()  # rare and worth seeing at once
         self._maybe_upload(force=True)
 

@@ -29,7 +29,7 @@ from dyntrain.elastic.runlog import open_events, open_metrics, read_records
 from dyntrain.elastic.runrows import EventRow, MetricsRow
 from dyntrain.elastic.storage import RunStore, StorageError, open_store
 from dyntrain.elastic.tensorboard import TensorBoardMirror, wanted
-from dyntrain.errors import ConfigError, DyntrainError
+from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
@@ -346,7 +346,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
           sink: RunSink, signals: StopSignals, chaos: ChaosDriver | None = None) -> int | None:
     """Run until the job ends (its exit code) or a stop signal arrives (None)."""
     last_fired: tuple[str, list[str]] | None = None
-    startup_failure = ""
+    startup_failure, startup_code = "", 0
     errored_at: dict[str, float] = {}
     while not signals.count:
         for worker_id, code in workers.reap():
@@ -355,6 +355,7 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
                 said = workers.last_line(worker_id).removeprefix("dyntrain: error: ")
                 startup_failure = (f"{said or f'exit code {code}'} "
                                    f"(see {workers.log_path(worker_id)})")
+                startup_code = code
                 sink.log(f"worker {worker_id} exited with code {code} before joining: "
                          f"{startup_failure}")
             elif code != 0:
@@ -379,8 +380,9 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             sink.catch_up()
             return 0
         if phase is Phase.FAILED:
-            sink.log(f"job failed: {coord.failure}")
-            return 1
+            sink.catch_up()
+            sink.announce(f"job failed: {coord.failure}")  # said even with --quiet
+            return EXIT_FAILED
         elapsed = time.time() - coord.started_at
         event = schedule.pop_next(coord.job.highest_step, elapsed) if _settled(coord, last_fired) \
             else None
@@ -404,12 +406,16 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
                 log_file = workers.log_path(culprit)
                 where = f"; its traceback: {log_file}" if log_file.is_file() else ""
                 last = f" (last error: {coord.job.last_error}{where})"
-            reason = f"every worker is gone{last}{hint}"
+            reason, code = f"every worker is gone{last}{hint}", EXIT_FAILED
             if startup_failure and coord.current is None:
                 reason = f"no worker could start: {startup_failure}"
+                # the script refused its input (a ConfigError, a run folder of other settings):
+                # bad input, as `dyntrain` says of its own
+                code = EXIT_USAGE if startup_code == EXIT_USAGE else EXIT_FAILED
             coord.fail(reason)
-            sink.log(f"job failed: {coord.failure}")
-            return 1
+            sink.catch_up()
+            sink.announce(f"job failed: {coord.failure}")  # said even with --quiet
+            return code
         time.sleep(TICK_SECONDS)
     return None
 

@@ -148,6 +148,7 @@ class Simulation:
             if (not self.active and self._arrived == len(self.jobs)) or t >= until:
                 break
             self._apply(schedule(self._snapshot(t), self.policy), t)
+            self._reclaim(t)
             self._form(t)
             self.passes += 1
             if self.config.record:
@@ -304,6 +305,19 @@ class Simulation:
         gone, job.workers[env] = ready[len(ready) - count:], ready[:len(ready) - count]
         hold = self.config.leave_s if self.config.leave_s is not None else job.spec.reform_s
         self.leaving[env] += [(t + hold, job)] * len(gone)
+
+    def _reclaim(self, t: float) -> None:
+        """A worker told to leave keeps its slot only while the environment still has it: when
+        the capacity takes slots back, the workers leaving on them are gone with them (the
+        newest first), so that no more slots are held than exist."""
+        for e in self.envs:
+            rows = self.leaving.get(e.name)
+            if not rows:
+                continue
+            running = sum(len(j.workers.get(e.name, ())) for j in self.active)
+            room = max(0, e.trace.at(t).slots - running)
+            if len(rows) > room:
+                del rows[room:]
 
     def _take(self, job: _Job, env: str, count: int, t: float) -> None:
         """Shrink: ``_leave``, and the group re-forms without them."""

@@ -2,8 +2,9 @@
 
 A job's log lines go to stdout; what the service says about the job goes to stderr: its status
 changes with their reasons (``--wait``), why it waits as soon as the scheduler knows, and, while an
-elastic job trains, its step, world size, loss and samples/s. An array job has no log of its own:
-``logs PARENT`` prints its children's statuses and how to reach a child's log.
+elastic job trains, its step, world size, loss and samples/s; when the job has ended, its
+membership changes (an elastic job's) and its final status with the reason. An array job has no
+log of its own: ``logs PARENT`` prints its children's statuses and how to reach a child's log.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dyntrain.cli.service.common import (
     resolve_job,
 )
 from dyntrain.cli.service.output import list_items, reason_text, short_id
+from dyntrain.elastic.runrows import EventRow, RowError
 from dyntrain.service.core.jobtext import attempt_text, progress_text
 from dyntrain.service.core.model import JobStatus
 
@@ -134,6 +136,32 @@ class _Watcher:
             if text:
                 click.echo(f"{self.tag} {text}", err=True)
 
+    def end(self, job: dict[str, Any], changes: list[str]) -> None:
+        """The ended job's membership changes, then its final status (unless just said)."""
+        if changes:
+            click.echo(f"{self.tag} {len(changes)} membership change(s):", err=True)
+            for text in changes:
+                click.echo(f"{self.tag}   {text}", err=True)
+            self.said = None  # the status, said before them, is said again as the last line
+        self.announce = True
+        self.look(job)
+
+
+def membership_changes(client, job_id: str) -> list[str]:
+    """A job's membership changes, one line each, oldest first (none for a plain job)."""
+    lines, after = [], 0
+    while True:
+        found = client.events(job_id, after_id=after)
+        if not found:
+            return lines
+        for event in found:
+            if str(event.get("kind", "")).startswith("membership."):
+                try:
+                    lines.append(EventRow.from_json(event.get("payload") or {}).text())
+                except RowError as exc:  # a service of another version: say what is there
+                    lines.append(f"{event['kind'].removeprefix('membership.')} ({exc})")
+        after = found[-1]["id"]
+
 
 def follow(client, job_id: str, *, announce: bool,
            seen: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -157,7 +185,9 @@ def follow(client, job_id: str, *, announce: bool,
             watcher.look(job)
             seen_status, next_look = page.get("status"), now + PROGRESS_SECONDS
         if page.get("done") and not page.get("lines"):
-            return client.get_job(job_id)
+            job = client.get_job(job_id)
+            watcher.end(job, membership_changes(client, job_id))
+            return job
         if not page.get("lines"):
             time.sleep(POLL_SECONDS)
 
