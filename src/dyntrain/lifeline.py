@@ -56,8 +56,3 @@ def die_with_parent(parent: int | None) -> None:
         return  # refused (a sandbox): the other safeguards remain
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGKILL)  # the parent ended before the request
-
-
-def supported() -> bool:
-    """Whether processes can be tied to their parent here."""
-    return _PRCTL is not None
