@@ -4,9 +4,9 @@ Linux sends a process the signal it asked for with ``prctl(PR_SET_PDEATHSIG, sig
 parent ends, SIGKILL included: nothing the parent can no longer do (it was SIGKILLed, or ran out
 of memory) is needed. dyntrain asks for SIGKILL in every process it starts on behalf of a run:
 the local workers of ``dyntrain run`` (tied to the launcher), its fork server (tied to the
-launcher) and the workers the server forks (tied to the server), and the loader processes of a
-training worker (tied to that worker). A process that is stopped (SIGSTOP, a frozen worker)
-gets SIGKILL too.
+launcher) and the workers the server forks (tied to the server), the loader processes of a
+training worker (tied to that worker), and the command a Ray actor runs (tied to the actor). A
+process that is stopped (SIGSTOP, a frozen worker) gets SIGKILL too.
 
 Two details decide whether it holds:
 
