@@ -8,6 +8,8 @@ import sys
 import pytest
 
 from conftest import SCRIPTS, run_cli
+from dyntrain.launch.fit import WORKER_MIB
+from dyntrain.procstat import memory_available_mib
 
 
 def assert_one_line_error(proc, *needles, code=2):
@@ -160,3 +162,21 @@ def test_compare_reports_match_and_difference(tmp_path):
     assert differ.stdout.strip().endswith("; 1 value(s) NaN in one run only"), differ.stdout
     torch.save({"w": nan, "n": torch.tensor(4)}, a / "final.pt")
     assert run_cli(["compare", a, b]).returncode == 0
+
+
+def test_nproc_above_max_is_refused_before_anything_starts(tmp_path):
+    proc = run_cli(["run", "--workers", "1:2", "--nproc", "500", "--out", tmp_path / "o",
+                    SCRIPTS / "ledger_train.py"])
+    assert_one_line_error(proc, "--nproc 500 is more than --workers MAX 2",
+                          "at most 2 workers train at once")
+    assert not (tmp_path / "o" / "logs").exists()
+
+
+def test_more_local_workers_than_memory_holds_are_refused_saying_how_many_fit(tmp_path):
+    many = memory_available_mib() // WORKER_MIB + 1  # one more than fits, without the join
+    proc = run_cli(["run", "--workers", f"1:{many + 1}", "--nproc", str(many), "--events",
+                    "step=5:join=1", "--out", tmp_path / "o", SCRIPTS / "ledger_train.py"])
+    assert_one_line_error(proc, f"{many + 1} local workers (--nproc and the joins of --events) "
+                          f"need at least {(many + 1) * WORKER_MIB} MiB",
+                          "MiB available: at most")
+    assert not (tmp_path / "o" / "logs").exists()

@@ -1,5 +1,5 @@
-"""What Linux says about a process in ``/proc/PID/stat``, and about the machine's CPUs in
-``/proc/stat``, parsed in one place.
+"""What Linux says about a process in ``/proc/PID/stat``, about the machine's CPUs in
+``/proc/stat`` and about its memory in ``/proc/meminfo``, parsed in one place.
 
 ``/proc/PID/stat`` is one line: ``PID (COMM) STATE PPID PGRP SESSION ...``. COMM, the command
 name, may hold spaces and parentheses (a process may name itself ``a) (b``), so the fields are
@@ -124,3 +124,16 @@ def machine_busy_seconds() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return (user + nice + system + irq + softirq) / CLOCK_TICKS
+
+
+def memory_available_mib() -> int | None:
+    """Memory the machine can give new processes now without swapping (``MemAvailable`` of
+    ``/proc/meminfo``), in MiB; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -15,15 +15,16 @@ from dyntrain.data import LoaderConfig
 
 
 class Digits16(Dataset):
-    """scikit-learn's digits at 16x16, each read with a random 16x16 crop of the image padded
-    by 2 and a random horizontal flip."""
+    """scikit-learn's digits at 16x16 (or ``size`` x ``size``), each read with a random crop of
+    the image padded by 2 and a random horizontal flip."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = 16) -> None:
         from sklearn.datasets import load_digits
 
         digits = load_digits()
         x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
-        self.x = F.interpolate(x, size=(16, 16), mode="bilinear", align_corners=False)
+        self.size = size
+        self.x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
         self.y = torch.tensor(digits.target)
 
     def __len__(self) -> int:
@@ -32,7 +33,7 @@ class Digits16(Dataset):
     def __getitem__(self, i: int):
         img = F.pad(self.x[i], (2, 2, 2, 2))
         dx, dy = torch.randint(0, 5, (2,)).tolist()
-        img = img[:, dy:dy + 16, dx:dx + 16]
+        img = img[:, dy:dy + self.size, dx:dx + self.size]
         if torch.rand(()) < 0.5:
             img = img.flip(-1)
         return img, self.y[i]
@@ -51,6 +52,8 @@ def main() -> None:
     ap.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--loader-workers", type=int, default=2)
+    ap.add_argument("--size", type=int, default=16,
+                    help="image side (64: a chunk is larger than a pipe's buffer)")
     ap.add_argument("--hold", default=None, metavar="FILE",
                     help="each chunk takes holding.HELD_CHUNK_S longer while FILE exists")
     args = ap.parse_args()
@@ -73,7 +76,7 @@ def main() -> None:
         loss_fn = slowed(loss_fn, args.hold)
 
     config = TrainConfig(global_batch=32, chunk_size=8, epochs=1, max_steps=args.steps, seed=0)
-    trainer = ElasticTrainer(config, model, opt, Digits16(), loss_fn, scaler=scaler,
+    trainer = ElasticTrainer(config, model, opt, Digits16(args.size), loss_fn, scaler=scaler,
                              loader=LoaderConfig(workers=args.loader_workers, prefetch=2))
     trainer.fit()
     if trainer.is_leader:

@@ -149,9 +149,9 @@ def test_auth(tmp_path):
 def test_compute_environment_crud(client):
     ce = client.create_compute_environment(
         name="ce-crud", capacity_type="SPOT", price_per_slot_hour=0.3,
-        slot={"cpus": 2, "gpus": 0, "memory_mib": 2048}, min_slots=0, desired_slots=2,
+        slot={"cpus": 1, "gpus": 0, "memory_mib": 2048}, min_slots=0, desired_slots=2,
         max_slots=4, state="ENABLED")
-    assert ce["capacity_type"] == "SPOT" and ce["slot"]["cpus"] == 2.0
+    assert ce["capacity_type"] == "SPOT" and ce["slot"]["cpus"] == 1.0
     assert ce["available_slots"] == 2 and ce["slots_in_use"] == 0 and ce["trace"] is None
     assert "ce-crud" in [c["name"] for c in client.list_compute_environments()]
     assert client.get_compute_environment("ce-crud")["max_slots"] == 4
@@ -174,6 +174,30 @@ def test_compute_environment_crud(client):
     assert client.delete_compute_environment("ce-crud") == {"deleted": "ce-crud"}
     assert error_of(client.get_compute_environment, "ce-crud").status == 404
     assert error_of(client.delete_compute_environment, "ce-crud").status == 404
+
+
+def test_a_compute_environment_is_measured_against_the_local_machine(api):
+    """A slot larger than the local executor's machine is refused in one line; more slots than
+    the machine holds at once are accepted, and the environment says how many fit."""
+    service, client = api
+    machine = service.executor.capacity()
+    e = error_of(client.create_compute_environment, name="ce-huge",
+                 slot={"cpus": machine.cpus + 1, "memory_mib": 256}, desired_slots=0, max_slots=1)
+    assert e.status == 400 and "ce-huge: one slot (cpus=" in str(e), str(e)
+    assert "is larger than this machine" in str(e) and "no worker of it could start" in str(e)
+    assert error_of(client.get_compute_environment, "ce-huge").status == 404
+    e = error_of(client.create_compute_environment, name="ce-fat",
+                 slot={"cpus": 0.5, "memory_mib": machine.memory_mib + 1}, max_slots=1)
+    assert e.status == 400 and "is larger than this machine" in str(e), str(e)
+
+    half = machine.cpus / 2  # two of its slots fill the machine's cores
+    ce = client.create_compute_environment(name="ce-wide", slot={"cpus": half, "memory_mib": 256},
+                                           desired_slots=0, max_slots=5)
+    assert "holds 2 of its 5 slots at once; slots beyond 2 are never filled" in \
+        ce["machine_note"], ce["machine_note"]
+    ce = client.update_compute_environment("ce-wide", max_slots=2)
+    assert ce["machine_note"] is None
+    client.delete_compute_environment("ce-wide")
 
 
 def test_capacity_trace(client):

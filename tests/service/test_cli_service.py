@@ -85,6 +85,21 @@ def wait_status(url: str, job_id: str, statuses: set[str], timeout: float = 30) 
 # ---------------------------------------------------------------------------------- tests
 
 
+def test_ce_create_and_update_say_how_many_slots_the_machine_holds(service):
+    """A local environment that may offer more slots than the machine holds at once: created
+    and updated with a note of how many fit; none once its slots fit."""
+    cores = os.cpu_count()
+    [created] = parallel(("ce", "create", "wide", "--slots", f"0:0:{cores + 3}", "--slot-cpus",
+                          "1", "--slot-memory", "64"), url=service)
+    assert ok(created).splitlines()[-1].startswith("note: this machine (cpus="), created.stdout
+    assert f"holds {cores} of its {cores + 3} slots at once; slots beyond {cores} are never " \
+        "filled" in created.stdout
+    [updated] = parallel(("ce", "update", "wide", "--max", str(cores + 1)), url=service)
+    assert f"holds {cores} of its {cores + 1} slots at once" in ok(updated), updated.stdout
+    [fits] = parallel(("ce", "update", "wide", "--max", str(cores)), url=service)
+    assert ok(fits).strip() == "updated compute environment wide"
+
+
 def test_ce_queue_from_yaml_and_flags_and_trace(service, tmp_path):
     (tmp_path / "ce.yaml").write_text(
         "name: spotty\ncapacity_type: SPOT\nprice_per_slot_hour: 0.3\n"

@@ -15,7 +15,8 @@ follow at once. The plan lives in a small shared-memory tensor that the loader p
 before every sample: a request the plan no longer needs is dropped where it stands (queued or
 half loaded) and comes back empty, so the new plan's chunks do not wait behind the old plan's
 (a rescale does not pay for loading what nobody will compute). The loader processes stay up the
-whole time.
+whole time, and die with the training process however it ends (``dyntrain.lifeline``; they
+are tied to the thread that builds the loader, the one that builds the ``ElasticTrainer``).
 
 A failing sample (missing, unreadable or corrupt file) comes back as a one-line ``DataError``
 naming the file, raised in the training process.
@@ -23,8 +24,10 @@ naming the file, raised in the training process.
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
+import os
 import random
 from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
@@ -37,6 +40,7 @@ from dyntrain.data.sources import DataError
 from dyntrain.elastic.sampler import BatchOrder, derive_seed
 from dyntrain.elastic.stepper import _to_device
 from dyntrain.errors import ConfigError
+from dyntrain.lifeline import die_with_parent
 
 Key = tuple[int, int]  # (step, chunk)
 
@@ -229,6 +233,11 @@ def _identity(batch):
     return batch
 
 
+def _tie_to_owner(owner: int | None, _loader_id: int) -> None:
+    """In a loader process, first thing: die with the training process that started it."""
+    die_with_parent(owner)
+
+
 class _PlanSampler:
     """The DataLoader's batch sampler: an endless stream of requests from the loader's plan."""
 
@@ -261,9 +270,15 @@ class ChunkLoader:
         self._pin = pin and cfg.workers > 0  # (the DataLoader pins the shared-memory tensors)
         extra = {}
         if cfg.workers:
+            # a loader process dies with this process (whatever kills it), not minutes later
+            # or never (torch's own check waits for the loader to be idle, and a loader whose
+            # results fill the pipe to a dead worker never is); with ``forkserver`` its parent
+            # is multiprocessing's server, which ends with this process
+            owner = None if cfg.start_method == "forkserver" else os.getpid()
             extra = {"prefetch_factor": max(1, math.ceil(cfg.prefetch / cfg.workers)),
                      "persistent_workers": True, "timeout": cfg.timeout,
-                     "multiprocessing_context": cfg.start_method}
+                     "multiprocessing_context": cfg.start_method,
+                     "worker_init_fn": functools.partial(_tie_to_owner, owner)}
         self._loader = DataLoader(SeededChunks(dataset, seed, self._plan),
                                   batch_sampler=_PlanSampler(self), collate_fn=_identity,
                                   num_workers=cfg.workers, pin_memory=pin, **extra)

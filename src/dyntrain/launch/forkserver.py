@@ -23,6 +23,9 @@ locked state; it does not initialise CUDA (importing torch does not), and it is 
 no GPU can be used (a CPU build of torch, or a CUDA build on a machine without a GPU, as
 ``pip install torch`` gives on most Linux machines) unless ``DYNTRAIN_FORKSERVER=1`` asks for it
 (it was not tried on GPUs).
+The server dies with the launcher, and each worker with the server (``dyntrain.lifeline``),
+however they end: none outlives the run; when a worker exits, the server kills what it left in
+its process group.
 ``DYNTRAIN_FORKSERVER=0`` turns it off; workers are then started as plain processes, as they
 are whenever the server is not available and for a worker whose environment differs from the
 server's in more than per-worker variables (an interpreter reads PYTHONHASHSEED, PYTHONPATH and
@@ -32,6 +35,7 @@ the like when it starts).
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import io
 import json
@@ -46,6 +50,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
+
+from dyntrain.lifeline import die_with_parent
 
 ENV_SWITCH = "DYNTRAIN_FORKSERVER"
 # What a worker imports before its first step; the server imports it once for all of them.
@@ -135,7 +141,8 @@ class ForkServer:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-u", "-m", "dyntrain.launch.forkserver"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                    start_new_session=True, env=self.env)
+                    start_new_session=True, env=self.env,
+                    preexec_fn=functools.partial(die_with_parent, os.getpid()))
         self._replies: dict[int, int] = {}  # request number -> pid
         # request number -> exit code: not by pid, which a later worker may be given again (the
         # kernel reuses pids: 32768 of them on many hosts)
@@ -193,7 +200,7 @@ class ForkServer:
         return code
 
     def close(self) -> None:
-        """Stop the server (its workers are not affected)."""
+        """Stop the server; a worker of it still running dies with it (``dyntrain.lifeline``)."""
         try:
             self.proc.stdin.close()
         except OSError:
@@ -246,8 +253,10 @@ def _fork_server(log_path: Path, env: dict[str, str]) -> ServerProcess:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # what is buffered here is written once, by this process
     gc.collect()  # garbage of this process is freed here, not (closing reused fds) in the child
+    launcher = os.getpid()
     pid = os.fork()
     if pid == 0:
+        die_with_parent(launcher)
         _forked_server(requests_r, replies_w, str(log_path), env)
     os.close(requests_r)
     os.close(replies_w)
@@ -368,16 +377,26 @@ def _serve() -> dict | None:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
             request = json.loads(line)
+            request["server"] = os.getpid()
             pid = os.fork()
             if pid == 0:
+                die_with_parent(request["server"])
                 return request
             children[pid] = request["request"]
             _reply({"request": request["request"], "pid": pid})
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
+                _kill_group(pid)  # what the worker left behind (its loader processes)
                 _reply({"exit": pid, "request": children.pop(pid),
                         "code": os.waitstatus_to_exitcode(status)})
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:  # none is left
+        pass
 
 
 def _reply(msg: dict) -> None:

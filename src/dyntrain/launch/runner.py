@@ -33,6 +33,7 @@ from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
+from dyntrain.launch.fit import Machine, cores_note, local_workers, memory_refusal, nproc_refusal
 from dyntrain.launch.forkserver import wanted as fork_server_wanted
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
@@ -76,6 +77,9 @@ class RunOptions:
                               f"{self.min_workers}:{self.max_workers}")
         if not 0 <= self.nproc:
             raise ConfigError(f"--nproc must be at least 0, got {self.nproc}")
+        refusal = nproc_refusal(self.nproc, self.max_workers)
+        if refusal:
+            raise ConfigError(refusal)
         if self.failure_timeout <= 0:
             raise ConfigError("--failure-timeout must be positive")
         if self.grace_seconds < 0:
@@ -207,6 +211,11 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     refusal = host_refusal(numerics, "this machine")
     if refusal and (opts.nproc or any(e.action == "join" for e in opts.events) or opts.chaos):
         raise DyntrainError(f"local workers cannot run: {refusal}")
+    machine = Machine.here()
+    local = local_workers(opts.nproc, opts.events)
+    refusal = memory_refusal(local, machine, joined=local > opts.nproc)
+    if refusal:
+        raise DyntrainError(refusal)
     # before the store's server and anything else that starts a thread: forked from here
     server = start_fork_server(logs, numerics.env()) if fork_server_wanted() else None
     try:
@@ -246,16 +255,12 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                  f"fired ({FIRED_FILE}): {', '.join(e.text for e in skipped)}")
     join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
     sink.log(f"coordinator listening on {address}; join with: {join}")
-    sink.log(_numerics_line(numerics, opts.max_workers))
+    sink.log(_numerics_line(numerics, local, machine.cores))
     if opts.nproc == 0:  # said even with --quiet: nothing happens until someone runs it
         local = (" (it listens on 127.0.0.1: workers on this machine only; --host 0.0.0.0 "
                  "accepts other machines)" if opts.host in ("127.0.0.1", "localhost") else "")
         sink.announce(f"no local workers (--nproc 0): the job waits for workers to join; "
                       f"start each with: {join}{local}")
-    if opts.nproc > opts.max_workers:
-        sink.log(f"{opts.nproc - opts.max_workers} of the {opts.nproc} workers wait on standby "
-                 f"(--workers {opts.min_workers}:{opts.max_workers} admits at most "
-                 f"{opts.max_workers}); they join when a member leaves")
     scheduled = len(schedule.pending)
     chaos = None
     if opts.chaos is not None:
@@ -290,15 +295,12 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                 _upload_logs(store, logs, sink.announce)
 
 
-def _numerics_line(numerics: Numerics, max_workers: int) -> str:
-    """What every worker computes with, and whether local workers share cores."""
-    cores = len(os.sched_getaffinity(0))
+def _numerics_line(numerics: Numerics, local: int, cores: int) -> str:
+    """What every worker computes with, and whether the ``local`` workers share cores."""
     line = (f"numerics of each worker, whatever its host: {numerics.describe()} (recorded in "
             f"{NUMERICS_FILE}; --threads, --cpu-kernels, ... choose)")
-    if numerics.threads > 1 and numerics.threads * max_workers > cores:
-        line += (f"; up to {max_workers} local worker(s) x {numerics.threads} thread(s) share "
-                 f"{cores} core(s): slower, the same bits")
-    return line
+    note = cores_note(local, numerics.threads, cores)
+    return f"{line}; up to {note}" if note else line
 
 
 def local_logs(location: str) -> Path:

@@ -88,6 +88,7 @@ def ce_create(name, path, capacity_type, price, slots, slot_cpus, slot_gpus, slo
     env = from_file(path, lambda: client.create_compute_environment(**body))
     click.echo(f"created compute environment {env.get('name', body['name'])}"
                if isinstance(env, dict) else f"created compute environment {body['name']}")
+    _say_machine_note(env)
 
 
 @ce.command("list")
@@ -136,8 +137,15 @@ def ce_update(name, min_slots, desired, max_slots, state, price, url, token):
     if not fields:
         raise click.UsageError("ce update needs at least one of --min, --desired, --max, "
                                "--state, --price")
-    make_client(url, token).update_compute_environment(name, **fields)
+    env = make_client(url, token).update_compute_environment(name, **fields)
     click.echo(f"updated compute environment {name}")
+    _say_machine_note(env)
+
+
+def _say_machine_note(env: Any) -> None:
+    """How many of its slots the service's one machine holds, when that is fewer."""
+    if isinstance(env, dict) and env.get("machine_note"):
+        click.echo(f"note: {env['machine_note']}")
 
 
 @ce.command("delete")

@@ -10,8 +10,9 @@ from dyntrain.service.api.deps import ServiceDep
 from dyntrain.service.api.errors import Conflict, errors, lookup
 from dyntrain.service.api.schemas import ComputeEnvironmentIn, ComputeEnvironmentPatch, TraceIn
 from dyntrain.service.core.capacity import parse_trace
-from dyntrain.service.core.model import ComputeEnvironmentSpec
-from dyntrain.service.engine.reads import environment_views
+from dyntrain.service.core.fit import slot_refusal
+from dyntrain.service.core.model import ComputeEnvironmentSpec, ValidationError
+from dyntrain.service.engine.reads import environment_views, local_machine
 from dyntrain.service.engine.service import Service
 
 router = APIRouter(prefix="/compute-environments", tags=["compute environments"])
@@ -29,6 +30,10 @@ def create(body: ComputeEnvironmentIn, service: ServiceDep) -> dict[str, Any]:
         price_per_slot_hour=body.price_per_slot_hour, slot=body.slot.spec(),
         min_slots=body.min_slots, desired_slots=body.desired_slots, max_slots=body.max_slots,
         state=body.state)
+    machine = local_machine(service)
+    refusal = slot_refusal(spec, machine) if machine is not None else None
+    if refusal:
+        raise ValidationError(refusal)
     with service.lock:
         ce = service.store.create_compute_environment(spec)
     return environment_views(service, [ce])[0]

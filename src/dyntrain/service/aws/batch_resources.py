@@ -11,6 +11,8 @@ from dyntrain.service.aws import mapping, shapes
 from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of, page, page_offset
+from dyntrain.service.core.fit import slot_refusal
+from dyntrain.service.engine.reads import local_machine
 from dyntrain.service.store import JobDefinition
 
 MAX_RESULTS = 100
@@ -28,6 +30,10 @@ def _limit(p: dict, default: int = MAX_RESULTS, most: int = MAX_RESULTS) -> int:
 
 def create_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.compute_environment(p)
+    machine = local_machine(ctx.service)
+    refusal = slot_refusal(spec, machine) if machine is not None else None
+    if refusal:
+        raise client_error(refusal)
     with ctx.service.lock:
         ctx.service.store.create_compute_environment(spec, tags=p.get("tags"), aws=aws)
     return {"computeEnvironmentName": spec.name,

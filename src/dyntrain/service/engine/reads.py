@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 from dyntrain.service.core.cost import JobCost, UsageRow, job_cost
-from dyntrain.service.core.model import MAX_ARRAY_SIZE, CapacityType
+from dyntrain.service.core.model import MAX_ARRAY_SIZE, CapacityType, Resources
 from dyntrain.service.engine import views
 from dyntrain.service.engine.service import Service
 from dyntrain.service.store import ComputeEnvironment, Job
@@ -22,7 +22,13 @@ def environment_views(service: Service, envs: list[ComputeEnvironment]) -> list[
         available = service.controller.available_slots(service.store.clock())
     in_use = Counter(w.compute_environment for w in service.store.list_workers(active=True))
     traces = service.store.capacity_traces()
-    return [views.compute_environment(ce, available, in_use, traces) for ce in envs]
+    machine = local_machine(service)
+    return [views.compute_environment(ce, available, in_use, traces, machine) for ce in envs]
+
+
+def local_machine(service: Service) -> Resources | None:
+    """The machine every slot is carved from, when the executor is the local one."""
+    return service.executor.capacity() if service.executor.name == "local" else None
 
 
 def cost_of(service: Service, job: Job) -> JobCost:

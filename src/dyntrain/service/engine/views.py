@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from dyntrain.service.core.cost import JobCost
+from dyntrain.service.core.fit import machine_note
 from dyntrain.service.core.model import JobStatus, Resources, RetryStrategy
 from dyntrain.service.core.plan import WaitInfo
 from dyntrain.service.store import (
@@ -32,8 +33,9 @@ def retry_strategy(r: RetryStrategy) -> dict[str, Any]:
 
 
 def compute_environment(ce: ComputeEnvironment, available: dict[str, int],
-                        in_use: Counter, traces: dict[str, tuple[str, float, bool]]
-                        ) -> dict[str, Any]:
+                        in_use: Counter, traces: dict[str, tuple[str, float, bool]],
+                        machine: Resources | None = None) -> dict[str, Any]:
+    """``machine``: the one machine all its slots share (the local executor's), if so."""
     s = ce.spec
     trace = traces.get(ce.name)
     return {
@@ -42,6 +44,7 @@ def compute_environment(ce: ComputeEnvironment, available: dict[str, int],
         "min_slots": s.min_slots, "desired_slots": s.desired_slots, "max_slots": s.max_slots,
         "state": s.state.value, "status": ce.status.value, "status_reason": ce.status_reason,
         "available_slots": available.get(ce.name, 0), "slots_in_use": in_use.get(ce.name, 0),
+        "machine_note": None if machine is None else machine_note(s, machine),
         "trace": None if trace is None else {"csv": trace[0], "started_at": trace[1],
                                              "loop": trace[2]},
         "created_at": ce.created_at, "updated_at": ce.updated_at,

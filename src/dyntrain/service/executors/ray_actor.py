@@ -21,7 +21,7 @@ lost (``{"lost": why}``). The service reports a worker whose node died only ``fe
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import os
 import signal as _signal
 import socket
@@ -30,22 +30,12 @@ import threading
 import time
 
 from dyntrain.elastic.numerics import KernelLevel, host_levels, level_refusal
+from dyntrain.lifeline import die_with_parent
 from dyntrain.service.executors.main_node import free_port, local_interface, main_node_env
 from dyntrain.service.executors.runnable import start_problem
 
-_PR_SET_PDEATHSIG = 1
 FENCE_PROBE_S = 1.0  # how often (and how long at most) the actor connects to the GCS
 MAIN_ASK_S = 1.0  # how long each look for a gang's main worker waits
-try:
-    _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before any fork
-except (OSError, AttributeError):  # not Linux: the command may outlive a dead actor
-    _prctl = None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the thread that started it (or the actor) dies."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, _signal.SIGKILL)
 
 
 def _has_ended(pid: int) -> bool:
@@ -189,7 +179,9 @@ class WorkerProcess:
             with open(self._log, "wb", buffering=0) as log:
                 proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True,
+                                        preexec_fn=functools.partial(die_with_parent,
+                                                                     os.getpid()))
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             started.append(exc)
             ready.set()
