@@ -365,9 +365,10 @@ def test_a_job_the_machine_cannot_hold_now_waits_with_the_reason_everywhere(tmp_
             wait_for(lambda: client.get_job(first)["status"] == "RUNNING", "the first job runs")
             second = client.submit(queue="bq", command=[PY, "-c", "print('held no more')"],
                                    resources=whole)["id"]
+            # the reason is the refused start's; ``waiting`` the next scheduling pass's
             job = wait_for(lambda: (j := client.get_job(second))["status_reason"] and
                            j["status_reason"].startswith("waiting for room on the executor: ")
-                           and j, "the second job to wait for room")
+                           and j["waiting"] and j, "the second job to wait for room")
             assert (job["status"], job["attempts"], job["preemptions"]) == ("RUNNABLE", 0, 0)
             assert f"needs cpus={cpus} " in job["status_reason"], job
             assert job["waiting"]["reason"] == job["status_reason"], job
