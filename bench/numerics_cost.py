@@ -126,14 +126,14 @@ def workloads(quick: bool) -> list[Workload]:
     scale = 2 if quick else 1
     return [
         Workload("digits", "dyntrain.workloads.digits", ("--checkpoint-every", NEVER), 64,
-                 warmup=10, steps=120 // scale),
+                 warmup=5, steps=40 // scale),
         Workload("gpt", "dyntrain.workloads.gpt",
                  ("--model", "tiny", "--seq-len", "64", "--global-batch", "16", "--chunk-size",
                   "4", "--checkpoint-every", NEVER, "--val-every", NEVER, "--val-samples",
-                  "16"), 16, warmup=5, steps=40 // scale),
+                  "16"), 16, warmup=3, steps=20 // scale),
         Workload("images", "dyntrain.workloads.imagenet",
                  ("--data", "{data}", "--recipe", "digits-resnet", "--loader-workers", "1",
-                  "--checkpoint-every", NEVER), 128, warmup=5, steps=24 // scale),
+                  "--checkpoint-every", NEVER), 128, warmup=3, steps=12 // scale),
     ]
 
 
