@@ -51,7 +51,13 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _common import kill_tree, machine_info, write_result  # bench/ is sys.path[0] as a script
+from _common import (  # bench/ is sys.path[0] when run as a script
+    JsonlTail,
+    kill_tree,
+    machine_info,
+    process_cpu_seconds,
+    write_result,
+)
 from dyntrain.data import pack
 from dyntrain.elastic.numerics import (
     ENV_NAMES,
@@ -165,24 +171,61 @@ def observed(out: Path) -> dict:
                                      "deterministic")}
 
 
+class CpuMarks:
+    """The training process's CPU seconds (all its threads, from /proc) when the rows of the
+    first and the last measured step appear in its ``metrics.jsonl``: the CPU time its steps
+    took, which other load on the machine disturbs far less than their wall time."""
+
+    def __init__(self, pid: int, out: Path, workload: Workload) -> None:
+        self.pid, self.workload = pid, workload
+        self.tail = JsonlTail(out / "metrics.jsonl")
+        self.first = workload.warmup + 1
+        self.last = workload.warmup + workload.steps + 1
+        self.cpu: dict[int, float] = {}
+
+    def poll(self) -> None:
+        rows = self.tail.poll() if self.tail.path.is_file() else []
+        if any(row.get("step") in (self.first, self.last) for row in rows):
+            cpu = process_cpu_seconds([self.pid])
+            for row in rows:
+                if row.get("step") in (self.first, self.last):
+                    self.cpu.setdefault(row["step"], cpu)
+
+    def samples_per_cpu_s(self) -> float | None:
+        if self.first not in self.cpu or self.last not in self.cpu:
+            return None
+        spent = self.cpu[self.last] - self.cpu[self.first]
+        steps = self.last - self.first
+        return self.workload.global_batch * steps / spent if spent > 0 else None
+
+
 def run_one(workload: Workload, setting: Setting, data: Path, out: Path,
             timeout: float) -> dict:
     env = setting.env(dict(os.environ))
     env.update(DYNTRAIN_OUT=str(out), PYTHONUNBUFFERED="1")
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    proc = subprocess.Popen(workload.command(data), env=env, cwd=BENCH.parent, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out.mkdir(parents=True)
+    with open(out.parent / f"{out.name}.log", "w") as log:
+        proc = subprocess.Popen(workload.command(data), env=env, cwd=BENCH.parent, text=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+    marks = CpuMarks(proc.pid, out, workload)
     try:
-        output, _ = proc.communicate(timeout=timeout)
+        while proc.poll() is None:
+            if time.perf_counter() - started > timeout:
+                raise RuntimeError(f"{workload.name} with {setting.label}: no end after "
+                                   f"{timeout:g} s")
+            marks.poll()
+            time.sleep(0.005)
     finally:
         kill_tree(proc)
     if proc.returncode != 0:
+        output = (out.parent / f"{out.name}.log").read_text()
         raise RuntimeError(f"{workload.name} with {setting.label} failed "
                            f"(exit {proc.returncode}):\n{output[-3000:]}")
     return {"workload": workload.name, "setting": setting.key, "load_before": load,
             "wall_s": time.perf_counter() - started, **steady_samples_per_s(out, workload),
-            "observed": observed(out)}
+            "samples_per_cpu_s": marks.samples_per_cpu_s(), "observed": observed(out)}
 
 
 def summarize(runs: list[dict], loads: list[Workload], settings: list[Setting]) -> list[dict]:
@@ -197,6 +240,11 @@ def summarize(runs: list[dict], loads: list[Workload], settings: list[Setting]) 
             ratios = [r["samples_per_s"] / best[r["round"]] for r in rows]
             to_pinned = [r["samples_per_s"] / pinned[r["round"]] for r in rows
                          if r["round"] in pinned]
+            per_cpu = [r["samples_per_cpu_s"] for r in rows if r["samples_per_cpu_s"]]
+            cpu_pinned = {r["round"]: r["samples_per_cpu_s"] for r in mine
+                          if r["setting"] == "pinned" and r["samples_per_cpu_s"]}
+            cpu_to_pinned = [r["samples_per_cpu_s"] / cpu_pinned[r["round"]] for r in rows
+                             if r["samples_per_cpu_s"] and r["round"] in cpu_pinned]
             seen = rows[0]["observed"]
             summary.append({
                 "workload": workload.name, "setting": setting.key, "label": setting.label,
@@ -205,6 +253,9 @@ def summarize(runs: list[dict], loads: list[Workload], settings: list[Setting]) 
                 "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
                 "ratio_max": max(ratios),
                 "to_pinned_median": statistics.median(to_pinned) if to_pinned else None,
+                "samples_per_cpu_s_median": statistics.median(per_cpu) if per_cpu else None,
+                "cpu_to_pinned_median": (statistics.median(cpu_to_pinned) if cpu_to_pinned
+                                         else None),
                 "rounds": len(rows),
                 "threads_seen": seen["threads"], "cpu_capability_seen": seen["cpu_capability"]})
     return summary
@@ -212,15 +263,20 @@ def summarize(runs: list[dict], loads: list[Workload], settings: list[Setting]) 
 
 def table(summary: list[dict]) -> str:
     head = (f"{'workload':<8} {'setting':<14} {'threads, kernels':<42} {'samples/s':>9} "
-            f"{'[min, max]':>17} {'/ best':>7} {'[min, max]':>13} {'/ pinned':>8}  torch saw")
+            f"{'[min, max]':>17} {'/ best':>7} {'[min, max]':>13} {'/ pinned':>8} {'per CPU-s':>9} "
+            f"{'/ pinned':>8}  torch saw")
     lines = [head, "-" * len(head)]
     for r in summary:
         spread = f"[{r['samples_per_s_min']:.0f}, {r['samples_per_s_max']:.0f}]"
         ratios = f"[{r['ratio_min']:.2f}, {r['ratio_max']:.2f}]"
-        to_pinned = "-" if r["to_pinned_median"] is None else f"{r['to_pinned_median']:.3f}"
+        def shown(value, digits):
+            return "-" if value is None else f"{value:.{digits}f}"
+
         lines.append(f"{r['workload']:<8} {r['setting']:<14} {r['label']:<42} "
                      f"{r['samples_per_s_median']:>9.1f} {spread:>17} {r['ratio_median']:>7.3f} "
-                     f"{ratios:>13} {to_pinned:>8}  {r['threads_seen']} thr, "
+                     f"{ratios:>13} {shown(r['to_pinned_median'], 3):>8} "
+                     f"{shown(r['samples_per_cpu_s_median'], 1):>9} "
+                     f"{shown(r['cpu_to_pinned_median'], 3):>8}  {r['threads_seen']} thr, "
                      f"{r['cpu_capability_seen']}")
     return "\n".join(lines)
 
@@ -290,7 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(printed)
     print("\nsamples/s: the median over rounds; / best: the median over rounds of the ratio to "
-          "the host's best in the same round; / pinned: the same against the job's default.")
+          "the host's best in the same round; / pinned: the same against the job's default;\n"
+          "per CPU-s: samples per CPU-second of the training process (all its threads), "
+          "median over rounds, and its ratio to the job's default.")
     loads_seen = [r["load_before"] for r in runs]
     result = {"benchmark": "pinned numerics: training samples/s against the host's best",
               "command": " ".join([".venv/bin/python bench/numerics_cost.py",
