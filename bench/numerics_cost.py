@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="comma-separated, of digits, gpt, images [all]")
     ap.add_argument("--settings", default=None,
                     help="comma-separated keys of the settings to run besides best [all]")
-    ap.add_argument("--timeout", type=float, default=300, help="seconds per run [300]")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per run [900]")
     ap.add_argument("--out", default=str(BENCH / "results" / "numerics_cost.json"))
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 2)
@@ -321,7 +321,30 @@ def main(argv: list[str] | None = None) -> None:
           f"{cores} cores, {info['cpu_model']}, torch {info['torch']}, load "
           f"{info['loadavg_before'][0]:.2f}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="dyntrain-numerics-cost-"))
-    runs = []
+    runs: list[dict] = []
+    command = " ".join([".venv/bin/python bench/numerics_cost.py",
+                        *(sys.argv[1:] if argv is None else argv)])
+
+    def result(done: int) -> dict:
+        """The result of the rounds done so far (written after each: a long run stopped
+        keeps them)."""
+        info["loadavg_after"] = list(os.getloadavg())
+        summary = summarize(runs, loads, settings)
+        loads_seen = [r["load_before"] for r in runs]
+        return {"benchmark": "pinned numerics: training samples/s against the host's best",
+                "command": command, "machine": info,
+                "config": {"rounds": done, "rounds_asked": rounds, "quick": args.quick,
+                           "cores": cores,
+                           "settings": [{**asdict(s), "label": s.label} for s in settings],
+                           "workloads": [asdict(w) for w in loads],
+                           "measure": "global batch / median time between step ends in "
+                                      "metrics.jsonl after the warm-up steps, one fresh process "
+                                      "per run; ratio to best per round and workload, median "
+                                      "over rounds"},
+                "load_during": [min(loads_seen), max(loads_seen)],
+                "summary": summary, "runs": runs, "table": table(summary),
+                "total_seconds": time.perf_counter() - started}
+
     try:
         data = prepare_images(work / "images") if any(w.name == "images" for w in loads) \
             else work
@@ -338,33 +361,16 @@ def main(argv: list[str] | None = None) -> None:
                           f"{run['load_before']:.2f}, {run['wall_s']:.0f} s, torch saw "
                           f"{run['observed']['threads']} thr "
                           f"{run['observed']['cpu_capability']})", flush=True)
+            final = result(rnd + 1)
+            write_result(args.out, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    info["loadavg_after"] = list(os.getloadavg())
-    summary = summarize(runs, loads, settings)
-    printed = table(summary)
     print()
-    print(printed)
+    print(final["table"])
     print("\nsamples/s: the median over rounds; / best: the median over rounds of the ratio to "
           "the host's best in the same round; / pinned: the same against the job's default;\n"
           "per CPU-s: samples per CPU-second of the training process (all its threads), "
           "median over rounds, and its ratio to the job's default.")
-    loads_seen = [r["load_before"] for r in runs]
-    result = {"benchmark": "pinned numerics: training samples/s against the host's best",
-              "command": " ".join([".venv/bin/python bench/numerics_cost.py",
-                                   *(sys.argv[1:] if argv is None else argv)]),
-              "machine": info,
-              "config": {"rounds": rounds, "quick": args.quick, "cores": cores,
-                         "settings": [{**asdict(s), "label": s.label} for s in settings],
-                         "workloads": [asdict(w) for w in loads],
-                         "measure": "global batch / median time between step ends in "
-                                    "metrics.jsonl after the warm-up steps, one fresh process "
-                                    "per run; ratio to best per round and workload, median "
-                                    "over rounds"},
-              "load_during": [min(loads_seen), max(loads_seen)],
-              "summary": summary, "runs": runs, "table": printed,
-              "total_seconds": time.perf_counter() - started}
-    write_result(args.out, result)
 
 
 if __name__ == "__main__":

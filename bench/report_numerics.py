@@ -16,11 +16,12 @@ def _cost(data: dict, run: Run) -> str:
         rows.append([WORKLOADS.get(r["workload"], r["workload"]), f"`{r['setting']}`",
                      r["label"], num(r["samples_per_s_median"], 1), spread,
                      num(r["ratio_median"], 2), ratios, num(r["to_pinned_median"], 2),
+                     num(r["samples_per_cpu_s_median"], 0), num(r["cpu_to_pinned_median"], 2),
                      f"{r['threads_seen']}, {r['cpu_capability_seen']}"])
     table = md_table(["workload", "setting", "threads, kernels", "samples/s (median)",
                       "samples/s over rounds", "/ host's best", "over rounds",
-                      "/ job's default", "torch saw (threads, level)"], rows,
-                     right=(3, 4, 5, 6, 7))
+                      "/ job's default", "samples per CPU-second", "/ job's default",
+                      "torch saw (threads, level)"], rows, right=(3, 4, 5, 6, 7, 8, 9))
     low, high = data["load_during"]
     steps = ", ".join(f"{w['name']} {w['steps']} (after {w['warmup']})"
                       for w in cfg["workloads"])
@@ -55,8 +56,12 @@ the digits as 16 px JPEGs packed into shards, as `make demo-images` trains it; g
 in chunks of 32, one loader process). Each run is a fresh process (the kernel level is read when
 torch loads) training one worker alone, without a coordinator, as a test's static reference; a
 pinned setting is applied as a job's worker applies it. Samples/s is the global batch over the
-median time between step ends in `metrics.jsonl` after the warm-up steps; the threads and kernel
-level torch reported are read back from each run's `numerics.json`. The settings take turns in
+median time between step ends in `metrics.jsonl` after the warm-up steps. Samples per
+CPU-second divides the measured steps' samples by the CPU time the training process (all its
+threads, not the image loader's process) spent on them, read from `/proc` as their rows appear:
+on a shared machine a process gets a varying share of the cores, which moves its wall time far
+more than its CPU time. The threads and kernel level torch reported are read back from each run's
+`numerics.json`. The settings take turns in
 rounds (every workload under every setting, in a rotating order); a ratio is taken within a
 round and workload, and the table gives medians over rounds.
 """,
