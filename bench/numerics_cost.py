@@ -30,8 +30,12 @@ order; per round each setting's samples/s is divided by the best's of the same r
 workload, and the report gives the medians over rounds. The settings each process applied
 (threads, kernel level as torch reports it) are read back from its ``numerics.json``.
 
-    .venv/bin/python bench/numerics_cost.py            # 2 rounds, ~12 minutes on 2 idle cores
-    .venv/bin/python bench/numerics_cost.py --quick    # 1 round, fewer steps, ~5 minutes
+    .venv/bin/python bench/numerics_cost.py            # 2 rounds
+    .venv/bin/python bench/numerics_cost.py --quick    # 1 round, half the steps
+
+A round is 18 runs (fewer without AVX-512); a run takes 20-30 s on an idle 2-core host, mostly
+the process's start, and minutes on a loaded one (two threads where other processes hold the
+cores: up to 5 minutes). The result is written after every round.
 
 Prints a table and writes ``bench/results/numerics_cost.json`` (``bench/report.py`` makes
 ``docs/benchmarks/numerics-cost.md`` of it).
@@ -283,7 +287,7 @@ def table(summary: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="1 round, half the steps (~5 minutes)")
+    ap.add_argument("--quick", action="store_true", help="1 round, half the steps")
     ap.add_argument("--rounds", type=int, default=None, help="rounds [2; quick 1]")
     ap.add_argument("--workloads", default=None,
                     help="comma-separated, of digits, gpt, images [all]")

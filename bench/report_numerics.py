@@ -25,7 +25,10 @@ def _cost(data: dict, run: Run) -> str:
     low, high = data["load_during"]
     steps = ", ".join(f"{w['name']} {w['steps']} (after {w['warmup']})"
                       for w in cfg["workloads"])
-    return (f"{cfg['rounds']} round(s) on {cfg['cores']} cores, {len(data['runs'])} runs in "
+    rounds = f"{cfg['rounds']} round{'s' if cfg['rounds'] > 1 else ''}"
+    if cfg.get("rounds_asked", cfg["rounds"]) > cfg["rounds"]:
+        rounds += f" of the {cfg['rounds_asked']} asked (the run was stopped in the next)"
+    return (f"{rounds} on {cfg['cores']} cores, {len(data['runs'])} runs in "
             f"{data['total_seconds'] / 60:.0f} minutes; steps measured per run: {steps}. The "
             f"1-minute load average before each run ranged {low:.1f}-{high:.1f}.\n\n{table}")
 
@@ -33,8 +36,9 @@ def _cost(data: dict, run: Run) -> str:
 NUMERICS_COST = Page(
     slug="numerics-cost",
     title="Pinned numerics",
-    headline="what a job's pinned threads and CPU kernel level cost against the host's best, "
-             "per workload",
+    headline="1 thread at `default` gives 0.46-0.80x, at `avx512` 1.14-1.45x the samples per "
+             "CPU-second of the job's default (`avx2`); 2 threads on a loaded 2-core host ran "
+             "6-15x slower than 1",
     what="""
 A job pins its intra-op threads and its CPU kernel level (`dyntrain run --threads`,
 `--cpu-kernels`: default 1 thread and `avx2` on x86-64) so that every worker computes the same
@@ -68,6 +72,39 @@ round and workload, and the table gives medians over rounds.
     command=".venv/bin/python bench/numerics_cost.py",
     runs=[Run("numerics_cost.json", "Run of 2026-12-02")],
     tables=_cost,
+    reading="""
+One round (at a load of 11-20 on 2 cores a run took 0.5-2.5 minutes): the spread between rounds
+is not measured, and each figure is one run. On this host a process's wall-clock samples/s
+follows the share of the cores it got more than its settings, so compare the 1-thread settings
+by samples per CPU-second (the `deterministic` digits run: 0.64x the job's default in wall time,
+1.03x in CPU time).
+
+- **Kernel level, 1 thread**, samples per CPU-second against the job's default (`avx2`):
+  `default` 0.80x (digits), 0.46x (GPT), 0.49x (ResNet); `avx512` 1.14x, 1.42x, 1.45x. The
+  level torch picks by itself here is AVX-512.
+- **Deterministic algorithms** (`--deterministic`): 0.91-1.03x; one round cannot tell a cost
+  this small from noise.
+- **Threads.** 2 threads at `avx2` gave 0.07-0.16x the samples/s of 1 thread (`cores-pinned`
+  against `pinned`), and as little per CPU-second: with other processes holding the cores, the
+  threads of torch's intra-op pool wait for each other at every parallel region, spinning. The
+  host's best as defined above (all cores, torch's own kernels) was therefore the slowest
+  setting on this host: the job's default gave 7.5-8.9x its samples/s.
+
+Not measured: an idle host or one with more cores (where more threads can pay), the
+`avx512-bf16` level and bf16 autocast, `--matmul-precision` other than `highest`, GPUs.
+
+### When to choose what
+
+- **Threads**: keep the default, 1, on shared or small hosts. More threads can pay where every
+  worker has that many idle cores (not measured here), but the job's `--threads` applies on
+  every host it lands on: a worker whose cores are taken by others loses far more than the
+  threads gain (here 6-15x).
+- **`--cpu-kernels default`** lets any x86-64 host join, at a cost of 20-54% of the samples per
+  CPU-second here (about half for the GPT and the ResNet).
+- **`--cpu-kernels avx512`** where every host of the job has AVX-512: 1.14-1.45x the default's
+  samples per CPU-second here; a host without it is refused.
+- **`--deterministic`**: no cost that one round could tell from noise on these CPU workloads.
+""",
 )
 
 NUMERICS_PAGES = [NUMERICS_COST]
