@@ -73,7 +73,7 @@ round and workload, and the table gives medians over rounds.
     runs=[Run("numerics_cost.json", "Run of 2026-12-02")],
     tables=_cost,
     reading="""
-One round (at a load of 11-20 on 2 cores a run took 0.5-2.5 minutes): the spread between rounds
+One round (at a load of 11-20 on 2 cores a run took 0.5-2.3 minutes): the spread between rounds
 is not measured, and each figure is one run. On this host a process's wall-clock samples/s
 follows the share of the cores it got more than its settings, so compare the 1-thread settings
 by samples per CPU-second (the `deterministic` digits run: 0.64x the job's default in wall time,
@@ -86,9 +86,10 @@ by samples per CPU-second (the `deterministic` digits run: 0.64x the job's defau
   this small from noise.
 - **Threads.** 2 threads at `avx2` gave 0.07-0.16x the samples/s of 1 thread (`cores-pinned`
   against `pinned`), and as little per CPU-second: with other processes holding the cores, the
-  threads of torch's intra-op pool wait for each other at every parallel region, spinning. The
-  host's best as defined above (all cores, torch's own kernels) was therefore the slowest
-  setting on this host: the job's default gave 7.5-8.9x its samples/s.
+  threads of torch's intra-op pool wait for each other at every parallel region, and they spent
+  CPU time waiting. The host's best as defined above (all cores, torch's own kernels) was
+  therefore slower on this host than every 1-thread setting: the job's default gave 7.5-8.9x its
+  samples/s.
 
 Not measured: an idle host or one with more cores (where more threads can pay), the
 `avx512-bf16` level and bf16 autocast, `--matmul-precision` other than `highest`, GPUs.
