@@ -77,11 +77,13 @@ def classify(records: list[dict]) -> dict[str, list[dict]]:
     """Requested joins and standby admissions, from a run's ``events.jsonl`` records.
 
     A standby admitted in place of a member shows as a crash (or leave) and a join in the same
-    generation; a join alone is a requested one."""
+    generation; a join alone is a requested one (a standby that was not ready in time joins so
+    later, from the request that started it). A crash that shrank the world had no standby
+    ready: ``missed``."""
     by_gen: dict[int, list[dict]] = {}
     for r in records:
         by_gen.setdefault(r["generation"], []).append(r)
-    joins, standby = [], []
+    joins, standby, missed = [], [], []
     for gen, recs in sorted(by_gen.items()):
         gone = [r for r in recs if r["event"] in ("crash", "leave")]
         came = [r for r in recs if r["event"] == "join"]
@@ -93,6 +95,9 @@ def classify(records: list[dict]) -> dict[str, list[dict]]:
                 "from_request_s": change["latency_s"],
                 "ready_before_request": admitted["detected_at"] <= change["requested_at"],
                 "world": [change["world_before"], change.get("world_after")]})
+        elif gone and gone[0]["event"] == "crash":
+            missed.append({"generation": gen, "workers": gone[0]["workers"],
+                           "world": [gone[0]["world_before"], gone[0].get("world_after")]})
         elif came and not gone:
             r = came[0]
             joins.append({
@@ -100,7 +105,7 @@ def classify(records: list[dict]) -> dict[str, list[dict]]:
                 "from_ready_s": round(r["first_step_at"] - r["detected_at"], 4),
                 "startup_s": round(r["detected_at"] - r["requested_at"], 4),
                 "world": [r["world_before"], r.get("world_after")]})
-    return {"joins": joins, "standby": standby}
+    return {"joins": joins, "standby": standby, "missed": missed}
 
 
 def one_run(workload: str, warm: bool, reps: int, standby_gap: int, work: Path,
@@ -118,13 +123,13 @@ def one_run(workload: str, warm: bool, reps: int, standby_gap: int, work: Path,
     tail = JsonlTail(out / "events.jsonl")
     seen: set[int] = set()
     t0, status = time.monotonic(), "timeout"
-    found = {"joins": [], "standby": []}
     try:
         while time.monotonic() - t0 < timeout:
             tail.poll()
             seen |= set(descendants(proc.pid))
-            found = classify(tail.records)
-            if len(found["joins"]) >= reps and len(found["standby"]) >= reps:
+            # the last event starts a standby that nothing measures: once it fired, every
+            # measured change has its record (an event fires once the one before took effect)
+            if any(f"event {events[-1]}:" in line for _, line in reader.lines):
                 status = "ok"
                 break
             if proc.poll() is not None:
@@ -145,11 +150,13 @@ def one_run(workload: str, warm: bool, reps: int, standby_gap: int, work: Path,
     wall = time.monotonic() - t0
     print(f"{workload:<15} {'warm' if warm else 'cold'}: {status} in {wall:.0f} s; "
           f"joins {[j['from_request_s'] for j in found['joins']]}, standby "
-          f"{[(s['from_request_s'], s['ready_before_request']) for s in found['standby']]}",
+          f"{[(s['from_request_s'], s['ready_before_request']) for s in found['standby']]}, "
+          f"{len(found['missed'])} kill(s) without a standby ready",
           flush=True)
     command = " ".join(["dyntrain", *cmd[4:]]).replace(str(ROOT) + "/", "")
     return {"workload": workload, "mode": "warm" if warm else "cold", "status": status,
             "wall_s": round(wall, 1), "command": command, "events": events, **found,
+            "records": tail.records,
             "launcher_lines": [line for _, line in reader.lines
                                if " join " in line or "standby" in line or "event " in line]}
 
@@ -169,9 +176,10 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "startup_median_s": median([j["startup_s"] for j in joins])})
         standby = [s for r in runs if r["workload"] == workload for s in r["standby"]]
         ready = [s for s in standby if s["ready_before_request"]]
+        missed = sum(len(r["missed"]) for r in runs if r["workload"] == workload)
         rows.append({
             "workload": workload, "what": "standby admitted (kill)", "n": len(ready),
-            "not_ready": len(standby) - len(ready),
+            "not_ready": len(standby) - len(ready) + missed,
             "from_request_median_s": median([s["from_request_s"] for s in ready]),
             "from_request_max_s": maximum([s["from_request_s"] for s in ready]),
             "from_ready_median_s": None, "from_ready_max_s": None, "startup_median_s": None})
