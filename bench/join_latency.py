@@ -163,7 +163,7 @@ def one_run(workload: str, warm: bool, reps: int, standby_gap: int, work: Path,
 
 def summarize(runs: list[dict]) -> list[dict]:
     rows = []
-    for workload in WORKLOADS:
+    for workload in [w for w in WORKLOADS if any(r["workload"] == w for r in runs)]:
         for mode in ("warm", "cold"):
             joins = [j for r in runs if r["workload"] == workload and r["mode"] == mode
                      for j in r["joins"]]
