@@ -77,7 +77,14 @@ start-up (split into its imports from timestamps in the worker's log), the re-fo
 first step.
 """,
     command=".venv/bin/python bench/service_capacity.py",
-    runs=[Run("service_capacity.json", "Run of 2026-11-23")],
+    runs=[Run("service_capacity.json", "Run of 2026-11-23",
+              note="Every phase is timed from the capacity change, on the benchmark's clock; the "
+                   "hello and the re-formation come from the job's `membership.join` event "
+                   "(`detected_at`, `reformed_at`). That event's own `latency_s` "
+                   "(`event_latency_s` in the result file) was then timed from the worker's "
+                   "hello; the service now counts it from when it asks its executor for the "
+                   "worker, so that it spans b1, b2 and c. The totals below are timed from "
+                   "the capacity appearing either way.")],
     tables=_capacity,
     recorded="""
 ## An earlier run, before warm workers (2026-11-22)

@@ -17,8 +17,11 @@ script alternates:
   b2) hello -> the group re-formed with it (the running members finish their step first);
   c) re-formed -> the first step completed in the world of 2 (the first metrics.jsonl row with
      world_size 2; rows carry the worker's unix ``time``).
-  Hello and re-form times come from the job's ``membership.join`` event (seconds since the
-  coordinator started, which runs in this process, so its start time is known).
+  Hello and re-form times come from the job's ``membership.join`` event (``detected_at`` and
+  ``reformed_at``, seconds since the coordinator started, which runs in this process, so its
+  start time is known). The event's own ``latency_s`` (``event_latency_s`` in the result file)
+  counts from ``requested_at``, when the service asked its executor for the worker: phases b1,
+  b2 and c and the end of a.
 * down: ``desired_slots`` 2 -> 1 (capacity taken back; the scheduler shrinks the job and the
   newest worker gets a graceful notice, SIGTERM). Phases: capacity -> notice (worker row
   leave_at); notice -> group re-formed; re-formed -> first step at world 1; plus when the
@@ -210,7 +213,7 @@ class Bench:
         row = self.drive(lambda: self.first_row(2, t_cap), "a step at world 2")
         event = self.drive(lambda: self.new_event("membership.join"), "the join event")
         t0 = self.coordinator_t0()
-        hello = t0 + event.payload["requested_at"]
+        hello = t0 + event.payload["detected_at"]  # requested_at: when the service started it
         reformed = t0 + event.payload["reformed_at"]
         first = row["time"]
         rec = {

@@ -335,6 +335,27 @@ def test_a_requested_join_counts_from_the_request_not_the_workers_hello(job):
     assert "c" not in job.coord.membership.requested
 
 
+def test_a_worker_that_waited_on_standby_joins_counted_from_when_room_opened(store):
+    """A worker ready long before the job had room (it waited on standby) takes a leaver's
+    place: its join counts from the leave's request, not from its own hello minutes before."""
+    job = Job(store, max_workers=2)
+    job.start("a", "b", step=5)
+    job.hello("c")  # the world is full: c waits
+    assert job.tick() is Phase.RUNNING and job.coord.membership.joining == ["c"]
+    job.clock.now += 60.0
+    job.coord.note_request("b")
+    job.w["b"].left(0, 6)
+    job.tick()
+    job.w["a"].ready(0, 6)
+    job.tick(0.5)
+    assert job.gen(1).members == ("a", "c")
+    job.clock.now += 0.5
+    job.w["a"].metrics(1, 7)
+    job.tick()
+    join = next(e for e in job.sink.events if e["event"] == "join")
+    assert join["latency_s"] < 5.0, (join, job.sink.events)  # not the 60 s c waited
+
+
 def test_join_waits_while_world_is_at_max_workers(store):
     job = Job(store, max_workers=2)
     job.start("a", "b", step=1)

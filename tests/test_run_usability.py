@@ -243,3 +243,22 @@ def test_run_without_local_workers_waits_for_the_printed_worker_command(tmp_path
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_standby_workers_take_a_lost_members_place_and_are_kept_ready(tmp_path):
+    """--standby 1: a worker beyond the full world waits with its script at fit(); it takes a
+    killed member's place (the world stays 2) and the launcher starts another to wait."""
+    proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--standby", "1", "--events",
+                    "step=4:kill=rank:1,step=8:leave=rank:0", "--out", tmp_path / "run",
+                    SCRIPTS / "ledger_train.py", "--epochs", "4"], check=True)
+    assert "standby: started w3 (--standby 1" in proc.stdout, proc.stdout
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
+    assert sorted(e["event"] for e in events[1:]) == ["crash", "join", "join", "leave"], events
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert all(m["world_size"] == 2 for m in metrics), "a standby took each lost place"
+    # a join from standby counts from the loss that made room, not from the worker's start
+    assert all(e["latency_s"] < 30 for e in events if e["event"] == "join"), events
+    bad = run_cli(["run", "--workers", "1:2", "--standby", "3", "--out", tmp_path / "bad",
+                   SCRIPTS / "ledger_train.py"])
+    assert bad.returncode == 2 and bad.stderr.strip().endswith(
+        "--standby must be between 0 and --workers MAX (2), got 3"), bad.stderr

@@ -42,6 +42,10 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--workers", "workers", default="1:1", show_default=True,
               help="MIN:MAX workers; the job pauses below MIN and never exceeds MAX.")
 @click.option("--nproc", type=int, default=None, help="Workers to start now [default: MIN].")
+@click.option("--standby", type=int, default=0, show_default=True,
+              help="Local workers kept ready beyond the job's members: each runs the script up "
+                   "to fit() and takes the place of a member that leaves or dies within a "
+                   "fraction of a second (one joins where the job has room).")
 @click.option("--events", default=None,
               help="Injected membership changes, e.g. 'step=5:join=2,step=9:kill=1'.")
 @click.option("--chaos", default=None, metavar="SEED:N[:AIM,...]",
@@ -66,8 +70,8 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @numerics_options
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, grace_seconds, quiet,
-        tensorboard, threads, cpu_kernels, deterministic, matmul_precision,
+def run(workers, nproc, standby, events, chaos, out_dir, host, port, failure_timeout,
+        grace_seconds, quiet, tensorboard, threads, cpu_kernels, deterministic, matmul_precision,
         allow_mixed_numerics, script, args):
     """Train SCRIPT elastically with local worker processes.
 
@@ -87,7 +91,7 @@ def run(workers, nproc, events, chaos, out_dir, host, port, failure_timeout, gra
     from dyntrain.launch.runner import RunOptions, run_job
 
     opts = RunOptions(command=command, min_workers=low, max_workers=high,
-                      nproc=low if nproc is None else nproc, out_dir=out_dir,
+                      nproc=low if nproc is None else nproc, standby=standby, out_dir=out_dir,
                       events=parse_events(events), host=host, port=port,
                       chaos=parse_chaos(chaos) if chaos else None,
                       failure_timeout=failure_timeout, grace_seconds=grace_seconds,

@@ -512,11 +512,16 @@ class Coordinator:
             m.expected = set()
         elif admitted:
             # from the request that started them (an event, capacity that appeared), else from
-            # their hello; ``detected_at``: the last one ready
+            # their hello; a worker ready before a leave or crash this generation takes in (it
+            # waited on standby), from that change's request; ``detected_at``: the last ready
+            room = min((c.requested_at for c in self.changes.pending
+                        if c.kind in (EventKind.LEAVE, EventKind.CRASH)), default=None)
             ready = max(m.hello_at[w] for w in admitted)
-            asked = min(m.requested.pop(w, m.hello_at[w]) for w in admitted)
-            self.changes.add(Change(EventKind.JOIN, admitted, min(asked, ready), ready,
-                                    gen.world_size - len(admitted)))
+            asked = min(max(m.requested.pop(w, m.hello_at[w]), room)
+                        if room is not None and m.hello_at[w] < room
+                        else m.requested.pop(w, m.hello_at[w]) for w in admitted)
+            self.changes.add(Change(EventKind.JOIN, admitted, asked,
+                                    max(asked, ready), gen.world_size - len(admitted)))
         origin = "checkpoint" if gen.checkpoint else "fresh" if gen.fresh else "members"
         self.changes.published(gen, now, redone, origin)
         self.phase = Phase.RUNNING

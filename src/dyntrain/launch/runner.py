@@ -55,6 +55,9 @@ class RunOptions:
     max_workers: int
     nproc: int
     out_dir: str | Path  # a local folder or an object-store URL
+    # local workers kept ready beyond the job's members: each runs the script up to ``fit()``
+    # and waits to take the place of a member that leaves or dies (joins where there is room)
+    standby: int = 0
     events: list[Event] = field(default_factory=list)
     host: str = "127.0.0.1"
     port: int = 0
@@ -77,6 +80,9 @@ class RunOptions:
                               f"{self.min_workers}:{self.max_workers}")
         if not 0 <= self.nproc:
             raise ConfigError(f"--nproc must be at least 0, got {self.nproc}")
+        if not 0 <= self.standby <= self.max_workers:
+            raise ConfigError(f"--standby must be between 0 and --workers MAX "
+                              f"({self.max_workers}), got {self.standby}")
         refusal = nproc_refusal(self.nproc, self.max_workers)
         if refusal:
             raise ConfigError(refusal)
@@ -212,7 +218,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     if refusal and (opts.nproc or any(e.action == "join" for e in opts.events) or opts.chaos):
         raise DyntrainError(f"local workers cannot run: {refusal}")
     machine = Machine.here()
-    local = local_workers(opts.nproc, opts.events)
+    local = local_workers(opts.nproc + opts.standby, opts.events)
     refusal = memory_refusal(local, machine, joined=local > opts.nproc)
     if refusal:
         raise DyntrainError(refusal)
@@ -268,7 +274,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                                   aims=opts.chaos[2]), coord, workers,
                             store, sink.log)
     with StopSignals() as signals:
-        for _ in range(opts.nproc):
+        for _ in range(opts.nproc + opts.standby):
             workers.start()
         try:
             code = _loop(opts, coord, workers, schedule, sink, signals, chaos)
@@ -393,6 +399,8 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             last_fired = (event.action, _fire(event, coord, workers, sink))
         if chaos is not None:
             chaos.tick()
+        if opts.standby:
+            _refill_standby(opts.standby, coord, workers, sink)
         # every local worker exited and was reaped above (so a startup failure is known), no
         # remote one is alive, and one ever started or joined (--nproc 0 waits for the first)
         if (not workers.workers and not coord.live_workers()
@@ -420,6 +428,17 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
             return code
         time.sleep(TICK_SECONDS)
     return None
+
+
+def _refill_standby(count: int, coord: Coordinator, workers: LocalWorkers, sink: RunSink) -> None:
+    """Keep ``count`` local workers beyond the current world's members: start one when fewer
+    wait (one a tick; a worker still starting counts as waiting)."""
+    if coord.current is None or coord.phase is not Phase.RUNNING:
+        return
+    members = set(coord.current.members)
+    if sum(w not in members for w in workers.alive()) < count:
+        sink.log(f"standby: started {workers.start()} (--standby {count}: it runs the script up "
+                 "to fit() and waits to take a member's place)")
 
 
 def _report_unfired(schedule: EventSchedule, scheduled: int, coord: Coordinator,
