@@ -36,6 +36,7 @@ import torch
 
 from _common import alive, descendants, machine_info, read_jsonl, write_result
 from dyntrain.cli.compare import state_distance
+from dyntrain.testing.jobs import pinned_env
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -45,7 +46,7 @@ from test_elastic_e2e import expected_counts  # noqa: E402 (the ledger's counts,
 
 
 def static_run(out: Path) -> None:
-    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+    env = pinned_env(DYNTRAIN_OUT=str(out))  # a job's numerics, as every worker's
     env.pop("DYNTRAIN_COORDINATOR", None)
     subprocess.run([sys.executable, str(LEDGER)], env=env, check=True, cwd=ROOT,
                    capture_output=True, timeout=600)

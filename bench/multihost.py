@@ -44,6 +44,7 @@ import torch
 from _common import machine_info, write_result
 from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.testing.hosts import HostBed, unavailable
+from dyntrain.testing.jobs import pinned_env
 from multihost_jobs import LEDGER, ROOT
 from multihost_paths import PATHS, handover, membership, tcp
 from multihost_schedules import Player, Reference, make_schedule
@@ -140,7 +141,7 @@ def paths_table(found: dict) -> str:
 
 
 def static_reference(folder: Path, epochs: int) -> Reference:
-    env = {**os.environ, "DYNTRAIN_OUT": str(folder)}
+    env = pinned_env(DYNTRAIN_OUT=str(folder))  # a job's numerics, as every worker's
     env.pop("DYNTRAIN_COORDINATOR", None)
     subprocess.run([sys.executable, str(LEDGER), "--epochs", str(epochs)], env=env, check=True,
                    cwd=ROOT, capture_output=True, timeout=600)

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, machine_info, maximum, median, read_jsonl, write_result  # noqa: E402
 from _common import wait_until as wait  # noqa: E402
+from dyntrain.testing.jobs import pinned_env
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "service_restart.json"
@@ -162,7 +163,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="svc-restart-") as tmp_name:
         tmp = Path(tmp_name)
         static = subprocess.run(DIGITS + ["--epochs", str(args.epochs)], cwd=ROOT,
-                                env={**os.environ, "DYNTRAIN_OUT": str(tmp / "static")},
+                                env=pinned_env(DYNTRAIN_OUT=str(tmp / "static")),
                                 capture_output=True, text=True)
         if static.returncode:
             raise SystemExit(f"the static run failed: {static.stderr[-2000:]}")
