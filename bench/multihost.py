@@ -21,6 +21,7 @@ variable). Two parts:
     .venv/bin/python bench/multihost.py               # ~30-40 minutes on 2 loaded cores
     .venv/bin/python bench/multihost.py --quick       # one cycle, one hand-over, 2 schedules
     .venv/bin/python bench/multihost.py --part schedules --seed 1807 --schedules 1
+    .venv/bin/python bench/multihost.py --rejudge bench/results/multihost.json
 
 Needs root (network namespaces). Writes a table to stdout and ``bench/results/multihost.json``;
 every namespace and process goes when it ends, fails or is interrupted.
@@ -29,6 +30,7 @@ every namespace and process goes when it ends, fails or is interrupted.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -192,6 +194,41 @@ def schedules_table(found: dict) -> str:
     return "\n".join(lines)
 
 
+def rejudge(path: Path) -> None:
+    """Compare every schedule a result file kept (``--keep``: those it did not find bitwise
+    equal) with a static run trained now with a job's numerics, and rewrite the file saying so:
+    for a run whose static reference was trained with the host's threads and kernels."""
+    result = json.loads(path.read_text())
+    epochs = result["settings"]["epochs"]
+    with tempfile.TemporaryDirectory(prefix="dyntrain-multihost-rejudge-") as tmp:
+        ref = static_reference(Path(tmp) / "static", epochs)
+        want = torch.load(ref.folder / "final.pt", weights_only=True)
+        s = result["schedules"]
+        for p in s["played"]:
+            final = Path(p["kept"]) / "run" / "final.pt" if p.get("kept") else None
+            if p.get("bitwise") or final is None or not final.exists():
+                continue
+            got = torch.load(final, weights_only=True)
+            p["max_abs_diff"] = max(float((want[k].double() - got[k].double()).abs().max())
+                                    for k in want)
+            p["bitwise"] = p["max_abs_diff"] == 0.0
+            p["applied_twice"] = int((got["counts"] - ref.counts).clamp(min=0).sum())
+            p["never_applied"] = int((ref.counts - got["counts"]).clamp(min=0).sum())
+        s.update(schedule_summary(s["played"]))
+    result["rejudged"] = ("each schedule's final.pt compared again with a static run trained "
+                          "with a job's numerics (the run's own reference had the host's "
+                          f"threads and kernels); {time.strftime('%Y-%m-%d %H:%M UTC')}")
+    tables = [paths_table(result["paths"])] if "paths" in result else []
+    tables += [schedules_table(s),
+               f"bitwise equal to the static run: {s['bitwise']} of {s['schedules']}; samples "
+               f"applied twice: {s['applied_twice']}, never: {s['never_applied']}; processes "
+               f"left on hosts: {s['processes_left']}; namespaces, links or files left: "
+               f"{len(result.get('bed_left_behind', []))}"]
+    result["table"] = "\n\n".join(tables)
+    print(result["table"])
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
 def _exit_on_signal(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -199,6 +236,9 @@ def _exit_on_signal(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=("all", "paths", "schedules"), default="all")
+    ap.add_argument("--rejudge", metavar="RESULT", default=None,
+                    help="compare the schedules a result file kept with a static run trained "
+                         "now with a job's numerics, and rewrite the file")
     ap.add_argument("--quick", action="store_true",
                     help="one cut-off cycle, one hand-over per path, 2 schedules")
     ap.add_argument("--schedules", type=int, default=20, help="random schedules to play")
@@ -212,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="where schedules that did not end bitwise equal keep their folders")
     ap.add_argument("--out", default=str(BENCH / "results" / "multihost.json"))
     args = ap.parse_args(argv)
+    if args.rejudge:
+        rejudge(Path(args.rejudge))
+        return 0
     if args.quick:
         args.cycles, args.joins, args.schedules = 1, 1, min(args.schedules, 2)
     args.params = int(args.params)
