@@ -45,7 +45,12 @@ def test_which_commands_may_run_in_a_warm_worker(tmp_path, argv, extra, expected
     assert eligible(argv, {**BASE, **extra}, str(tmp_path), BASE, PY) is expected
 
 
-JOB = """import os, signal, sys, time
+JOB = """import atexit, os, signal, sys, time
+class Teardown:
+    def __del__(self):  # at the interpreter's teardown: module globals are finalised
+        os.write(1, b"torn down\\n")
+kept = Teardown()
+atexit.register(lambda: print("exit handlers ran", flush=True))
 print("torch already imported:", "torch" in sys.modules, flush=True)
 if "torch" in sys.modules:  # what it computes with: the job's numerics, not the zygote's
     import torch
@@ -86,13 +91,16 @@ def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
         start("w0", "0")  # the first that could use one starts cold, and fills the pool
         wait_for(lambda: "w0" in exits(executor, ended), "w0")
         assert log("w0")[0] == "torch already imported: False"
+        assert log("w0")[-2:] == ["exit handlers ran", "torn down"]  # `python` tears down
         supervisor_log = tmp_path / "state" / "workers" / "supervisor.log"
         wait_for(lambda: supervisor_log.read_text().count("warm worker") >= 2, "the pool")
         pinned = Numerics(threads=1, cpu_kernels="default").env()
         first, second = start("w1", "3", pinned), start("w2", "wait")
         assert wait_for(lambda: exits(executor, ended).get("w1"), "w1").exit_code == 3
+        # a warm worker ends as `python` does, without its teardown (seconds with torch)
         assert log("w1") == ["torch already imported: True", "numerics: 1 DEFAULT",
-                             f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True"]
+                             f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True",
+                             "exit handlers ran"]
         wait_for(lambda: log("w2"), "w2 to start")
         assert log("w2")[0] == "torch already imported: True"
         assert first.ref.split(":")[0] != second.ref.split(":")[0]  # one worker per process

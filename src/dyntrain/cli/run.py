@@ -63,7 +63,8 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.option("--grace-seconds", default=30.0, show_default=True, type=float,
               help="After Ctrl-C, seconds the workers get to finish their step and checkpoint "
                    "before they are killed.")
-@click.option("--quiet", is_flag=True, help="No progress output.")
+@click.option("--quiet", is_flag=True,
+              help="No progress output; how the run ended (a failure and why) is still said.")
 @click.option("--tensorboard/--no-tensorboard", default=None,
               help="TensorBoard event files in OUT/tensorboard [default: on when the "
                    "tensorboard package is installed].")

@@ -15,8 +15,8 @@ dyntrain.launch.forkserver``, which would import torch a second time (2-3 s of C
 ``dyntrain run``). It can while no other Python thread runs (it starts the server before its
 store and anything else that starts threads) on a CPU build of torch; the forked server drops
 what it inherited: every file descriptor but its pipes and log, exit handlers, signal handlers,
-the standard streams and the environment, and its workers exit as ``python`` would
-(``_run_as_main``).
+the standard streams and the environment, and its workers exit as ``python`` would, without
+its teardown (``dyntrain.mainexit``).
 
 The server never computes with torch and runs no Python threads, so the children inherit no
 locked state; it does not initialise CUDA (importing torch does not), and it is used only where
@@ -47,11 +47,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from dyntrain.lifeline import die_with_parent
+from dyntrain.mainexit import run_as_main
 
 ENV_SWITCH = "DYNTRAIN_FORKSERVER"
 # What a worker imports before its first step; the server imports it once for all of them.
@@ -300,52 +300,7 @@ def _forked_server(requests: int, replies: int, log_path: str, env: dict[str, st
         os._exit(1)
     if request is None:
         os._exit(0)
-    _run_as_main(lambda: _become_worker(request))
-
-
-def _run_as_main(run: Callable[[], None]) -> NoReturn:
-    """Run a worker and end the process the way the interpreter ends after ``python SCRIPT``:
-    the exit status ``_outcome`` gives, after non-daemon threads are joined, exit handlers run and
-    the standard streams flushed. Nothing raised here may reach the launcher's code below this
-    frame (the process was forked from it): everything ends in ``os._exit``."""
-    code = 1
-    try:
-        code = _outcome(run)
-        threading._shutdown()
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-    except BaseException:
-        pass
-    finally:
-        if code == -signal.SIGINT:  # as Python ends on an unhandled KeyboardInterrupt
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
-        os._exit(1 if code == -signal.SIGINT else code)
-
-
-def _outcome(run: Callable[[], None]) -> int:
-    """The exit status of ``run()`` as ``python`` gives it: 0; ``SystemExit``'s code (a message
-    printed, and 1); for any other exception ``sys.excepthook`` (which may raise ``SystemExit``
-    to choose the status, as dyntrain's does) and 1, or -SIGINT for a KeyboardInterrupt."""
-    try:
-        run()
-        return 0
-    except SystemExit as exc:
-        return _exit_status(exc)
-    except BaseException as exc:
-        try:
-            sys.excepthook(type(exc), exc, exc.__traceback__)
-        except SystemExit as chosen:
-            return _exit_status(chosen)
-        return -signal.SIGINT if isinstance(exc, KeyboardInterrupt) else 1
-
-
-def _exit_status(exc: SystemExit) -> int:
-    if exc.code is None or isinstance(exc.code, int):
-        return exc.code or 0
-    print(exc.code, file=sys.stderr)  # sys.exit("message"), as Python prints it
-    return 1
+    run_as_main(lambda: _become_worker(request))
 
 
 def _exists(pid: int) -> bool:

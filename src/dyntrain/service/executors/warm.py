@@ -15,9 +15,11 @@ that imported everything itself.) It becomes that
 worker: stdout and stderr appended to the log, stdin from /dev/null, exactly the worker's
 environment and working directory, ``sys.argv`` and ``sys.path[0]`` as the interpreter sets
 them, and the script (``runpy.run_path``) or module (``runpy.run_module``) runs as
-``__main__``. Its exit is the worker's exit. It serves that one worker and never another, so no
-state passes from one job to the next; it is already the leader of its own session, so a
-signal to the worker's process group reaches it and everything it starts.
+``__main__``. Its exit is the worker's exit: the status, threads and exit handlers of
+``python SCRIPT``, without the interpreter's teardown (``dyntrain.mainexit``). It serves that
+one worker and never another, so no state passes from one job to the next; it is already the
+leader of its own session, so a signal to the worker's process group reaches it and everything
+it starts.
 
 Which workers may take one (``eligible``): the command runs this very interpreter (the same
 path, not merely the same binary: a virtual environment is its path) as ``python [-u] SCRIPT
@@ -42,6 +44,7 @@ import sys
 import time
 
 from dyntrain.elastic.numerics import LIBRARY_ENV
+from dyntrain.mainexit import run_as_main
 
 WARM_IMPORTS = ("torch", "torch.optim", "torch._dynamo", "torch.distributed", "numpy",
                 "dyntrain.elastic.trainer")
@@ -202,8 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return 0  # let go unused (the supervisor stopped)
-    become(json.loads(line))
-    return 0
+    # the exit status, threads and exit handlers of `python SCRIPT`, without its teardown: a
+    # worker that left its job frees its slot at once (dyntrain.mainexit)
+    run_as_main(lambda: become(json.loads(line)))
 
 
 if __name__ == "__main__":
