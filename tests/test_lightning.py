@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, wait_for
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
 from dyntrain import TrainConfig
 from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until
 
 pl = pytest.importorskip("lightning.pytorch")
 from dyntrain.adapters.lightning import (  # noqa: E402
@@ -50,8 +51,8 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
              "--hold", str(hold)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        wait_for(lambda: "world 1 -> 2" in (tmp_path / "launcher.log").read_text()
-                 or launcher.poll() is not None, "the second worker to join", timeout=300)
+        wait_until(lambda: "world 1 -> 2" in (tmp_path / "launcher.log").read_text()
+                   or launcher.poll() is not None, "the second worker to join", timeout=300)
         hold.unlink()
         assert launcher.wait(300) == 0, (tmp_path / "launcher.log").read_text()[-3000:]
     finally:

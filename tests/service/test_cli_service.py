@@ -7,15 +7,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import start_server, stop_server, wait_for
+from conftest import start_server, stop_server
 from dyntrain.service.client import Client
+from dyntrain.testing.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DYNTRAIN = [sys.executable, "-m", "dyntrain.cli.main"]
@@ -71,13 +71,10 @@ def assert_one_line_error(proc, *needles):
 
 
 def wait_status(url: str, job_id: str, statuses: set[str], timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
+    """The job once its status is one of ``statuses``."""
     with Client(url) as client:
-        while True:
-            job = client.get_job(job_id)
-            if job.get("status") in statuses or time.monotonic() > deadline:
-                return job
-            time.sleep(0.2)
+        return wait_until(lambda: client.get_job(job_id), f"job {job_id} to be {statuses}",
+                          timeout, until=lambda job: job.get("status") in statuses)
 
 
 # ---------------------------------------------------------------------------------- tests
@@ -286,11 +283,11 @@ def test_a_follower_waits_out_a_service_that_does_not_answer(tmp_path):
             follower = subprocess.Popen(
                 [*DYNTRAIN, "submit", "--url", url, "--wait", "--", PY, "-c", job],
                 stdout=subprocess.PIPE, stderr=sink, text=True, env=_env(), cwd=ROOT)
-        wait_for(lambda: "RUNNING" in err.read_text(), "the job running")
+        wait_until(lambda: "RUNNING" in err.read_text(), "the job running")
         os.kill(server.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: "asking again" in err.read_text(),
-                     "the follower saying that it asks again")
+            wait_until(lambda: "asking again" in err.read_text(),
+                       "the follower saying that it asks again")
         finally:
             os.kill(server.pid, signal.SIGCONT)
         out, _ = follower.communicate(timeout=240)
