@@ -41,8 +41,8 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     proc = alone(static, "--epochs", "20")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out, hold = tmp_path / "elastic", tmp_path / "hold"
-    # held slow until the joiner is in: Lightning's import alone took a worker 26 s at load 8,
-    # longer than the rest of the run
+    # held slow until the joiner is in: Lightning's import alone can take a worker longer than
+    # the rest of the run on a loaded machine (26 s at load 8)
     hold.touch()
     with open(tmp_path / "launcher.log", "w") as log:
         launcher = subprocess.Popen(

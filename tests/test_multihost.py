@@ -91,7 +91,7 @@ def test_a_worker_its_peers_cannot_reach_is_told_why_and_the_job_goes_on(hosts, 
     said = bad.text()
     assert "its peers cannot reach it at 127.0.1.1:" in said, said[-2000:]
     # the peer that reports it is whichever tried to connect (rank order: who said hello first,
-    # which a loaded machine changes: a run at load 18 had another peer than w0 report it)
+    # which the load of the machine decides)
     assert re.search(r"\b\w+ could not connect to 127\.0\.1\.1:\d+: [^)]*Connection refused",
                      said), said[-2000:]
     assert "--advertise-address" in said  # how to fix it
@@ -111,15 +111,14 @@ def test_a_host_behind_a_slow_link_keeps_training_and_balancing_stays_bitwise(ho
                                           "--slow-in", "host:host1", "--slow-factor", "10",
                                           "--slow-only-held"))
     # host 0's own worker trains first, so host 1's joins it as rank 1 (the rows' chunks are by
-    # rank: when host 1's worker said hello first, under load, it was rank 0 and had the 2 of
-    # [2, 6] that this test then waited for on the wrong side)
+    # rank; host 1's worker would be rank 0 if it said hello first)
     wait_until(lambda: job.world() == 1, "host 0's worker training", timeout=180)
     job.add_worker(hosts.host(1))
     wait_until(lambda: job.world() == 2, "the slow host training", timeout=180)
     # while the job is held, host 1's chunks sleep 0.25 s and host 0's 0.07 s. The balancer
     # moves a chunk only for a step 10% shorter, so with 8 chunks it needs host 1 at least
     # ~1.4x slower as measured: CPU contention adds the same to both (up to ~0.35 s a chunk
-    # here), which a smaller difference (0.13 against 0.06 s) did not survive at load 10
+    # here), which a smaller difference (0.13 against 0.06 s) does not outweigh at load 10
     wait_job_rows(job, lambda r: r["world_size"] == 2 and r["chunks"][0] > r["chunks"][1],
                   "host 1 given fewer chunks", timeout=180)
     # released, host 1 is as fast as host 0 for the remaining ~200 steps

@@ -70,7 +70,7 @@ def wait_log(spec: WorkerSpec, text: str) -> str:
 
 def wait_grandchild(spec: WorkerSpec) -> int:
     """The pid the worker printed, once its whole line is in the log (a print may reach the
-    file piece by piece: "grandchild" was once read before its pid)."""
+    file piece by piece: "grandchild" before its pid)."""
     found = wait_until(lambda: re.search(r"grandchild (\d+)\n", log_of(spec)),
                        "the grandchild's pid in the log")
     return int(found.group(1))

@@ -1,4 +1,4 @@
-"""The batch service runs a sharded GPT job elastically (issue 21): a real `dyntrain server`
+"""The batch service runs a sharded GPT job elastically: a real `dyntrain server`
 runs `dyntrain.workloads.gpt --shard 3` on a spot environment whose capacity grows and is taken
 back while the job trains (1 -> 3 workers: the joiners receive their shards; 3 -> 2: a preempted
 worker leaves, or is killed after the grace period), then one of the two is SIGKILLed (with

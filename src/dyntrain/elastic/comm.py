@@ -34,7 +34,7 @@ SEVER_TAG = 1 << 30
 SEVER_WAIT = timedelta(milliseconds=1)
 #: A group whose close takes longer than this says so on stderr, with every thread's stack: a
 #: gloo operation that severing did not fail keeps the process group's destructor waiting up to
-#: the collective timeout (seen once: a re-shard began 300 s after its world formed).
+#: the collective timeout (300 s, by which the next re-shard is then late).
 SLOW_CLOSE_SECONDS = 30.0
 
 
