@@ -213,12 +213,3 @@ def start_dyntrain_server(state: Path, log: Path, *extra: str) -> tuple[subproce
     raise RuntimeError(f"the server did not start:\n{log.read_text()[-2000:]}")
 
 
-def wait_until(cond, timeout: float, what: str, poll: float = 0.05):
-    """``cond()``'s first true value, polled; TimeoutError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll)
-    raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")

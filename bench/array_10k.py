@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, machine_info  # noqa: E402
 from _common import start_dyntrain_server as start_server  # noqa: E402
-from _common import wait_until as wait  # noqa: E402
 from dyntrain.service.client import Client  # noqa: E402
+from dyntrain.testing.wait import wait_until  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -116,8 +116,8 @@ def run(args) -> dict:
                 a = c.submit(queue="q", command=TRUE, resources=SLOT, array_size=n)
                 r["submit_s"] = time.perf_counter() - t
                 t = time.perf_counter()
-                wait(lambda: c.get_job(a["id"])["status"] == "RUNNABLE", 300,
-                     "the array to be queued")
+                wait_until(lambda: c.get_job(a["id"])["status"] == "RUNNABLE",
+                           "the array to be queued", 300, 0.05, 0.05)
                 r["submit_to_all_queued_s"] = time.perf_counter() - t
                 mix = Mix(c, "q", a["id"], n)
                 for _ in range(args.requests):
@@ -129,7 +129,8 @@ def run(args) -> dict:
                 t = time.perf_counter()
                 c.cancel(a["id"])
                 r["cancel_answer_s"] = time.perf_counter() - t
-                wait(lambda: counts(c, a["id"])["FAILED"] == n, 300, "the children cancelled")
+                wait_until(lambda: counts(c, a["id"])["FAILED"] == n, "the children cancelled",
+                           300, 0.05, 0.05)
                 r["cancel_all_children_s"] = time.perf_counter() - t
                 for job in c.list_jobs(queue="q", status="RUNNABLE", limit=1000):
                     c.cancel(job["id"])  # the mix's one-job submits
@@ -138,12 +139,13 @@ def run(args) -> dict:
                 c.update_compute_environment("bench", desired_slots=args.slots)
                 b = c.submit(queue="q", command=["/bin/sleep", "30"], resources=SLOT,
                              array_size=n)
-                wait(lambda: counts(c, b["id"])["RUNNING"] >= 1, 300, "children to run")
+                wait_until(lambda: counts(c, b["id"])["RUNNING"] >= 1, "children to run", 300,
+                           0.05, 0.05)
                 t = time.perf_counter()
                 c.terminate(b["id"])
                 r["terminate_answer_s"] = time.perf_counter() - t
-                wait(lambda: sum(counts(c, b["id"])[s] for s in ("SUCCEEDED", "FAILED")) == n,
-                     300, "the children terminated")
+                wait_until(lambda: sum(counts(c, b["id"])[s] for s in ("SUCCEEDED", "FAILED")) == n,
+                           "the children terminated", 300, 0.05, 0.05)
                 r["terminate_all_children_s"] = time.perf_counter() - t
                 print(f"cancel {r['cancel_answer_s']:.3f} s, terminate "
                       f"{r['terminate_answer_s']:.3f} s", flush=True)

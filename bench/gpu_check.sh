@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine runs (docs/gpu.md): the machine, whether NCCL takes two ranks on
-# one GPU, the GPU tests, and the GPT benchmark on the GPU. Needs python3 with a CUDA torch,
-# numpy, click, fsspec, httpx and pytest; dyntrain from this checkout (not installed).
+# The checks to run on a GPU machine (docs/benchmarks/gpu.md): the machine, whether NCCL takes
+# two ranks on one GPU, the GPU tests, and the GPT benchmark on the GPU. Needs python3 with a
+# CUDA torch, numpy, click, fsspec, httpx and pytest; dyntrain from this checkout (not
+# installed).
 #     bash bench/gpu_check.sh [OUTDIR]       (GPU_GPT_ARGS: more flags for bench/gpu_gpt.py)
 set -u
 cd "$(dirname "$0")/.."

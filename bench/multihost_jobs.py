@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from dyntrain.testing.hosts import Host
-from dyntrain.testing.jobs import CLI, Output, RunRows, clean_env, wait_until
+from dyntrain.testing.jobs import CLI, Output, RunRows, clean_env
+from dyntrain.testing.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = ROOT / "tests" / "scripts" / "ledger_train.py"
@@ -67,20 +68,11 @@ class Job(RunRows):
     def alive(self) -> bool:
         return self.launcher.proc.poll() is None
 
-    def check_alive(self) -> None:
-        """Raise with the launcher's last lines if it has ended."""
-        if not self.alive():
-            raise RuntimeError(f"the launcher ended ({self.launcher.proc.returncode}):\n"
-                               + self.launcher.text()[-2000:])
-
     def wait_for(self, condition, what: str, timeout: float):
         """``condition()``'s first true value; fails at once should the launcher end first."""
-        def check():
-            value = condition()
-            if not value:
-                self.check_alive()
-            return value
-        return wait_until(check, what, timeout=timeout, poll=0.05)
+        return wait_until(condition, what, timeout, 0.05, unless=lambda: not self.alive() and (
+            f"the launcher ended ({self.launcher.proc.returncode}):\n"
+            + self.launcher.text()[-2000:]))
 
     def first_row(self, predicate) -> dict | None:
         """The first metrics row that ``predicate`` accepts."""

@@ -33,7 +33,8 @@ from pathlib import Path
 
 from _common import descendants
 from dyntrain.testing.hosts import HostBed
-from dyntrain.testing.jobs import Output, wait_until
+from dyntrain.testing.jobs import Output
+from dyntrain.testing.wait import wait_until
 from multihost_jobs import LEDGER, Job, event_with, signal_process, worker_id
 
 BENCH = Path(__file__).resolve().parent

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from dyntrain.testing.hosts import HostBed
-from dyntrain.testing.jobs import wait_until
+from dyntrain.testing.wait import wait_until
 from multihost_jobs import CONNECT_TIMEOUT, LEDGER, Job
 
 #: seconds from a schedule's start by which its job must have ended

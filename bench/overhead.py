@@ -58,7 +58,7 @@ from dyntrain.procstat import read_stat
 
 BENCH = Path(__file__).resolve().parent
 DYN_WORKER = BENCH / "overhead_worker.py"
-GOAL = 0.98  # issue 11: >= 98% of DDP's samples/s at the same world size and global batch
+GOAL = 0.98  # the bar: >= 98% of DDP's samples/s at the same world size and global batch
 QUIET = 0.5  # cores' worth of other load below which a run counts as undisturbed
 
 

@@ -38,11 +38,11 @@ from _common import (
     machine_info,
     read_jsonl,
     start_dyntrain_server,
-    wait_until,
     write_result,
 )
 from dyntrain.service.client import Client
 from dyntrain.testing.raycluster import LocalRayCluster
+from dyntrain.testing.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGER = [sys.executable, str(ROOT / "tests" / "scripts" / "ledger_train.py"), "--epochs",
@@ -60,7 +60,7 @@ def first_step(run: Path, after: float, world=None) -> float:
             if r["time"] > after and (world is None or r["world_size"] == world):
                 return r["time"]
         return None
-    return wait_until(found, 180, f"a step in {run.name} (world {world})")
+    return wait_until(found, f"a step in {run.name} (world {world})", 180, 0.05, 0.05)
 
 
 def submit(url: str, state: Path, queue: str) -> tuple[Path, float]:

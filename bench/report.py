@@ -105,7 +105,7 @@ def render_page(page: Page) -> str:
 def render_index() -> str:
     lines = [HEADER, "# Benchmark reports", "",
              "Every figure comes from a script in `bench/`, run on a 2-core CPU machine without a "
-             "GPU that other work shared while it ran (the GPU report: on a lent H200): each "
+             "GPU that other work shared while it ran (the GPU report: one H200): each "
              "benchmark measures the systems it "
              "compares side by side in one run and reports ratios, since absolute times drift "
              "with the load. Each report gives the command, the date, the machine and the load "

@@ -87,10 +87,10 @@ disturbs less than wall time.
               command=".venv/bin/python bench/loader_throughput.py --rounds 5 --chunks 20"),
           Run("train_through_loader.json", "Training through the loader (2026-11-23)",
               command=".venv/bin/python bench/train_through_loader.py --rounds 9 --steps 30",
-              note="A nearly quiet machine, a fresh clone; 31 s."),
+              note="A nearly quiet machine; 31 s."),
           Run("loader_rescale.json", "Rescale latency with loader processes (2026-11-23)",
               command=".venv/bin/python bench/loader_rescale.py --reps 2",
-              note="A nearly quiet machine, a fresh clone; 52 s.")],
+              note="A nearly quiet machine; 52 s.")],
     tables=_input_pipeline,
     recorded=f"""
 ## The same benchmarks under load (2026-11-23, recorded when they ran)

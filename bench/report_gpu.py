@@ -6,8 +6,7 @@ from report_pages import Page, Run, md_table, num
 
 H200 = ("NVIDIA H200 (139.8 GiB, 132 multiprocessors, driver 580.159.04), 16 CPU cores, "
         "Python 3.12.3, torch 2.11.0+cu130 (CUDA 13.0); TF32 matmuls off (torch's default)")
-LENT = ("a lent machine with nothing else of this project on it (the load average was not "
-        "recorded)")
+ALONE = ("the machine ran nothing else of this project (the load average was not recorded)")
 COMMAND = "bash bench/gpu_check.sh   # runs python3 bench/gpu_gpt.py"
 
 
@@ -32,10 +31,9 @@ def _runs(data: dict, run: Run) -> str:
 PAGEABLE_NOTE = """
 Before a chunk's batch was pinned: the copy to the GPU from pageable memory waited until the
 GPU had run everything queued before it, once per chunk, so the CPU could not queue the next
-chunk's kernels while the GPU ran this one's. A fresh start of the lent machine (perhaps
-another H200) than the run above: compare
-the ratios, not the times across runs (torch's own 100M bf16 step took 0.069 s here and
-0.099 s there).
+chunk's kernels while the GPU ran this one's. This run and the one above may have had different
+H200s: compare the ratios, not the times across runs (torch's own 100M bf16 step took 0.069 s
+here and 0.099 s there).
 """
 
 GPU = Page(
@@ -59,15 +57,15 @@ process of its own:
   its own batches: the two losses agree in level, not in value.
 
 `bash bench/gpu_check.sh` runs it after `tests/test_gpu.py` and `bench/gpu_nccl_probe.py`; the
-logs of those are in `bench/results/gpu/`. A lent machine had one GPU, so everything here runs
+logs of those are in `bench/results/gpu/`. The machine had one GPU, so everything here runs
 at world 1 or with several workers on one GPU over gloo: NCCL refuses two ranks on one device
 (the probe: `invalid usage`, NCCL 2.28.9).
 """,
     command=COMMAND,
     runs=[Run("gpu_gpt.json", "Run of 2026-11-28 (a chunk's batch pinned)",
-              date="2026-11-28T05:13:45+00:00", load=LENT, machine=H200, command=COMMAND),
+              date="2026-11-28T05:13:45+00:00", load=ALONE, machine=H200, command=COMMAND),
           Run("gpu_gpt-pageable.json", "Run of 2026-11-28 before pinning",
-              date="2026-11-28T05:05:45+00:00", load=LENT, machine=H200, command=COMMAND,
+              date="2026-11-28T05:05:45+00:00", load=ALONE, machine=H200, command=COMMAND,
               note=PAGEABLE_NOTE)],
     tables=_runs,
     reading="""
@@ -87,11 +85,11 @@ float64 sum alone is 8 bytes a parameter (194 and 759 MiB); the rest was not bro
 same steps split over 1, 3 or a changing number of workers end in the same bits on CUDA; two
 worker processes on the one GPU (gloo carrying CUDA tensors) through a kill and a join end in
 the static run's model, bit for bit; the GPT trains in bf16 through `dyntrain run`. Two
-workers at `--shard 1` on the GPU failed twice, each time on a defect these runs found: gloo's
-point-to-point sends were handed CUDA memory (`writev ... Bad address`; now staged through host
-copies), and a joiner's small optimizer-state tensors arrived on the CPU (now placed on their
-parameter's device; `tests/test_sharded.py` checks it with the meta device). The device time
-ran out before a run with both fixes: that test has not passed on a GPU yet.
+workers at `--shard 1` on the GPU failed, on two defects fixed since: gloo's point-to-point
+sends were handed CUDA memory (`writev ... Bad address`; now staged through host copies), and a
+joiner's small optimizer-state tensors arrived on the CPU (now placed on their parameter's
+device; `tests/test_sharded.py` checks it with the meta device). That test has not run on a GPU
+with both fixes: it has not passed on a GPU yet.
 
 **Not measured here:** several GPUs (NCCL between ranks, levels 2-3 on NCCL: level 3 refuses
 CUDA parameters), `bench/shard_exactness.py` on CUDA, TF32, `torch.compile`.

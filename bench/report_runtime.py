@@ -65,8 +65,8 @@ down (`--monitor-interval 0.05`, `last_call_timeout=1`, keep-alive 1 s x 3). Abo
                    "standby: [Join latency from the request](join-latency.md).")],
     tables=_rescale_latency,
     reading="""
-Our goal (a median under 1 s for every kind of change, 20x faster than torchrun with its
-defaults) is met: 606x (join), 718x (leave) and 616x (kill) faster than torchrun with defaults,
+Every kind of change takes under 1 s (median), more than 20x faster than torchrun with its
+defaults: 606x (join), 718x (leave) and 616x (kill) faster than torchrun with defaults,
 150-213x faster than tuned torchrun. Caveats, measured in the same run: a dyntrain join is timed
 from the new worker's hello (its own start-up, 5.0 s median here, runs while the others keep
 training); torchrun's join includes its agent's start-up. From process start on both sides
@@ -197,9 +197,9 @@ time. About 5-12 minutes.
     reading="""
 The flat hand-over of a 25M-parameter model with Adam state takes 0.50 s (three more trials
 beside it: 0.54-0.60 s flat, 1.37-2.28 s pickled), 3.3x faster than pickling, and grows linearly
-with the state where pickling did not (10x the time for 4x the state). Our goal read as the state
-hand-over: met (< 1 s). Read as the whole join latency: not met here, because that latency
-includes one step of the new world (0.96 s at 25M on this machine) and the group's creation; the
+with the state where pickling did not (10x the time for 4x the state). The state hand-over takes
+under 1 s; the whole join latency does not here, because that latency includes one step of the
+new world (0.96 s at 25M on this machine) and the group's creation; the
 leader's time in the hand-over inside it was 0.61 s. Leave and kill cost a few steps at 100M (the
 member finishes its step, then the new world's first step). Not yet run on a GPU (NCCL).
 """,
@@ -293,7 +293,7 @@ _OVERHEAD_EARLIER = md_table(
 OVERHEAD = Page(
     slug="overhead",
     title="Steady-state overhead against DDP",
-    headline="96% of DDP's samples/s at world 2 on a quiet machine (our goal: 98%)",
+    headline="96% of DDP's samples/s at world 2 on a quiet machine",
     what="""
 Samples/s beside a plain `DistributedDataParallel` loop at the same world size and global batch
 (256), `DigitsNet(width=32)`, SGD Nesterov, gloo, one thread per worker; A/B rounds, order
@@ -303,7 +303,7 @@ About 7 minutes for `--worlds 2 --rounds 3`.
 """,
     command=".venv/bin/python bench/overhead.py --worlds 2 --rounds 3",
     runs=[Run("overhead.json", "On a quiet machine (2026-11-23)",
-              note="A fresh clone; other processes used 0.01 cores; 125 s."),
+              note="Other processes used 0.01 cores; 125 s."),
           Run("overhead_contention.json", "Beside one process spinning a core (2026-11-22)"),
           Run("overhead_profile.json", "Where a step's time goes (2026-11-22)",
               command=".venv/bin/python bench/overhead.py --profile-only"),
@@ -322,8 +322,8 @@ shared with other test suites: other processes used 1.5-1.6 of the 2 cores in th
 
 Per-round ratios swung from 0.46 to 3.8 and DDP's own runs from 1108 to 4366 samples/s. The
 medians above 1 say that dyntrain was not slower than DDP here, not that it is faster, and this
-load cannot resolve a 2% goal. The steadier signal is CPU per step, and it does not flatter the
-default: in all three rounds the overlapped exact ring spent 64-73 ms per step, against DDP's
+load cannot resolve a 2% difference. The steadier signal is CPU per step, and it does not flatter
+the default: in all three rounds the overlapped exact ring spent 64-73 ms per step, against DDP's
 45-55, the same ring without overlap 49-59 and the overlapped float64 all-reduce 52-55, so under
 this contention the overlap with the ring's own thread costs 25-35% more CPU per step than DDP
 (`bench/overhead.py --profile-only` shows where it goes).
@@ -331,9 +331,9 @@ this contention the overlap with the ring's own thread costs 25-35% more CPU per
     reading="""
 On the quiet machine the default is the fastest exact variant and beats dyntrain's own not-exact
 float32 all-reduce; overlap is worth ~6% over the same ring without it. It reaches **96% of DDP,
-short of our 98% goal**, spending 14% more CPU per step than DDP (the chunk bookkeeping, the
-ring's own thread and the exactness). Not yet run on a GPU with NCCL. Run the command on a quiet
-machine for the goal's precision.
+short of the benchmark's 98% bar**, spending 14% more CPU per step than DDP (the chunk
+bookkeeping, the ring's own thread and the exactness). Not yet run on a GPU with NCCL. Run the
+command on a quiet machine for the bar's precision.
 """,
 )
 

@@ -272,13 +272,13 @@ synchronise the last).
 tensor for what each hop receives and for each float64 partial sum, and a fresh tensor of
 megabytes costs page faults on every use. Reused, the 100M step at 4 workers went from 5.47 to
 3.96 s at level 0 and from 4.65 to 4.02 s at level 1 (two runs at load 3.6-4.4), and levels 0-2
-now run at 0.93x-0.95x FSDP2's samples/s (goal 0.9x: met), 0.91x-0.93x DDP's. Level 3 stays at
+now run at 0.93x-0.95x FSDP2's samples/s, 0.91x-0.93x DDP's. Level 3 stays at
 0.78x FSDP2's (4.84 s): its gathers are not the ring's.
 
 **Beside FSDP2 at every level (the second and third runs, 2026-11-28).** At 25M with 4 workers every
 level ran faster than FSDP2 (1.06x-1.50x its samples/s; level 1 1.39x, level 3 1.23x with
-`r = 2`) and slower than DDP (0.56x-0.79x). At 100M with 4 workers none reached our goal of 0.9x
-FSDP2's samples/s: 0.71x-0.83x (level 1 0.83x, level 3 0.80x with `r = 2` and 0.81x with
+`r = 2`) and slower than DDP (0.56x-0.79x). At 100M with 4 workers none reached 0.9x FSDP2's
+samples/s: 0.71x-0.83x (level 1 0.83x, level 3 0.80x with `r = 2` and 0.81x with
 `r = 1`), 0.67x-0.79x DDP's. In a world of two, after the change for `N <= r`, levels 1-3 ran at
 1.19x-1.24x FSDP2's at 25M and 1.15x-1.25x at 100M (0.57x-0.62x DDP's); before it, levels 2
 and 3 took 1.35 s a step at 25M against level 1's 0.87 s (0.70x FSDP2's). One run per setup,
@@ -287,11 +287,11 @@ itself: each hop of dyntrain's ring adds in float64 and forwards float64 partial
 point to point from Python, where gloo's all-reduce adds float32 in C++; with 4 processes on 2
 cores that arithmetic competes with the others' backward. Not profiled.
 
-**Levels 2 and 3 (run of 2026-11-28).** At 4 workers with `r = 2` every sharded part is at its goal:
-the AdamW state at 0.50 of level 0's at levels 1-3, and at level 3 the parameters a member holds
-between steps too (0.50 at 25M and 100M; with `r = 1` 0.28 and 0.26 against the goal of 0.25, whole
-tensors). What is not sharded yet is the float32 gradient buffer of the whole model (4 bytes per
-parameter: backward writes every chunk's gradients into it at every level; the recycled bucket
+**Levels 2 and 3 (run of 2026-11-28).** At 4 workers with `r = 2` every sharded part is at its
+ideal: the AdamW state at 0.50 of level 0's at levels 1-3, and at level 3 the parameters a member
+holds between steps too (0.50 at 25M and 100M; with `r = 1` 0.28 and 0.26 against the ideal 0.25,
+whole tensors). What is not sharded yet is the float32 gradient buffer of the whole model (4 bytes
+per parameter: backward writes every chunk's gradients into it at every level; the recycled bucket
 buffers that would shrink it are not built), and levels 2-3 add the float64 sums of the tensors a
 member is primary for (about 2 bytes per parameter here). So at 100M a level-3 member's tensors come
 to 1595 MB against level 0's 1991 MB (0.80), 1113 MB with `r = 1` (0.56). Peak RSS does not fall
@@ -304,12 +304,12 @@ run each); at 25M, 2 workers, levels 2 and 3 took 1.3 s against 0.85 s at levels
 = N`, nothing is sharded, yet each chunk's sum went to its tensor's primary and was then forwarded
 to the other owner, and every parameter was broadcast after the step: fixed since (the first run
 above). Re-sharding at level 3 (`r = 2`, 100M): 0.69 / 1.19 / 0.71 s for a leave / join / crash
-(goal: < 2 s), the moves of AdamW state exactly the bytes the ownership change needs, and the
+(each under 2 s), the moves of AdamW state exactly the bytes the ownership change needs, and the
 parameters sent again from their holders (397 MB per survivor, 795 MB for the join), which is most
 of it (0.46-0.84 s): at level 3 only the holders have them.
 
 **Memory.** Level 1 shards the AdamW state as designed: the largest member holds 0.50 of the
-unsharded state at 4 workers with `r = 2` (goal `r / N` = 0.50) and 0.28 with `r = 1` (goal 0.25:
+unsharded state at 4 workers with `r = 2` (ideal `r / N` = 0.50) and 0.28 with `r = 1` (ideal 0.25:
 whole tensors, so the largest member holds up to one tensor more than its share), and 0.50 at
 100M with 2 workers and `r = 1`. Parameters and gradients stay whole at level 1 (sharding them
 is levels 2 and 3; FSDP2 holds 1/N of all three), and level 1 adds the parameters' broadcast
@@ -321,11 +321,10 @@ peak RSS is above DDP's (1.3 GB against 0.94 GB at 25M, 2 workers; 4.1 GB agains
 
 **Step time (run of 2026-11-27).** At 25M dyntrain level 1 (`r = 2`) ran at 1.62x (2 workers) and
 1.91x (4 workers) FSDP2's samples/s and 0.90x-1.09x DDP's; at 100M, 2 workers, level 0 and level 1
-(`r = 1`) ran at 1.54x and 1.44x FSDP2's. Our goal (at least 0.9x FSDP2's samples/s) was met in
+(`r = 1`) ran at 1.54x and 1.44x FSDP2's: at least 0.9x FSDP2's samples/s in
 every run that day, with caveats: one run per setup, 2-3 timed steps each, one after the other on a
 shared machine, and the FSDP2 runs came later, at a higher load (7.6-9.4) than the dyntrain ones
-(1.7-7.9). An earlier attempt the same hour at load 6-13 (its file not kept: the re-sharding time
-was then the slowest member's, waiting included, and the 100M world-1 run also failed) gave the same
+(1.7-7.9). An earlier run the same hour at load 6-13 (not kept in `bench/results/`) gave the same
 order at 25M (FSDP2 1.63 and 1.19 samples/s at 2 and 4 workers, dyntrain level 1 3.58 and 2.73, DDP
 2.47 and 0.85) but at 100M, 2 workers, DDP 1.41 samples/s against dyntrain level 0's 0.35: across
 runs the load moves these figures by more than the systems differ. FSDP2 on CPU with gloo ran
@@ -337,10 +336,10 @@ without error in torch 2.13.
 load 11-20 (the next two, where at 25M it went from 1.65 / 1.57 / 1.01 s to 0.19 / 1.24 / 0.21
 s). Before, sending every parameter again took about half of it (0.95-6.2 s at 100M); now no
 parameter is sent, and the members receive exactly the state the ownership change needs in every
-change (a join: 529 MB at 100M, where the broadcasts carried 1058 MB). The goal (< 2 s at 100M
-on loopback) is met in every change at load 3-9, and at load 11-20 for the leave and the crash
-but not the join: there the joiner took 3.0 s to receive its whole share (529 MB, two thirds of
-the AdamW state), about 175 MB/s, the rate every receiver saw at that load (the leave's two
+change (a join: 529 MB at 100M, where the broadcasts carried 1058 MB). At 100M on loopback every
+change takes under 2 s at load 3-9, and at load 11-20 the leave and the crash do but not the
+join: there the joiner took 3.0 s to receive its whole share (529 MB, two thirds of the AdamW
+state), about 175 MB/s, the rate every receiver saw at that load (the leave's two
 members 265 MB each in 1.8 s). Those bytes are the minimum of a join at `r = 2`; what remains is
 the transport's rate on a loaded machine. The last run (load 6-8) is kept for its memory and
 speed tables. In it, the latency to the first step in the new world is dominated by this

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import start_dyntrain_server as start_server  # noqa: E402
-from _common import wait_until as wait  # noqa: E402
+from dyntrain.testing.wait import wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -62,24 +62,26 @@ def run_trial(tmp: Path, jobs: int = 200, slots: int = 6, kills: int = 2,
         for k in range(kills):
             # kill while jobs run, at evenly spread points of the run
             target = (k + 1) * jobs // (kills + 1)
-            wait(lambda t=target: sum(1 for i in ids if _ended(marks, i)) >= t, timeout,
-                 "jobs to finish before a kill")
+            wait_until(lambda t=target: sum(1 for i in ids if _ended(marks, i)) >= t,
+                       "jobs to finish before a kill", timeout, 0.05, 0.05)
             # kill while a job's command runs (its marker says start, not yet end)
-            wait(lambda: _in_progress(marks, ids), timeout, "a job to be running")
+            wait_until(lambda: _in_progress(marks, ids), "a job to be running", timeout, 0.05,
+                       0.05)
             server.send_signal(signal.SIGKILL)
             server.wait()
             pending = _in_progress(marks, ids)
             # the jobs that ran when the service died finish while it is down
-            wait(lambda p=pending: all(_ended(marks, i) for i in p), timeout,
-                 "the running jobs to finish while the service is down")
+            wait_until(lambda p=pending: all(_ended(marks, i) for i in p),
+                       "the running jobs to finish while the service is down", timeout, 0.05,
+                       0.05)
             downtime_finished += len(pending)
             t0 = time.monotonic()
             server, url = start_server(state, log)
             phases["restarts"].append(time.monotonic() - t0)
         with Client(url, timeout=60) as c:
-            final = wait(lambda: (js := [c.get_job(v) for v in ids.values()]) and all(
-                j["status"] in ("SUCCEEDED", "FAILED") for j in js) and js, timeout,
-                "every job to end", poll=0.5)
+            final = wait_until(lambda: [c.get_job(v) for v in ids.values()], "every job to end",
+                               timeout, 0.5, 0.5, until=lambda js: all(
+                                   j["status"] in ("SUCCEEDED", "FAILED") for j in js))
     finally:
         server.send_signal(signal.SIGTERM)
         try:

@@ -47,8 +47,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import fmt, machine_info, maximum, median, read_jsonl, write_result  # noqa: E402
-from _common import wait_until as wait  # noqa: E402
 from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "service_restart.json"
@@ -71,7 +71,7 @@ class Server:
                  "--state-dir", str(state), "--reattach-seconds", reattach], stdout=out,
                 stderr=subprocess.STDOUT, cwd=ROOT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.url = wait(self._up, 120, "the server to answer")
+        self.url = wait_until(self._up, "the server to answer", 120, 0.05, 0.05)
 
     def _up(self) -> str | None:
         m = re.search(r"listening on (http://\S+)", self.log.read_text())
@@ -111,23 +111,23 @@ def run_mode(mode: str, tmp: Path, args) -> dict:
     try:
         for _ in range(args.restarts):
             before = max((r["step"] for r in rows(metrics)), default=0)
-            wait(lambda b=before: max((r["step"] for r in rows(metrics)), default=0) >= b + 30,
-                 180, "30 more steps")
+            wait_until(lambda b=before: max((r["step"] for r in rows(metrics)), default=0) >=
+                       b + 30, "30 more steps", 180, 0.05, 0.05)
             killed_at = time.time()
             server.kill()
             n += 1
             server = Server(state, MODES[mode], n)
             back_at = time.time()
             step_at_kill = max(r["step"] for r in rows(metrics) if r["time"] <= killed_at)
-            wait(lambda s=step_at_kill: max(r["step"] for r in rows(metrics)) >= s + 30, 180,
-                 "the job to make 30 steps after the restart")
+            wait_until(lambda s=step_at_kill: max(r["step"] for r in rows(metrics)) >= s + 30,
+                       "the job to make 30 steps after the restart", 180, 0.05, 0.05)
             after = [r for r in rows(metrics) if r["time"] > killed_at - 1]
             times = sorted(r["time"] for r in after)
             gaps = [b - a for a, b in zip(times[:-1], times[1:], strict=True)]
             restarts.append({"step_at_kill": step_at_kill,
                              "service_down_s": back_at - killed_at, "pause_s": max(gaps)})
-        final = wait(lambda: (j := server.job(job["id"]))["status"] in ("SUCCEEDED", "FAILED")
-                     and j, 600, "the job to end")
+        final = wait_until(lambda: server.job(job["id"]), "the job to end", 600, 0.05, 0.05,
+                           until=lambda j: j["status"] in ("SUCCEEDED", "FAILED"))
     finally:
         server.stop()
     steps = [r["step"] for r in rows(metrics)]

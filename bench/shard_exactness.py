@@ -1,6 +1,6 @@
 """Which optimizer steps stay bitwise exact when each member steps only the tensors it owns.
 
-The experiments behind ``docs/architecture/sharding.md`` (issue 21): sharded data parallelism is
+The experiments behind ``docs/architecture/sharding.md``: sharded data parallelism is
 exact only if stepping a subset of the model's tensors gives every element the bits the step
 over the whole model gives it. This runs, on the machine's own kernels (CPU, and CUDA when one is
 there):

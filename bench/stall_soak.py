@@ -34,8 +34,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import descendants, machine_info, read_jsonl, wait_until, write_result
+from _common import descendants, machine_info, read_jsonl, write_result
 from dyntrain.procstat import read_stat
+from dyntrain.testing.wait import wait_until
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -105,14 +106,14 @@ def main(argv: list[str] | None = None) -> None:
             stuck = time.monotonic() - progress["since"] > 120
             return fired >= 2 * args.kills or proc.poll() is not None or stuck
 
-        wait_until(done, args.timeout, "every kill to take effect", poll=0.5)
+        wait_until(done, "every kill to take effect", args.timeout, poll=0.5)
         time.sleep(2.0)  # let the last join's world step (its event is then in events.jsonl)
         proc.send_signal(signal.SIGINT)  # Ctrl-C: checkpoint and exit
         stdout, _ = proc.communicate(timeout=300)
         wall = time.monotonic() - began
         try:
-            wait_until(lambda: not any(same_process(*p) for p in seen.items()), 30,
-                       "the run's processes to end")
+            wait_until(lambda: not any(same_process(*p) for p in seen.items()),
+                       "the run's processes to end", 30)
         except TimeoutError:
             pass  # reported below as stray processes
         events = crashes()

@@ -6,14 +6,14 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from dyntrain.elastic.runlog import read_records
-from dyntrain.testing.jobs import pinned_env, wait_until
+from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -42,18 +42,6 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
 
 
-def wait_for(condition, what: str, timeout: float = 120.0, poll: float = 0.02,
-             max_poll: float = 0.25):
-    """Poll ``condition`` until it returns something true and return that; fail naming ``what``
-    after ``timeout`` seconds (generous: a loaded 2-core machine is slow, a quiet one returns at
-    once). Polls slow down from ``poll`` to ``max_poll`` seconds apart
-    (``dyntrain.testing.jobs.wait_until``)."""
-    try:
-        return wait_until(condition, what, timeout, poll, max_poll)
-    except TimeoutError as exc:
-        raise AssertionError(str(exc)) from None
-
-
 def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([*DYNTRAIN, *map(str, args)], capture_output=True, text=True,
@@ -76,21 +64,28 @@ def start_server(state_dir: Path, log: Path, *args: str, popen=subprocess.Popen,
         proc = popen([*DYNTRAIN, "server", "--port", "0", "--state-dir", str(state_dir),
                       "--grace-seconds", "2", *args], stdout=out, stderr=subprocess.STDOUT,
                      env=env, cwd=ROOT)
-    deadline = time.monotonic() + 120  # a loaded machine; --executor ray connects to a cluster
-    while time.monotonic() < deadline:
+    return proc, server_url(proc, log)
+
+
+def server_url(proc: subprocess.Popen, log: Path, timeout: float = 120) -> str:
+    """The URL a starting ``dyntrain server`` (``proc``, its output in ``log``) printed, once
+    it answers there (a loaded machine is slow; ``--executor ray`` connects to a cluster)."""
+
+    def url() -> str | None:
         m = re.search(r"listening on (http://\S+)", log.read_text())
-        if m:
-            url = m.group(1)
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    raise AssertionError(f"the server did not start:\n{log.read_text()[-3000:]}")
+        try:
+            if m and httpx.get(f"{m.group(1)}/health", timeout=2).status_code == 200:
+                return m.group(1)
+        except httpx.HTTPError:
+            pass
+        return None
+
+    try:
+        return wait_until(url, "the server to answer", timeout, 0.1, unless=lambda: (
+            proc.poll() is not None and f"it exited with {proc.returncode}"))
+    except TimeoutError as exc:
+        proc.kill()
+        raise AssertionError(f"{exc}\n{log.read_text()[-3000:]}") from None
 
 
 def stop_server(proc: subprocess.Popen) -> int:

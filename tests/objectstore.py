@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from conftest import wait_for
+from dyntrain.testing.wait import wait_until
 
 REGION = "us-east-1"
 # the settings of a user's shell that would send requests elsewhere or sign them differently
@@ -87,7 +87,7 @@ def start_s3_server(log: Path, host: str = "127.0.0.1", popen=subprocess.Popen) 
         proc = popen([exe, "-H", host, "-p", "0"], stdout=out, stderr=subprocess.STDOUT,
                      stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
-        found = wait_for(lambda: proc.poll() is not None or re.search(
+        found = wait_until(lambda: proc.poll() is not None or re.search(
             rf"Running on http://{re.escape(host)}:(\d+)", log.read_text(errors="replace")),
             "moto_server to listen", 90)
         if proc.poll() is not None:

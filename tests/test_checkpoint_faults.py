@@ -15,12 +15,13 @@ import subprocess
 import pytest
 import torch
 
-from conftest import DYNTRAIN, ROOT, read_jsonl, wait_for
+from conftest import DYNTRAIN, ROOT, read_jsonl
 from dyntrain.elastic.ckptstore import FOLDER, latest_valid_checkpoint, list_checkpoints
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.storage import open_store
 from dyntrain.elastic.writer import RunWriter
+from dyntrain.testing.wait import wait_until
 from test_gpt_workload import SMALL
 from test_sharded import _same_final, _static_run
 
@@ -80,9 +81,9 @@ def test_a_checkpoint_the_disk_refuses_is_said_and_the_training_goes_on(
             stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        wait_for(lambda: _last_step(out) >= 5, "step 5 (the checkpoint of step 4 written)")
+        wait_until(lambda: _last_step(out) >= 5, "step 5 (the checkpoint of step 4 written)")
         writable(False)
-        failed = wait_for(lambda: _warning(out), "a worker saying a checkpoint was not written")
+        failed = wait_until(lambda: _warning(out), "a worker saying a checkpoint was not written")
         writable(True)
         assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
     finally:

@@ -19,6 +19,7 @@ from dyntrain.data import (
 from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.testing.wait import wait_until
 from dyntrain.workloads.digits_images import write_digits_images
 
 CPU = torch.device("cpu")
@@ -105,10 +106,8 @@ class GatedSamples(torch.utils.data.Dataset):
         return self.n
 
     def __getitem__(self, index):
-        deadline = time.monotonic() + 60
-        while index == self.gated and not self.gate[0]:
-            assert time.monotonic() < deadline, "the test never opened the gate"
-            time.sleep(0.002)
+        if index == self.gated:
+            wait_until(lambda: bool(self.gate[0]), "the test to open the gate", 60, 0.002, 0.01)
         return torch.tensor([index * 10.0]), index
 
 

@@ -10,10 +10,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, wait_for
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
 from dyntrain.cli.compare import state_distance
 from dyntrain.elastic.sampler import epoch_permutation
 from dyntrain.testing.jobs import Output
+from dyntrain.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -179,14 +180,14 @@ def join_from_shell(out: Path, *worker_args: str, timeout: float = 240):
                                        str(gate))
     said, joiner = Output(launcher), None
     try:
-        wait_for(lambda: said.find(r"step +1/"), "the job's first step", timeout=240)
+        wait_until(lambda: said.find(r"step +1/"), "the job's first step", timeout=240)
         joiner = subprocess.Popen(
             [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
              *worker_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             cwd=ROOT)
         joined = Output(joiner)
-        wait_for(lambda: joiner.poll() is not None or said.find(r"world 1 -> 2"),
-                 "the joiner taking part or refused", timeout=timeout)
+        wait_until(lambda: joiner.poll() is not None or said.find(r"world 1 -> 2"),
+                   "the joiner taking part or refused", timeout=timeout)
         gate.unlink()
         joiner.wait(timeout)
         err = joiner.stderr.read()

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, OutputLines, wait_for
+from conftest import SCRIPTS, OutputLines
 from dyntrain.testing import netns
 from dyntrain.testing.hosts import HostBed
+from dyntrain.testing.wait import wait_until
 
 NETCHECK = [sys.executable, str(SCRIPTS / "netcheck.py")]
 HOSTS = 3
@@ -25,7 +26,7 @@ def start(host, *args, **kw) -> tuple[subprocess.Popen, OutputLines]:
 
 
 def listening_port(lines: OutputLines) -> int:
-    return int(wait_for(lambda: lines.has("listening"), "the server to listen").split()[1])
+    return int(wait_until(lambda: lines.has("listening"), "the server to listen").split()[1])
 
 
 def test_every_host_reaches_every_other_by_its_address(hosts):
@@ -86,14 +87,14 @@ def test_partition_silences_an_open_connection_and_heal_resumes_it(hosts):
     _, served = start(h0, "serve")
     port = listening_port(served)
     relay, relayed = start(h1, "relay", h0.address, str(port), stdin=subprocess.PIPE)
-    wait_for(lambda: relayed.has("connected"), "the connection")
+    wait_until(lambda: relayed.has("connected"), "the connection")
     relay.stdin.write("before\n")
     relay.stdin.flush()
-    wait_for(lambda: served.has("got before"), "a line over the healthy link")
+    wait_until(lambda: served.has("got before"), "a line over the healthy link")
     hosts.partition(1)
     relay.stdin.write("during\n")
     relay.stdin.flush()
-    wait_for(lambda: relayed.has("sent during"), "the line to leave the sender")
+    wait_until(lambda: relayed.has("sent during"), "the line to leave the sender")
     # h1 is cut off from everyone (h2 gets no answer at all), the others still talk
     out = h2.run([*NETCHECK, "reach", f"{h1.address}:{port}", f"{h0.address}:{port}"]).stdout
     assert out.split("\n")[:2] == [f"{h1.address}:{port} TimeoutError",
@@ -101,7 +102,7 @@ def test_partition_silences_an_open_connection_and_heal_resumes_it(hosts):
     assert not served.has("got during")  # 2 s of the partition have passed, nothing arrived
     assert relay.poll() is None  # and the sender's connection is still open
     hosts.heal(1)
-    wait_for(lambda: served.has("got during"), "the line once the link is back", timeout=60)
+    wait_until(lambda: served.has("got during"), "the line once the link is back", timeout=60)
 
 
 def test_a_slow_link_limits_the_rate(hosts):
@@ -111,7 +112,7 @@ def test_a_slow_link_limits_the_rate(hosts):
         _, lines = start(h0, "sink")
         port = listening_port(lines)
         h1.run([*NETCHECK, "blast", h0.address, str(port), str(size)], check=True)
-        total, seconds = wait_for(lambda: next((ln for ln in lines.lines
+        total, seconds = wait_until(lambda: next((ln for ln in lines.lines
                                                 if ln[0].isdigit()), None), "the sink").split()
         assert int(total) == size
         return int(total) * 8 / float(seconds)
@@ -142,7 +143,7 @@ def sleepers(hosts, folder: Path) -> list[subprocess.Popen]:
     folder.mkdir(parents=True, exist_ok=True)
     procs = [sleeper(h, folder / f"ready-{h.name}") for h in hosts]
     for h in hosts:
-        wait_for(lambda h=h: (folder / f"ready-{h.name}").exists(), f"the sleeper of {h.name}")
+        wait_until(lambda h=h: (folder / f"ready-{h.name}").exists(), f"the sleeper of {h.name}")
     return procs
 
 
@@ -172,7 +173,7 @@ def test_teardown_leaves_nothing_even_after_an_owner_was_killed(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     token = owner.stdout.readline().strip()
     record = next(r for r in netns.records() if r.token == token)
-    wait_for(lambda: netns.pids_in(record.netns), "the orphan-to-be")
+    wait_until(lambda: netns.pids_in(record.netns), "the orphan-to-be")
     owner.kill()
     owner.wait()
     assert netns.link_exists(f"dt{token}br")

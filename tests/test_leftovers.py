@@ -8,9 +8,10 @@ import subprocess
 
 import pytest
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, wait_for
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl
 from dyntrain.procstat import ProcState, read_stat
 from dyntrain.testing.leftovers import children, kill_marked, marked, marked_env, new_mark
+from dyntrain.testing.wait import wait_until
 
 # A process killed by the kernel (its parent's death, a group's SIGKILL) is gone at once; this
 # leaves a loaded machine room to schedule the exits. The workers of a launcher that is gone
@@ -42,12 +43,12 @@ def launch(mark: str, tmp_path, args, env=None) -> tuple[subprocess.Popen, objec
 
 
 def assert_none_left(mark: str, what: str) -> None:
-    wait_for(lambda: not marked(mark), f"no process of the run left {what}",
+    wait_until(lambda: not marked(mark), f"no process of the run left {what}",
              timeout=GONE_WITHIN)
 
 
 def assert_gone(pids: list[int], what: str) -> None:
-    wait_for(lambda: all(read_stat(p) is None or read_stat(p).state.ended for p in pids),
+    wait_until(lambda: all(read_stat(p) is None or read_stat(p).state.ended for p in pids),
              f"{what} ({pids}) gone", timeout=GONE_WITHIN)
 
 
@@ -72,7 +73,7 @@ def test_a_launcher_killed_while_its_workers_start_leaves_no_process(tmp_path, m
                                             IMAGE, *IMAGE_ARGS],
                            env={"DYNTRAIN_FORKSERVER": fork_server})
     logs = tmp_path / "run" / "logs"
-    wait_for(lambda: (logs / "worker-w2.log").exists() and len(marked(mark)) >= 4,
+    wait_until(lambda: (logs / "worker-w2.log").exists() and len(marked(mark)) >= 4,
              "the launcher starting its three workers")
     launcher.send_signal(signal.SIGKILL)
     launcher.wait()
@@ -89,7 +90,7 @@ def test_a_launcher_killed_during_training_leaves_no_process_not_even_a_frozen_w
     launcher, log = launch(mark, tmp_path, [
         "--workers", "1:2", "--nproc", "2", "--failure-timeout", "600",
         "--events", "step=2:hang=1", IMAGE, *IMAGE_ARGS, "--hold", hold])
-    wait_for(lambda: with_loaders(marked(mark), stopped=True)
+    wait_until(lambda: with_loaders(marked(mark), stopped=True)
              and with_loaders(marked(mark), stopped=False),
              "a frozen worker with its loader processes, and one training with its own")
     launcher.send_signal(signal.SIGKILL)
@@ -106,11 +107,11 @@ def test_the_loader_processes_of_a_killed_or_frozen_worker_die_with_it(tmp_path,
     launcher, log = launch(mark, tmp_path, [
         "--workers", "1:3", "--nproc", "3", "--failure-timeout", "2",
         "--events", "step=2:hang=1", IMAGE, *IMAGE_ARGS, "--hold", hold])
-    frozen = wait_for(lambda: with_loaders(marked(mark), stopped=True), "a frozen worker")[0]
+    frozen = wait_until(lambda: with_loaders(marked(mark), stopped=True), "a frozen worker")[0]
     loaders = [c.pid for c in children(marked(mark), frozen.pid)]
     assert_gone([frozen.pid, *loaders], "the frozen worker, declared dead, and its loaders")
 
-    wait_for(lambda: steps(tmp_path) >= 4 and len(with_loaders(marked(mark), False)) == 2,
+    wait_until(lambda: steps(tmp_path) >= 4 and len(with_loaders(marked(mark), False)) == 2,
              "the two others training with their loader processes")
     procs = marked(mark)
     victim = with_loaders(procs, stopped=False)[0]

@@ -8,9 +8,10 @@ import sys
 import pytest
 import torch
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, wait_for
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
 from dyntrain import TrainConfig
 from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until
 
 pl = pytest.importorskip("lightning.pytorch")
 from dyntrain.adapters.lightning import (  # noqa: E402
@@ -40,8 +41,8 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     proc = alone(static, "--epochs", "20")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out, hold = tmp_path / "elastic", tmp_path / "hold"
-    # held slow until the joiner is in: Lightning's import alone took a worker 26 s at load 8,
-    # longer than the rest of the run
+    # held slow until the joiner is in: Lightning's import alone can take a worker longer than
+    # the rest of the run on a loaded machine (26 s at load 8)
     hold.touch()
     with open(tmp_path / "launcher.log", "w") as log:
         launcher = subprocess.Popen(
@@ -50,8 +51,8 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
              "--hold", str(hold)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        wait_for(lambda: "world 1 -> 2" in (tmp_path / "launcher.log").read_text()
-                 or launcher.poll() is not None, "the second worker to join", timeout=300)
+        wait_until(lambda: "world 1 -> 2" in (tmp_path / "launcher.log").read_text()
+                   or launcher.poll() is not None, "the second worker to join", timeout=300)
         hold.unlink()
         assert launcher.wait(300) == 0, (tmp_path / "launcher.log").read_text()[-3000:]
     finally:

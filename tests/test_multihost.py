@@ -10,10 +10,11 @@ import sys
 
 import pytest
 
-from conftest import SCRIPTS, wait_for
+from conftest import SCRIPTS
 from dyntrain.elastic.protocol import FAILURE_TIMEOUT
 from dyntrain.errors import EXIT_USAGE
 from dyntrain.testing.jobs import HostJob
+from dyntrain.testing.wait import wait_until
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
 pytestmark = pytest.mark.slow
@@ -33,14 +34,14 @@ def ledger_job(hosts, name: str, *run_args: str, args: tuple[str, ...] = ()) -> 
 
 
 def wait_job_rows(job: HostJob, row_matches, what: str, timeout: float) -> None:
-    """``wait_for`` a metrics row that ``row_matches``; a timeout shows the last rows' world
+    """Wait for a metrics row that ``row_matches``; a timeout shows the last rows' world
     sizes, chunks and step times."""
     try:
-        wait_for(lambda: any(row_matches(r) for r in job.metrics()), what, timeout=timeout)
-    except AssertionError as exc:
+        wait_until(lambda: any(row_matches(r) for r in job.metrics()), what, timeout=timeout)
+    except TimeoutError as exc:
         rows = [(r["step"], r["world_size"], r["chunks"], r.get("samples_per_s"))
                 for r in job.metrics()][-12:]
-        raise AssertionError(f"{exc}; last rows (step, world, chunks, samples/s): {rows}") from None
+        raise TimeoutError(f"{exc}; last rows (step, world, chunks, samples/s): {rows}") from None
 
 
 def finish(job: HostJob, timeout: float = 240) -> str:
@@ -57,7 +58,7 @@ def test_remote_workers_join_and_a_partitioned_one_is_found_by_its_silence(hosts
     job = ledger_job(hosts, "join")
     for h in (1, 2):
         job.add_worker(hosts.host(h))
-    wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
+    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
     joins = [e for e in job.events() if e["event"] == "join"]
     assert joins and all(e["steps_redone"] == 0 for e in joins)
     assert "generation 4" not in job.launcher.text()  # one or two joins, not a livelock
@@ -65,15 +66,15 @@ def test_remote_workers_join_and_a_partitioned_one_is_found_by_its_silence(hosts
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8)]
     try:
         steps = len(job.metrics())
-        wait_for(lambda: len(job.metrics()) >= steps + 20, "steps under contention", timeout=180)
+        wait_until(lambda: len(job.metrics()) >= steps + 20, "steps under contention", timeout=180)
     finally:
         for proc in spinners:
             proc.kill()
             proc.wait()
     assert "crash" not in [e["event"] for e in job.events()], job.launcher.text()[-3000:]
     hosts.partition(2)
-    crash = wait_for(lambda: next((e for e in job.events() if e["event"] == "crash"), None),
-                     "the partitioned worker declared lost", timeout=120)
+    crash = wait_until(lambda: next((e for e in job.events() if e["event"] == "crash"), None),
+                       "the partitioned worker declared lost", timeout=120)
     assert crash["workers"][0].startswith("host2-")
     assert crash["reason"] == f"no heartbeat for {FAILURE_TIMEOUT:g} s"
     finish(job)
@@ -90,11 +91,11 @@ def test_a_worker_its_peers_cannot_reach_is_told_why_and_the_job_goes_on(hosts, 
     said = bad.text()
     assert "its peers cannot reach it at 127.0.1.1:" in said, said[-2000:]
     # the peer that reports it is whichever tried to connect (rank order: who said hello first,
-    # which a loaded machine changes: a run at load 18 had another peer than w0 report it)
+    # which the load of the machine decides)
     assert re.search(r"\b\w+ could not connect to 127\.0\.1\.1:\d+: [^)]*Connection refused",
                      said), said[-2000:]
     assert "--advertise-address" in said  # how to fix it
-    wait_for(lambda: job.world() == 2, "the other two training", timeout=180)
+    wait_until(lambda: job.world() == 2, "the other two training", timeout=180)
     out = finish(job)
     assert "removed: its peers cannot reach it at 127.0.1.1" in out
     assert_exactly_once(job.out)
@@ -110,15 +111,14 @@ def test_a_host_behind_a_slow_link_keeps_training_and_balancing_stays_bitwise(ho
                                           "--slow-in", "host:host1", "--slow-factor", "10",
                                           "--slow-only-held"))
     # host 0's own worker trains first, so host 1's joins it as rank 1 (the rows' chunks are by
-    # rank: when host 1's worker said hello first, under load, it was rank 0 and had the 2 of
-    # [2, 6] that this test then waited for on the wrong side)
-    wait_for(lambda: job.world() == 1, "host 0's worker training", timeout=180)
+    # rank; host 1's worker would be rank 0 if it said hello first)
+    wait_until(lambda: job.world() == 1, "host 0's worker training", timeout=180)
     job.add_worker(hosts.host(1))
-    wait_for(lambda: job.world() == 2, "the slow host training", timeout=180)
+    wait_until(lambda: job.world() == 2, "the slow host training", timeout=180)
     # while the job is held, host 1's chunks sleep 0.25 s and host 0's 0.07 s. The balancer
     # moves a chunk only for a step 10% shorter, so with 8 chunks it needs host 1 at least
     # ~1.4x slower as measured: CPU contention adds the same to both (up to ~0.35 s a chunk
-    # here), which a smaller difference (0.13 against 0.06 s) did not survive at load 10
+    # here), which a smaller difference (0.13 against 0.06 s) does not outweigh at load 10
     wait_job_rows(job, lambda r: r["world_size"] == 2 and r["chunks"][0] > r["chunks"][1],
                   "host 1 given fewer chunks", timeout=180)
     # released, host 1 is as fast as host 0 for the remaining ~200 steps
@@ -154,14 +154,14 @@ def test_a_sharded_jobs_copies_live_on_two_hosts_so_losing_one_loses_nothing(hos
                   ["--workers", "2:4", "--nproc", "2"])
     remote = [job.add_worker(hosts.host(1)) for _ in range(2)]
     try:
-        wait_for(lambda: job.world() == 4, "two workers on each host training", timeout=180)
-    except AssertionError as exc:
+        wait_until(lambda: job.world() == 4, "two workers on each host training", timeout=180)
+    except TimeoutError as exc:
         said = "\n".join(w.text()[-1500:] for w in remote)
-        raise AssertionError(f"{exc}; worlds {sorted({r['world_size'] for r in job.metrics()})}"
+        raise TimeoutError(f"{exc}; worlds {sorted({r['world_size'] for r in job.metrics()})}"
                              f"\nlauncher: {job.launcher.text()[-2000:]}\nhost 1: {said}") from None
     hosts.lose(1)
-    wait_for(lambda: any(e["event"] == "crash" for e in job.events()),
-             "host 1's workers declared lost", timeout=120)
+    wait_until(lambda: any(e["event"] == "crash" for e in job.events()),
+               "host 1's workers declared lost", timeout=120)
     hold.unlink()
     assert job.wait(240) == 0, job.launcher.text()[-3000:]
     out = job.launcher.text()

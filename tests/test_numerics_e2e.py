@@ -16,9 +16,10 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, read_jsonl, run_cli, wait_for
+from conftest import SCRIPTS, read_jsonl, run_cli
 from dyntrain.errors import EXIT_USAGE
 from dyntrain.testing.jobs import CLI, HostJob, Output, clean_env
+from dyntrain.testing.wait import wait_until
 from test_elastic_e2e import max_param_diff, world_sizes
 
 pytestmark = pytest.mark.slow
@@ -50,7 +51,7 @@ def test_one_worker_and_an_elastic_run_compute_the_same_bits(tmp_path, precision
          "step=3:join=2,step=6:kill=1,step=9:leave=rank:0", *script, "--hold", gate],
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     run_cli(["run", "--workers", "1", "--quiet", "--out", static, *script], check=True)
-    wait_for(lambda: launcher.proc.poll() is not None or (
+    wait_until(lambda: launcher.proc.poll() is not None or (
         (elastic / "events.jsonl").exists()
         and "leave" in [e["event"] for e in read_jsonl(elastic / "events.jsonl")]),
         "the leave taking effect", timeout=300)
@@ -98,7 +99,7 @@ def test_workers_on_unlike_hosts_train_the_static_model_and_a_mismatch_is_refuse
     caught = by_hand.text()
     assert "by-hand on host3 computes other bits than the job: canary " in caught, caught[-2000:]
     assert "cpu_capability DEFAULT (pinned: AVX2)" in caught
-    wait_for(lambda: job.world() == 2, "host 1's worker training beside host 0's", timeout=240)
+    wait_until(lambda: job.world() == 2, "host 1's worker training beside host 0's", timeout=240)
     gate.unlink()
     assert job.wait(300) == 0, job.launcher.text()[-3000:]
     assert one_core.wait(60) == 0, one_core.text()[-2000:]
@@ -116,8 +117,8 @@ def test_mixed_numerics_allowed_are_admitted_and_recorded(tmp_path):
         [*CLI, "run", "--workers", "1:2", "--nproc", "1", "--allow-mixed-numerics", "--out",
          out, *DIGITS, "--step-delay", "0.01"], env=clean_env(), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True))
-    address = wait_for(lambda: launcher.find(r"--coordinator (\S+)"), "the join command")[1]
-    wait_for(lambda: (out / "numerics.json").exists(), "the job's numerics recorded")
+    address = wait_until(lambda: launcher.find(r"--coordinator (\S+)"), "the join command")[1]
+    wait_until(lambda: (out / "numerics.json").exists(), "the job's numerics recorded")
     # started by hand, not by `dyntrain worker` (which would pin it): another kernel level
     other = subprocess.run([sys.executable, *DIGITS, "--step-delay", "0.01"],
                            env=clean_env(ATEN_CPU_CAPABILITY="default",

@@ -12,13 +12,14 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, wait_for
+from conftest import ROOT
 from dyntrain.elastic import ckptstore, linelog
 from dyntrain.elastic.checkpoint import encode_checkpoint
 from dyntrain.elastic.runfolder import RunFolderMismatch
 from dyntrain.elastic.runlog import read_metrics
 from dyntrain.elastic.storage import StorageError, open_store
 from dyntrain.lab.report import load_noise
+from dyntrain.testing.wait import wait_until
 from objectstore import start_s3_server
 
 
@@ -72,8 +73,8 @@ def test_line_files_are_segments_read_back_in_order_across_writers(s3):
     first.close()
     second = linelog.open_lines(store, "metrics.jsonl")  # a resumed run: segments after those
     second.write(json.dumps({"step": 12, "b_simple": 120.0}), urgent=True)
-    wait_for(lambda: len(linelog.read_lines(store, "metrics.jsonl")) == 12,
-             "the urgent line to be uploaded by the writer's thread", 30)
+    wait_until(lambda: len(linelog.read_lines(store, "metrics.jsonl")) == 12,
+               "the urgent line to be uploaded by the writer's thread", 30)
     second.close()
     rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
     assert [r["step"] for r in rows] == list(range(1, 13))
@@ -159,7 +160,7 @@ def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint_newest(s3, tm
     writer = subprocess.Popen([sys.executable, "-c", SAVE, url, "2"], cwd=ROOT,
                               env=s3.env(), start_new_session=True)
     try:
-        wait_for(lambda: writer.poll() is not None or any(
+        wait_until(lambda: writer.poll() is not None or any(
             "ckpt-000000002" in k for k in s3.keys("killed", "run/checkpoints/")),
             "the first part of step 2 to be uploaded", 120)
         os.killpg(writer.pid, signal.SIGKILL)
@@ -265,8 +266,8 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
             job = client.submit(queue="default", command=[sys.executable, *SHORT],
                                 workers={"min": 1, "max": 1}, environment={"DYNTRAIN_OUT": url},
                                 resources={"cpus": 0.5, "memory_mib": 256})
-            final = wait_for(lambda: (j := client.get_job(job["id"]))["status"] in
-                             ("SUCCEEDED", "FAILED") and j, "the job to end", 240)
+            final = wait_until(lambda: (j := client.get_job(job["id"]))["status"] in
+                               ("SUCCEEDED", "FAILED") and j, "the job to end", 240)
             assert final["status"] == "SUCCEEDED", final["status_reason"]
             page = httpx.get(f"{api}/ui/jobs/{job['id']}", timeout=30).text
             series = httpx.get(f"{api}/ui/data/jobs/{job['id']}/series", timeout=30).json()

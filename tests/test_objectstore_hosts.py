@@ -18,10 +18,11 @@ import sys
 
 import pytest
 
-from conftest import DYNTRAIN, ROOT, OutputLines, wait_for
+from conftest import DYNTRAIN, ROOT, OutputLines
 from dyntrain.elastic.runlog import read_events
 from dyntrain.elastic.storage import open_store
 from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until
 from objectstore import start_s3_server
 
 HOSTS = 5
@@ -62,7 +63,7 @@ def start_job(bed, s3, launcher: int, joiner: int, url: str, log) -> tuple:
                       "1", "--out", url, *DIGITS, "--step-delay", "0.01"], env=env, cwd=ROOT,
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = OutputLines(run)
-    said = wait_for(lambda: run.poll() is not None or next(
+    said = wait_until(lambda: run.poll() is not None or next(
         (line for line in lines.lines if "coordinator listening on" in line), None),
         f"the launcher on {host.name} to listen", 120)
     assert run.poll() is None, "\n".join(lines.lines)
@@ -86,8 +87,8 @@ def test_fresh_hosts_resume_a_run_from_s3_after_every_host_is_lost(hosts, s3, tm
     with open(tmp_path / "worker-1.log", "w") as log:
         run, lines, worker = start_job(hosts, s3, 1, 2, url, log)
     try:
-        wait_for(lambda: run.poll() is not None or committed(s3, "hosts-run", "digits"),
-                 "the first committed checkpoint", 180)
+        wait_until(lambda: run.poll() is not None or committed(s3, "hosts-run", "digits"),
+                   "the first committed checkpoint", 180)
         lost = hosts.lose(1) + hosts.lose(2)
     finally:
         run.kill()

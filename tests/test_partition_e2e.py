@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, wait_for
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl
 from dyntrain.testing.jobs import CLI, HostJob, Output, clean_env
+from dyntrain.testing.wait import wait_until
 from test_elastic_e2e import assert_exactly_once, max_param_diff, world_sizes
 
 pytestmark = pytest.mark.slow
@@ -69,15 +70,15 @@ def test_a_frozen_worker_that_comes_back_is_fenced_and_rejoins(tmp_path, static_
             cut = subprocess.Popen([*DYNTRAIN, "worker", "--coordinator", address, *script],
                                    stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         procs.append(cut)
-        wait_for(lambda: any(r["world_size"] == 2 for r in rows(out)), "a step of world 2")
+        wait_until(lambda: any(r["world_size"] == 2 for r in rows(out)), "a step of world 2")
         os.kill(cut.pid, signal.SIGSTOP)
-        crash = wait_for(lambda: [e for e in events(out) if e["event"] == "crash"],
-                         "the others to go on without the frozen worker")[0]
+        crash = wait_until(lambda: [e for e in events(out) if e["event"] == "crash"],
+                           "the others to go on without the frozen worker")[0]
         seen = len(rows(out))
-        wait_for(lambda: len(rows(out)) >= seen + 2, "two steps without it")
+        wait_until(lambda: len(rows(out)) >= seen + 2, "two steps without it")
         os.kill(cut.pid, signal.SIGCONT)
-        wait_for(lambda: readmitted(events(out), crash["workers"]) or cut.poll() is not None,
-                 "the woken worker to be re-admitted (or to end)", timeout=180)
+        wait_until(lambda: readmitted(events(out), crash["workers"]) or cut.poll() is not None,
+                   "the woken worker to be re-admitted (or to end)", timeout=180)
         hold.unlink()
         rest = launcher.communicate(timeout=240)[0]
         cut.wait(timeout=120)
@@ -131,9 +132,9 @@ def host_of(worker: str) -> int:
 
 def worker_on(job: HostJob, host) -> str:
     """The id of the worker that joined from ``host`` (``dyntrain worker``: host-pid)."""
-    return wait_for(lambda: next((w for e in job.events() for w in e["workers"]
+    return wait_until(lambda: next((w for e in job.events() for w in e["workers"]
                                   if w.startswith(f"{host.name}-")), None),
-                    f"the worker of {host.name} to join", timeout=180)
+                      f"the worker of {host.name} to join", timeout=180)
 
 
 def partition_and_heal(hosts, job: HostJob, index: int, cut: list[str]) -> None:
@@ -142,14 +143,14 @@ def partition_and_heal(hosts, job: HostJob, index: int, cut: list[str]) -> None:
     ``cut`` has been re-admitted as a new worker (or its process ended)."""
     hosts.partition(index)
     try:
-        wait_for(lambda: set(cut) <= {w for e in job.events() if e["event"] == "crash"
+        wait_until(lambda: set(cut) <= {w for e in job.events() if e["event"] == "crash"
                                       for w in e["workers"]},
-                 "the others to go on without the cut-off workers", timeout=180)
+                   "the others to go on without the cut-off workers", timeout=180)
         seen = len(job.metrics())
-        wait_for(lambda: len(job.metrics()) >= seen + 2, "two steps without them", timeout=180)
+        wait_until(lambda: len(job.metrics()) >= seen + 2, "two steps without them", timeout=180)
     finally:
         hosts.heal(index)
-    wait_for(lambda: readmitted(job.events(), cut) or all(
+    wait_until(lambda: readmitted(job.events(), cut) or all(
         job.remote[host_of(w)].proc.poll() is not None for w in cut),
         "the cut-off workers to be re-admitted (or to end)", timeout=240)
 
@@ -172,7 +173,7 @@ def assert_healed_like_static(job: HostJob, cut: list[str], static_ledger) -> No
 
 def test_partition_and_heal_of_a_workers_host(hosts, static_ledger):
     job = host_job(hosts, "worker", "--nproc", "1")
-    wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
+    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
     cut = [worker_on(job, hosts.host(2))]
     partition_and_heal(hosts, job, 2, cut)
     assert_healed_like_static(job, cut, static_ledger)
@@ -184,7 +185,7 @@ def test_partition_and_heal_of_a_workers_host_in_a_sharded_job(hosts, static_led
     while) rejoins as a new worker and receives its shards again. The model is the unsharded
     static run's, bit for bit: nothing of the abandoned generation lands anywhere."""
     job = host_job(hosts, "sharded", "--nproc", "1", workload=("--shard", "2"))
-    wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
+    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
     cut = [worker_on(job, hosts.host(2))]
     partition_and_heal(hosts, job, 2, cut)
     assert_healed_like_static(job, cut, static_ledger)
@@ -196,7 +197,7 @@ def test_partition_and_heal_of_the_leaders_host(hosts, static_ledger):
     # a remote worker starts the job (the leader: whichever said hello first); the launcher's
     # own worker joins then
     job = host_job(hosts, "leader", "--nproc", "0", "--events", "t=0:join=1")
-    wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
+    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
     leader = job.events()[0]["workers"][0]
     assert host_of(leader) in (1, 2), leader
     partition_and_heal(hosts, job, host_of(leader), [leader])
@@ -207,7 +208,7 @@ def test_partition_and_heal_of_the_coordinators_host(hosts, static_ledger):
     # the coordinator and its local worker on host 0; both remote workers lose them (and
     # still reach each other)
     job = host_job(hosts, "coordinator", "--nproc", "1")
-    wait_for(lambda: job.world() == 3, "three workers training", timeout=180)
+    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
     cut = [worker_on(job, hosts.host(1)), worker_on(job, hosts.host(2))]
     partition_and_heal(hosts, job, 0, cut)
     assert_healed_like_static(job, cut, static_ledger)

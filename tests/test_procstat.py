@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 
-from conftest import wait_for
 from dyntrain.procstat import (
     CLOCK_TICKS,
     ProcState,
@@ -15,6 +14,7 @@ from dyntrain.procstat import (
     parse_stat,
     read_stat,
 )
+from dyntrain.testing.wait import wait_until
 
 # a child that names itself (at most 15 bytes) and waits for its stdin to close
 NAMED = ("import sys; open('/proc/self/comm', 'w').write(sys.argv[1]); print('named', flush=True);"
@@ -62,10 +62,10 @@ def test_session_group_and_cpu_time_of_a_real_process():
 def test_stopped_zombie_and_gone():
     proc = named_child("stop me")
     os.kill(proc.pid, signal.SIGSTOP)
-    wait_for(lambda: read_stat(proc.pid).state.stopped, "the child to stop", 30)
+    wait_until(lambda: read_stat(proc.pid).state.stopped, "the child to stop", 30)
     os.kill(proc.pid, signal.SIGKILL)
     # not reaped yet: a zombie that has ended
-    wait_for(lambda: read_stat(proc.pid).state.ended, "the child to become a zombie", 30)
+    wait_until(lambda: read_stat(proc.pid).state.ended, "the child to become a zombie", 30)
     assert read_stat(proc.pid).state is ProcState.ZOMBIE
     proc.wait(timeout=30)
     assert read_stat(proc.pid) is None  # reaped: no such process
@@ -88,7 +88,7 @@ def test_machine_busy_seconds_grow():
     before = machine_busy_seconds()
     assert before is not None and before > 0
     end(named_child("busy"))  # a Python start-up: some CPU time somewhere
-    wait_for(lambda: machine_busy_seconds() > before, "the machine's busy time to grow", 30)
+    wait_until(lambda: machine_busy_seconds() > before, "the machine's busy time to grow", 30)
 
 
 def test_reading_it_imports_neither_torch_nor_numpy():

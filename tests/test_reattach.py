@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import json
 import threading
-import time
 from dataclasses import replace
 from datetime import timedelta
 
@@ -20,12 +19,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import wait_for
+from dyntrain.elastic import channel
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.channel import CoordinatorGone, WorkerChannel
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.coordinator import REATTACH_WAIT, Phase
 from dyntrain.elastic.trainer import ENV_REATTACH, ElasticTrainer
+from dyntrain.testing.wait import wait_until
 from test_coordinator import CANARY, SETTINGS, FakeWorker, Job
 
 GEN3 = p.Generation(3, ("a", "b", "c"), 12, source="a")
@@ -131,7 +131,7 @@ def inbox(store: dist.Store, worker: str) -> list[p.Message]:
     return [p.decode(store.get(p.inbox_key(worker, i)), worker) for i in range(count)]
 
 
-def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path):
+def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path, monkeypatch):
     server = serve(tmp_path, "job-1")
     port = server.port
     position = [p.Position(p.WorkerState.RUNNING, GEN3, 3)]
@@ -144,16 +144,28 @@ def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path):
     ch.flush()
     del server
     gc.collect()  # the coordinator's host dies
-    wait_for(lambda: ch.lost, what="the loss to be noticed")
+    wait_until(lambda: ch.lost, what="the loss to be noticed")
     assert ch.ctl(3) == "run"  # no coordinator to say otherwise: the generation trains on
     ch.send(p.Metrics(({"gen": 3, "step": 4},)))
     position[0] = replace(position[0], step=4)
+    probed: list[str] = []  # the stores the worker connected to while it looked for its job
+
+    def connect_store(address: str, timeout: float) -> dist.Store:
+        store = real_connect(address, timeout)
+        probed.append(address)
+        return store
+
+    real_connect = channel.connect_store
+    monkeypatch.setattr(channel, "connect_store", connect_store)
     stranger = serve(tmp_path, "job-2", port)  # someone else's store got the port
-    time.sleep(0.5)  # a window for the negative check: the worker probes every 0.2 s
+    # twice: the first look may have begun before the stranger served; the second came after
+    # the first had read the stranger's job and turned away
+    wait_until(lambda: probed.count(f"127.0.0.1:{port}"), "the worker to look at the stranger's "
+               "store twice", 30, until=lambda looks: looks >= 2)
     assert not stranger.check([p.inbox_count_key("a")]) and ch.lost
     again = serve(tmp_path, "job-1")  # the restarted host, on another port: its file says so
     p.write_coordinator_file(tmp_path, f"127.0.0.1:{again.port}", "job-1")
-    msgs = wait_for(lambda: (m := inbox(again, "a")) and len(m) >= 3 and m, what="re-attach")
+    msgs = wait_until(lambda: (m := inbox(again, "a")) and len(m) >= 3 and m, what="re-attach")
     first, replay, backlog = msgs[:3]
     assert first.kind == "reattach" and first.hello.fingerprint == "fp"
     assert first.position.state == "running" and first.position.step == 4
@@ -163,7 +175,7 @@ def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path):
     assert again.get(p.ROSTER).decode().split() == ["a"]
     assert ch.reattached == 1 and ch.lost is None
     again.set(p.ctl_key(3, "a"), p.Control.REFORM)
-    wait_for(lambda: ch.ctl(3) == p.Control.REFORM, what="the new coordinator's word")
+    wait_until(lambda: ch.ctl(3) == p.Control.REFORM, what="the new coordinator's word")
     ch.close()
 
 
@@ -173,7 +185,7 @@ def test_channel_gives_up_after_the_bound_with_a_one_line_reason(tmp_path):
     ch = WorkerChannel(address, "a", reattach_seconds=0.5, heartbeat_interval=0.05)
     del server
     gc.collect()
-    wait_for(lambda: ch.gave_up, what="the worker to give up")
+    wait_until(lambda: ch.gave_up, what="the worker to give up")
     with pytest.raises(CoordinatorGone) as err:
         ch.ctl(0)
     message = str(err.value)
@@ -196,7 +208,7 @@ def test_a_worker_without_its_coordinator_exits_with_the_reason(tmp_path, monkey
     del server
 
     def die_once_it_waits() -> None:  # the worker said hello and waits to be admitted
-        wait_for(lambda: host[0].check([p.ROSTER]), what="the hello")
+        wait_until(lambda: host[0].check([p.ROSTER]), what="the hello")
         host.clear()
         gc.collect()
 

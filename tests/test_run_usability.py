@@ -4,12 +4,14 @@ import json
 import os
 import re
 import shlex
+import subprocess
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, run_cli
+from conftest import DYNTRAIN, ROOT, SCRIPTS, OutputLines, run_cli
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.launch.events import parse_events
+from dyntrain.testing.wait import wait_until
 
 
 @pytest.mark.slow
@@ -247,17 +249,34 @@ def test_run_without_local_workers_waits_for_the_printed_worker_command(tmp_path
 
 def test_standby_workers_take_a_lost_members_place_and_are_kept_ready(tmp_path):
     """--standby 1: a worker beyond the full world waits with its script at fit(); it takes a
-    killed member's place (the world stays 2) and the launcher starts another to wait."""
-    proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--standby", "1", "--events",
-                    "step=4:kill=rank:1,step=8:leave=rank:0", "--out", tmp_path / "run",
-                    SCRIPTS / "ledger_train.py", "--epochs", "4"], check=True)
-    assert "standby: started w3 (--standby 1" in proc.stdout, proc.stdout
+    killed member's place in the same re-formation (the world stays 2), its join counted from
+    the kill, and the launcher starts another to wait."""
+    hold = tmp_path / "hold"
+    hold.touch()  # slow chunks until the standby is there: the kill must find it waiting
+    launcher = subprocess.Popen(
+        [*DYNTRAIN, "run", "--workers", "1:2", "--nproc", "2", "--standby", "1", "--events",
+         "step=4:kill=rank:1", "--out", str(tmp_path / "run"), str(SCRIPTS / "ledger_train.py"),
+         "--epochs", "4", "--slow-while", str(hold)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    lines = OutputLines(launcher)
+    try:
+        wait_until(lambda: sum("wants to join" in x for x in lines.lines) >= 3,
+                   "the two members and the standby to say hello", 120)
+        hold.unlink()
+        assert launcher.wait(timeout=240) == 0, "\n".join(lines.lines)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    out = "\n".join(lines.lines)
+    assert "standby: started" in out, out
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").open()]
-    assert sorted(e["event"] for e in events[1:]) == ["crash", "join", "join", "leave"], events
+    crash = next(e for e in events if e["event"] == "crash")
+    join = next(e for e in events
+                if e["event"] == "join" and e["generation"] == crash["generation"])
+    assert join["world_after"] == 2 and join["latency_s"] < 30, events
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    assert all(m["world_size"] == 2 for m in metrics), "a standby took each lost place"
-    # a join from standby counts from the loss that made room, not from the worker's start
-    assert all(e["latency_s"] < 30 for e in events if e["event"] == "join"), events
+    assert all(m["world_size"] == 2 for m in metrics), "the standby took the lost place"
     bad = run_cli(["run", "--workers", "1:2", "--standby", "3", "--out", tmp_path / "bad",
                    SCRIPTS / "ledger_train.py"])
     assert bad.returncode == 2 and bad.stderr.strip().endswith(

@@ -10,13 +10,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from dyntrain.service.store import Store
+from dyntrain.testing.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -88,13 +88,11 @@ def test_the_demo_ends_with_a_summary_and_keeps_its_dashboard_up_until_ctrl_c(tm
 
 def wait_for_line(proc, lines: list[str], pattern: str, bound: float = 180) -> re.Match:
     """The first line the demo printed that matches ``pattern``, waiting up to ``bound`` s."""
-    deadline = time.monotonic() + bound
-    while time.monotonic() < deadline and proc.poll() is None:
-        for line in list(lines):
-            if m := re.search(pattern, line):
-                return m
-        time.sleep(0.1)
-    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(lines)[-3000:]}")
+    seen = wait_until(lambda: "".join(lines), f"a line matching {pattern!r}", bound, 0.1,
+                      until=lambda text: re.search(pattern, text, re.M),
+                      unless=lambda: proc.poll() is not None and
+                      f"the demo exited with {proc.returncode}")
+    return re.search(pattern, seen, re.M)
 
 def load_demo():
     """examples/service_demo.py as a module (its functions: the demo's own setup)."""
@@ -111,7 +109,6 @@ def test_the_demo_job_spills_onto_on_demand_when_spot_and_reserved_are_gone(tmp_
     """What the demo promises: its training queue goes spot -> reserved -> on-demand. With the
     spot and reserved capacity taken away, the job runs on on-demand workers (not at world 1
     beside idle on-demand slots), and the summary's cost shows the on-demand spill."""
-    from conftest import wait_for
 
     demo = load_demo()
     service, server, url = demo.start_service(tmp_path / "state")
@@ -128,15 +125,15 @@ def test_the_demo_job_spills_onto_on_demand_when_spot_and_reserved_are_gone(tmp_
             return job if job["status"] == "RUNNING" and job.get("progress") and on \
                 and on <= envs else None
 
-        wait_for(lambda: running_on({"spot", "reserved"}), "the job running on spot and reserved",
-                 timeout=180, poll=0.5)
+        wait_until(lambda: running_on({"spot", "reserved"}), "the job running on spot and reserved",
+                   timeout=180, poll=0.5)
         client.set_capacity_trace("spot", "offset_s,slots\n0,0\n")  # every spot slot reclaimed
         client.update_compute_environment("reserved", desired_slots=0)  # the pool taken back
-        job = wait_for(lambda: running_on({"ondemand"}), "the job running on on-demand only",
-                       timeout=180, poll=0.5)
+        job = wait_until(lambda: running_on({"ondemand"}), "the job running on on-demand only",
+                         timeout=180, poll=0.5)
         step = job["progress"]["step"]
-        wait_for(lambda: (client.get_job(job_id).get("progress") or {}).get("step", 0) > step,
-                 "a step on on-demand workers", timeout=120, poll=0.5)
+        wait_until(lambda: (client.get_job(job_id).get("progress") or {}).get("step", 0) > step,
+                   "a step on on-demand workers", timeout=120, poll=0.5)
         client.terminate(job_id)
         client.wait(job_id, timeout=180)
         line = demo.cost_line(client.cost(job_id))

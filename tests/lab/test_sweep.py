@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +40,7 @@ from dyntrain.lab.sweep import (
 )
 from dyntrain.lab.trial import TrialSpec, run_trial
 from dyntrain.lab.workload import LabWorkload, load_workload
+from dyntrain.testing.wait import wait_until
 
 # ------------------------------------------------------------------------------ search space
 
@@ -382,6 +382,15 @@ def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
         stop_server(proc)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the process group ``pgid`` is left."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
     """Ctrl-C or SIGTERM: exit 130 with a one-line hint, no traceback, no stray processes, only
@@ -395,11 +404,10 @@ def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (list(out.rglob("trial_*/metadata.json"))
-                   and list(tmp_path.glob("gate.waiting-*"))):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.1)
+        wait_until(lambda: list(out.rglob("trial_*/metadata.json"))
+                   and list(tmp_path.glob("gate.waiting-*")),
+                   "a finished trial and one waiting at the gate", 120,
+                   unless=lambda: proc.poll() is not None and proc.communicate())
         os.killpg(proc.pid, sig)
         _, err = proc.communicate(timeout=60)
     except BaseException:
@@ -411,14 +419,8 @@ def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
     kept = int(re.search(r"interrupted: (\d+) of 32 trials", err).group(1))
     assert 1 <= kept < 32
     assert len(list(out.rglob("trial_*/metadata.json"))) == kept
-    deadline = time.monotonic() + 15  # the pool's processes are gone too (zombies reaped)
-    while True:
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            break
-        assert time.monotonic() < deadline, "processes of the sweep outlived it"
-        time.sleep(0.2)
+    wait_until(lambda: not group_alive(proc.pid),  # zombies of the pool reaped too
+               "the sweep's processes to be gone", 15)
     # the same command again runs only the pending trials
     gate.touch()
     again = run_cli([*args[3:], "--quiet"], timeout=600)

@@ -14,11 +14,11 @@ import httpx
 import pytest
 import uvicorn
 
-from conftest import wait_for as wait_for_condition
 from dyntrain.elastic.numerics import KernelLevel
 from dyntrain.errors import DyntrainError
 from dyntrain.service.client import ApiError, Client
 from dyntrain.service.server import Service, ServiceConfig, create_app
+from dyntrain.testing.wait import wait_until
 
 PY = sys.executable
 SMALL = {"cpus": 0.25, "gpus": 0, "memory_mib": 256}
@@ -46,20 +46,20 @@ def serve(state_dir: Path, token: str | None = None, scheduler: bool = True,
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the API server did not come up"
-            time.sleep(0.05)
+        wait_until(lambda: answers(f"{url}/health"), "the API server to answer", 60, 0.05,
+                   unless=lambda: not thread.is_alive() and "its thread ended")
         yield service, url
     finally:
         server.should_exit = True
         thread.join(timeout=10)
         service.stop()
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +79,6 @@ def run_queue(api) -> str:
     small_env(api[1], "ce-run", capacity_type="SPOT", price_per_slot_hour=0.5)
     api[1].create_job_queue(name="q-run", compute_environments=["ce-run"])
     return "q-run"
-
-
-def wait_for(fn, timeout: float = 20.0, poll: float = 0.05):
-    return wait_for_condition(fn, "the condition", timeout, poll)
 
 
 def error_of(call, *args, **kwargs) -> ApiError:
@@ -263,8 +259,8 @@ def test_a_torchrun_job_through_the_definition_and_the_job(client, run_queue):
     assert own["launcher"] == "torchrun" and own["elastic"] == {"min_workers": 1,
                                                                 "max_workers": 1}
     for job in (from_definition, own):
-        wait_for(lambda j=job: client.get_job(j["id"])["status"] in ("SUCCEEDED", "FAILED"),
-                 timeout=60)
+        wait_until(lambda j=job: client.get_job(j["id"]), f"job {job['id']} to end", 60,
+                   until=lambda j: j["status"] in ("SUCCEEDED", "FAILED"))
         done = client.get_job(job["id"])
         assert done["status"] == "SUCCEEDED", done["status_reason"]
 
@@ -334,7 +330,8 @@ def test_a_job_runs_and_reports_logs_events_and_cost(client, run_queue):
 def test_an_array_job_reports_its_children(client, run_queue):
     job = client.submit(queue="q-run", command=[PY, "-c", "pass"], resources=SMALL,
                         array_size=3)
-    wait_for(lambda: client.get_job(job["id"])["status"] == "SUCCEEDED")
+    wait_until(lambda: client.get_job(job["id"]), "the array job to succeed", 20,
+               until=lambda j: j["status"] == "SUCCEEDED")
     job = client.get_job(job["id"])
     assert job["array"]["size"] == 3 and job["array"]["status_counts"]["SUCCEEDED"] == 3
     children = client.list_jobs(parent=job["id"])
@@ -352,8 +349,8 @@ def test_queued_jobs_show_why_they_wait_and_can_be_cancelled(client):
     client.create_job_queue(name="q-off", compute_environments=["ce-off"])
     first = client.submit(queue="q-off", command=["true"], resources=SMALL)
     second = client.submit(queue="q-off", command=["true"], resources=SMALL)
-    a = wait_for(lambda: (j := client.get_job(first["id"]))["waiting"] and j)
-    b = wait_for(lambda: (j := client.get_job(second["id"]))["waiting"] and j)
+    a, b = (wait_until(lambda j=j: client.get_job(j["id"]), f"job {j['id']} to say why it waits",
+                       20, until=lambda j: j["waiting"]) for j in (first, second))
     assert a["status"] == b["status"] == "RUNNABLE"
     assert a["waiting"]["position"] == 1 and b["waiting"]["position"] == 2
     assert "DISABLED" in a["waiting"]["reason"] and first["id"] in b["waiting"]["reason"]
@@ -367,7 +364,8 @@ def test_queued_jobs_show_why_they_wait_and_can_be_cancelled(client):
     assert cancelled["waiting"] is None
     e = error_of(client.cancel, first["id"])
     assert e.status == 409 and "already finished" in str(e)
-    wait_for(lambda: (client.get_job(second["id"])["waiting"] or {}).get("position") == 1)
+    wait_until(lambda: client.get_job(second["id"])["waiting"], "the second job to be first", 20,
+               until=lambda waiting: (waiting or {}).get("position") == 1)
     client.cancel(second["id"])
     client.delete_job_queue("q-off")
     client.delete_compute_environment("ce-off")
@@ -375,7 +373,8 @@ def test_queued_jobs_show_why_they_wait_and_can_be_cancelled(client):
 
 def test_a_running_job_is_terminated_not_cancelled(client, run_queue):
     job = client.submit(queue="q-run", command=["sleep", "60"], resources=SMALL)
-    running = wait_for(lambda: (j := client.get_job(job["id"]))["status"] == "RUNNING" and j)
+    running = wait_until(lambda: client.get_job(job["id"]), "the job to run", 20,
+                         until=lambda j: j["status"] == "RUNNING")
     assert len(running["workers"]) == 1 and running["workers"][0]["compute_environment"] == \
         "ce-run"
     ce = client.get_compute_environment("ce-run")
@@ -388,7 +387,8 @@ def test_a_running_job_is_terminated_not_cancelled(client, run_queue):
     done = client.wait(job["id"], timeout=60, poll=0.05)
     assert done["status"] == "FAILED" and done["status_reason"] == "terminated by user"
     assert error_of(client.terminate, job["id"]).status == 409
-    wait_for(lambda: client.get_compute_environment("ce-run")["slots_in_use"] == 0)
+    wait_until(lambda: client.get_compute_environment("ce-run")["slots_in_use"],
+               "the environment's slots to be free", 20, until=lambda used: used == 0)
 
 
 def test_thousands_of_queued_children_do_not_slow_the_api(client, run_queue):
@@ -397,7 +397,8 @@ def test_thousands_of_queued_children_do_not_slow_the_api(client, run_queue):
     small_env(client, "ce-none", desired_slots=0)
     client.create_job_queue(name="q-big", compute_environments=["ce-none"])
     big = client.submit(queue="q-big", command=["true"], resources=SMALL, array_size=3000)
-    wait_for(lambda: client.get_job(big["id"])["status"] == "RUNNABLE", timeout=120)
+    wait_until(lambda: client.get_job(big["id"])["status"], "the big array to be runnable", 120,
+               until=lambda status: status == "RUNNABLE")
     took: list[float] = []
     for i in range(25):
         child = f"{big['id']}:{(i * 997) % 3000}"

@@ -28,6 +28,7 @@ from botocore.exceptions import ClientError
 
 from conftest import SCRIPTS, start_server, stop_server
 from dyntrain.service.aws.app import with_aws
+from dyntrain.testing.wait import wait_until
 
 REGION = "eu-west-1"
 TERMINAL = ("SUCCEEDED", "FAILED")
@@ -81,14 +82,11 @@ def logs(server):
     client.close()
 
 
-def wait_for(batch, job_id: str, statuses=TERMINAL, timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = batch.describe_jobs(jobs=[job_id])["jobs"][0]
-        if job["status"] in statuses or time.monotonic() > deadline:
-            assert job["status"] in statuses, job
-            return job
-        time.sleep(0.1)
+def wait_for_status(batch, job_id: str, statuses=TERMINAL, timeout: float = 60) -> dict:
+    """The job, as DescribeJobs gives it, once its status is one of ``statuses``."""
+    return wait_until(lambda: batch.describe_jobs(jobs=[job_id])["jobs"][0],
+                      f"job {job_id} to be one of {statuses}", timeout, 0.1,
+                      until=lambda job: job["status"] in statuses)
 
 
 def container_definition(batch, name: str, command: list[str], **kw) -> str:
@@ -185,7 +183,7 @@ def test_a_job_runs_and_its_log_is_in_cloudwatch(batch, logs):
         jobName="greet", jobQueue="default", jobDefinition="greeter", parameters={
             "greeting": "hi"}, tags={"t": "1"},
         containerOverrides={"environment": [{"name": "WHO", "value": "you"}]})["jobId"]
-    job = wait_for(batch, job_id)
+    job = wait_for_status(batch, job_id)
     assert (job["status"], job["tags"], job["jobName"]) == ("SUCCEEDED", {"t": "1"}, "greet")
     assert started <= job["createdAt"] <= job["startedAt"] <= job["stoppedAt"] <= \
         time.time() * 1000
@@ -248,7 +246,7 @@ def test_arrays_dependencies_retries_and_timeouts(batch, logs):
     slow = batch.submit_job(jobName="g", jobQueue="default", jobDefinition="child",
                             containerOverrides={"command": ["sleep", "30"]},
                             timeout={"attemptDurationSeconds": 1})["jobId"]
-    done = {j: wait_for(batch, j) for j in (first, second, chain, after, gives_up, retried,
+    done = {j: wait_for_status(batch, j) for j in (first, second, chain, after, gives_up, retried,
                                             slow)}
     for parent in (first, second, chain):
         assert done[parent]["status"] == "SUCCEEDED"
@@ -299,7 +297,7 @@ def test_listing_pages_filters_cancel_and_terminate(batch):
                             jobDefinition="idle")["jobId"] for i in range(5)]
     other = batch.submit_job(jobName="other", jobQueue="held", jobDefinition="idle")["jobId"]
     for job_id in ids + [other]:
-        wait_for(batch, job_id, ("RUNNABLE",))
+        wait_for_status(batch, job_id, ("RUNNABLE",))
     pages = list(batch.get_paginator("list_jobs").paginate(
         jobQueue="held", jobStatus="RUNNABLE", PaginationConfig={"PageSize": 2}))
     assert [len(p["jobSummaryList"]) for p in pages] == [2, 2, 2]
@@ -336,7 +334,7 @@ def test_multinode_job_sets_the_node_variables(batch, logs, tmp_path):
                     "do sleep 0.05; n=$((n+1)); done"]}}]})
     job_id = batch.submit_job(jobName="mnp", jobQueue="default", jobDefinition="mnp",
                               nodeOverrides={"numNodes": 2})["jobId"]
-    job = wait_for(batch, job_id)
+    job = wait_for_status(batch, job_id)
     assert job["status"] == "SUCCEEDED" and job["nodeProperties"]["numNodes"] == 2
     lines = {e["message"] for e in logs.get_log_events(
         logGroupName="/aws/batch/job", logStreamName=f"mnp/default/{job_id}")["events"]}
@@ -448,7 +446,7 @@ def test_the_aws_cli(server, batch, tmp_path):
               json.dumps({"command": ["echo", "from", "the", "cli"]}))
     assert out.returncode == 0, out.stderr
     job_id = json.loads(out.stdout)["jobId"]
-    assert wait_for(batch, job_id)["status"] == "SUCCEEDED"
+    assert wait_for_status(batch, job_id)["status"] == "SUCCEEDED"
     out = run("logs", "get-log-events", "--log-group-name", "/aws/batch/job",
               "--log-stream-name", f"cli/default/{job_id}", "--start-from-head")
     assert [e["message"] for e in json.loads(out.stdout)["events"]] == ["from the cli"]
@@ -577,9 +575,11 @@ def test_an_elastic_multinode_job_follows_capacity_and_ends_with_the_static_mode
     # start at its minimum of one while the second worker is still starting on a loaded machine);
     # then the hold ends and the job finishes at full speed
     plan, done = [(2, 1), (1, 2), (2, None)], 0
-    token, deadline = None, time.monotonic() + 180
-    while (job := batch.describe_jobs(jobs=[job_id])["jobs"][0])["status"] not in TERMINAL:
-        assert time.monotonic() < deadline, (sizes, job)
+    token = None
+
+    def follow() -> tuple[dict, list[int]]:  # the job, and the sizes its log showed so far
+        nonlocal token, done
+        job = batch.describe_jobs(jobs=[job_id])["jobs"][0]
         if job["status"] == "RUNNING":
             page = logs.get_log_events(logGroupName="/aws/batch/job", logStreamName=stream,
                                        startFromHead=True, **({"nextToken": token} if token
@@ -597,7 +597,10 @@ def test_an_elastic_multinode_job_follows_capacity_and_ends_with_the_static_mode
                         done += 1
                         if done == len(plan):
                             hold.unlink()
-        time.sleep(0.2)
+        return job, list(sizes)
+
+    job, _ = wait_until(follow, "the job to end, following its log", 180, 0.2,
+                        until=lambda seen: seen[0]["status"] in TERMINAL)
     assert job["status"] == "SUCCEEDED", job
     assert done == len(plan), sizes  # it trained at 2, shrank to 1, grew back to 2
     assert job["nodeProperties"]["numNodes"] == 2 and len(job["attempts"]) == 1

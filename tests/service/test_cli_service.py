@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,9 +14,10 @@ import boto3
 import httpx
 import pytest
 
-from conftest import start_server, stop_server, wait_for
+from conftest import start_server, stop_server
 from dyntrain.elastic.numerics import host_levels
 from dyntrain.service.client import Client
+from dyntrain.testing.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DYNTRAIN = [sys.executable, "-m", "dyntrain.cli.main"]
@@ -73,13 +73,10 @@ def assert_one_line_error(proc, *needles):
 
 
 def wait_status(url: str, job_id: str, statuses: set[str], timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
+    """The job once its status is one of ``statuses``."""
     with Client(url) as client:
-        while True:
-            job = client.get_job(job_id)
-            if job.get("status") in statuses or time.monotonic() > deadline:
-                return job
-            time.sleep(0.2)
+        return wait_until(lambda: client.get_job(job_id), f"job {job_id} to be {statuses}",
+                          timeout, until=lambda job: job.get("status") in statuses)
 
 
 # ---------------------------------------------------------------------------------- tests
@@ -326,11 +323,11 @@ def test_a_follower_waits_out_a_service_that_does_not_answer(tmp_path):
             follower = subprocess.Popen(
                 [*DYNTRAIN, "submit", "--url", url, "--wait", "--", PY, "-c", job],
                 stdout=subprocess.PIPE, stderr=sink, text=True, env=_env(), cwd=ROOT)
-        wait_for(lambda: "RUNNING" in err.read_text(), "the job running")
+        wait_until(lambda: "RUNNING" in err.read_text(), "the job running")
         os.kill(server.pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: "asking again" in err.read_text(),
-                     "the follower saying that it asks again")
+            wait_until(lambda: "asking again" in err.read_text(),
+                       "the follower saying that it asks again")
         finally:
             os.kill(server.pid, signal.SIGCONT)
         out, _ = follower.communicate(timeout=240)
@@ -362,11 +359,11 @@ def test_a_job_the_machine_cannot_hold_now_waits_with_the_reason_everywhere(tmp_
                                               desired_slots=2, max_slots=2)
             client.create_job_queue(name="bq", compute_environments=["big"])
             first = client.submit(queue="bq", command=[PY, "-c", hold], resources=whole)["id"]
-            wait_for(lambda: client.get_job(first)["status"] == "RUNNING", "the first job runs")
+            wait_until(lambda: client.get_job(first)["status"] == "RUNNING", "the first job runs")
             second = client.submit(queue="bq", command=[PY, "-c", "print('held no more')"],
                                    resources=whole)["id"]
             # the reason is the refused start's; ``waiting`` the next scheduling pass's
-            job = wait_for(lambda: (j := client.get_job(second))["status_reason"] and
+            job = wait_until(lambda: (j := client.get_job(second))["status_reason"] and
                            j["status_reason"].startswith("waiting for room on the executor: ")
                            and j["waiting"] and j, "the second job to wait for room")
             assert (job["status"], job["attempts"], job["preemptions"]) == ("RUNNABLE", 0, 0)

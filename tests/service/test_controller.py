@@ -67,8 +67,9 @@ def submit_ledger(store: Store, workers: tuple[int, int], epochs: int = 30,
 
 
 def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
-    """Step the controller until ``until()`` is true (a deadline, not a fixed sleep), waiting
-    between steps as the service's loop does (a worker's exit ends the wait early)."""
+    """Step the controller until ``until()`` is true, waiting between steps as the service's
+    loop does (``executor.wait``: a worker's exit ends the wait early), so not with
+    ``wait_until``, whose pauses grow; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         controller.step()
@@ -77,7 +78,7 @@ def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
         if until():
             return
         controller.executor.wait(controller.config.tick_seconds)  # as the service's loop
-    raise AssertionError("timed out waiting for the controller")
+    raise TimeoutError(f"the controller did not get there in {timeout:g} s")
 
 
 def terminal(store: Store, *ids: str):

@@ -20,9 +20,10 @@ import subprocess
 import pytest
 import torch
 
-from conftest import read_jsonl, wait_for
+from conftest import read_jsonl
 from dyntrain.service.client import Client
 from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until
 
 from .test_cli_service import PY, ROOT, _env, start_server, stop_server
 
@@ -52,13 +53,13 @@ def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
                                 workers={"min": 2, "max": 2},
                                 resources={"cpus": 0.5, "memory_mib": 256})
         run = state / "runs" / "jobs" / job["id"]
-        wait_for(lambda: len(rows(run / "metrics.jsonl")) >= 5, "the job to train", 120)
+        wait_until(lambda: len(rows(run / "metrics.jsonl")) >= 5, "the job to train", 120)
         server.kill()  # SIGKILL: the coordinator and its store die with the service
         server.wait()
         killed_at = len(rows(run / "metrics.jsonl"))
         before = newest_checkpoint(run)
-        wait_for(lambda: newest_checkpoint(run) > before,
-                 "a checkpoint written while the service is down", 120)
+        wait_until(lambda: newest_checkpoint(run) > before,
+                   "a checkpoint written while the service is down", 120)
         workers = [json.loads(line)["pid"]  # the supervisor's journal of what it started
                    for p in (state / "executor" / "workers").glob("supervisor-*.started")
                    for line in p.read_text().splitlines()]
@@ -69,8 +70,8 @@ def test_elastic_job_trains_through_a_service_sigkill_and_reattaches(tmp_path):
         for pid in workers:
             os.killpg(pid, signal.SIGCONT)
         with Client(url) as client:
-            final = wait_for(lambda: (j := client.get_job(job["id"]))["status"] in
-                             ("SUCCEEDED", "FAILED") and j, "the job to end", 180)
+            final = wait_until(lambda: (j := client.get_job(job["id"]))["status"] in
+                               ("SUCCEEDED", "FAILED") and j, "the job to end", 180)
     finally:
         stop_server(server)
     assert final["status"] == "SUCCEEDED", final["status_reason"]

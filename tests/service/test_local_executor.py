@@ -1,6 +1,6 @@
 """The local executor with real processes: exits, signals, process groups, accounting, adoption.
 
-No sleeps as synchronisation: tests poll with a deadline (``wait_for``), and workers announce
+No sleeps as synchronisation: tests poll with a deadline (``wait_until``), and workers announce
 readiness in their log before they are signalled.
 """
 
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
 from dyntrain.elastic.numerics import KernelLevel, host_levels
 from dyntrain.procstat import read_stat
 from dyntrain.service.core.model import Resources
@@ -31,6 +30,7 @@ from dyntrain.service.executors import (
     get_executor,
 )
 from dyntrain.service.executors.local import LocalExecutor
+from dyntrain.testing.wait import wait_until
 
 PY = sys.executable
 LONG = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
@@ -68,14 +68,14 @@ def log_of(spec: WorkerSpec) -> str:
 
 
 def wait_log(spec: WorkerSpec, text: str) -> str:
-    return wait_for(lambda: text in log_of(spec) and log_of(spec), f"{text!r} in the log")
+    return wait_until(lambda: text in log_of(spec) and log_of(spec), f"{text!r} in the log")
 
 
 def wait_grandchild(spec: WorkerSpec) -> int:
     """The pid the worker printed, once its whole line is in the log (a print may reach the
-    file piece by piece: "grandchild" was once read before its pid)."""
-    found = wait_for(lambda: re.search(r"grandchild (\d+)\n", log_of(spec)),
-                     "the grandchild's pid in the log")
+    file piece by piece: "grandchild" before its pid)."""
+    found = wait_until(lambda: re.search(r"grandchild (\d+)\n", log_of(spec)),
+                       "the grandchild's pid in the log")
     return int(found.group(1))
 
 
@@ -89,7 +89,7 @@ def collect(ex, *wids: str, timeout: float = 60.0) -> dict[str, WorkerExit]:
             seen[e.worker_id] = e
         return all(w in seen for w in wids)
 
-    wait_for(step, f"exits of {wids}", timeout)
+    wait_until(step, f"exits of {wids}", timeout)
     return seen
 
 
@@ -104,7 +104,7 @@ def cleanup(ex: LocalExecutor) -> None:
             ex.signal(wid, "KILL")
         except ExecutorError:
             pass
-    wait_for(lambda: (ex.poll(), not ex._workers)[1], "cleanup")
+    wait_until(lambda: (ex.poll(), not ex._workers)[1], "cleanup")
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def test_kill_takes_the_whole_process_group(executor, tmp_path):
     assert running(pid)
     executor.signal(spec.worker_id, "KILL")
     collect(executor, spec.worker_id)
-    wait_for(lambda: not running(pid), "the grandchild to die")
+    wait_until(lambda: not running(pid), "the grandchild to die")
 
 
 def test_leftover_processes_are_killed_when_the_exit_is_reported(executor, tmp_path):
@@ -185,7 +185,7 @@ def test_leftover_processes_are_killed_when_the_exit_is_reported(executor, tmp_p
     pid = wait_grandchild(spec)
     e = collect(executor, spec.worker_id)[spec.worker_id]
     assert e.exit_code == 0
-    wait_for(lambda: not running(pid), "the leftover grandchild to die")
+    wait_until(lambda: not running(pid), "the leftover grandchild to die")
 
 
 def test_cpu_accounting(state, tmp_path):
@@ -284,8 +284,8 @@ def test_a_worker_that_exits_while_no_service_watches_is_read_from_its_status(st
     a.shutdown()  # the service dies; the worker and its supervisor live on
     os.killpg(int(handle.ref.split(":")[0]), 15)  # it ends while nobody watches
     status = a.status_path(spec.worker_id)
-    wait_for(lambda: status.exists() and '"exit_code": 5' in status.read_text(),
-             "the exit in the status file")
+    wait_until(lambda: status.exists() and '"exit_code": 5' in status.read_text(),
+               "the exit in the status file")
     b = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
     ended = json.loads(status.read_text())["ended_at"]
     assert b.adopt(handle, spec) is False
@@ -332,7 +332,7 @@ def test_exit_status_is_unknown_only_when_the_supervisor_died_too(state, tmp_pat
 def test_adopt_refuses_a_reused_pid(state, tmp_path):
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        real_start = wait_for(lambda: read_stat(other.pid), "stat of sleep").start_ticks
+        real_start = wait_until(lambda: read_stat(other.pid), "stat of sleep").start_ticks
         ex = LocalExecutor(state, cpus=4, gpus=[], memory_mib=4096)
         spec = make_spec(tmp_path, "j11-a1-w0", LONG)
         handle = WorkerHandle(spec.worker_id, "local", f"{other.pid}:{real_start + 1}")
@@ -400,11 +400,11 @@ def test_sent_starts_are_handed_over_once_before_their_exits_and_signals_wait(ex
     long = make_spec(tmp_path, "j18-a1-w2", LONG)
     executor.send_starts([quick, missing, long])
     executor.signal(long.worker_id, "TERM")
-    wait_for(executor.status_path(quick.worker_id).exists, "the quick worker's exit recorded")
+    wait_until(executor.status_path(quick.worker_id).exists, "the quick worker's exit recorded")
     assert executor.poll() == []
     executor.wait(60)  # an answer is there: returns at once
     results: dict = {}
-    wait_for(lambda: results.update(executor.started()) or len(results) == 3, "the answers")
+    wait_until(lambda: results.update(executor.started()) or len(results) == 3, "the answers")
     assert isinstance(results[quick.worker_id], WorkerHandle)
     assert isinstance(results[missing.worker_id], StartError)
     assert results[long.worker_id].ref.partition(":")[0] != "0"
@@ -419,7 +419,7 @@ def test_wait_returns_at_once_for_an_exit_read_while_starting_another(executor, 
     # answer: wait() must hand it over now, not sleep on a pipe with nothing more to come.
     quick = WorkerSpec(**{**make_spec(tmp_path, "j17-a1-w0", "").__dict__, "argv": ["/bin/true"]})
     executor.start(quick)
-    wait_for(executor.status_path(quick.worker_id).exists, "the first worker's exit recorded")
+    wait_until(executor.status_path(quick.worker_id).exists, "the first worker's exit recorded")
     executor.start(make_spec(tmp_path, "j17-a1-w1", LONG))
     started = time.monotonic()
     executor.wait(60)

@@ -1,7 +1,6 @@
 """The service process: defaults, a controller loop that survives a failing step, and one
 service per state directory."""
 
-import time
 
 import pytest
 
@@ -9,6 +8,7 @@ from conftest import run_cli, start_server
 from dyntrain.errors import DyntrainError
 from dyntrain.service.engine.service import Service, ServiceConfig, is_loopback
 from dyntrain.service.engine.statelock import StateDirLocked
+from dyntrain.testing.wait import wait_until
 
 
 def test_embedded_default_has_a_local_environment_and_queue(tmp_path):
@@ -35,10 +35,8 @@ def test_a_failing_step_is_recorded_and_the_loop_goes_on(tmp_path):
     service.controller.step = flaky_step
     service.start()
     try:
-        deadline = time.monotonic() + 60
-        while len(calls) < 3 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(calls) >= 3
+        wait_until(lambda: len(calls), "three controller passes", 60,
+                   until=lambda passes: passes >= 3)
         errors = [e for e in service.store.list_events() if e.kind == "controller.error"]
         assert errors and errors[0].payload["error"] == "RuntimeError: boom"
     finally:

@@ -1,4 +1,4 @@
-"""The batch service runs a sharded GPT job elastically (issue 21): a real `dyntrain server`
+"""The batch service runs a sharded GPT job elastically: a real `dyntrain server`
 runs `dyntrain.workloads.gpt --shard 3` on a spot environment whose capacity grows and is taken
 back while the job trains (1 -> 3 workers: the joiners receive their shards; 3 -> 2: a preempted
 worker leaves, or is killed after the grace period), then one of the two is SIGKILLed (with
@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SCRIPTS, read_jsonl, start_server, stop_server, wait_for
+from conftest import SCRIPTS, read_jsonl, start_server, stop_server
 from dyntrain.service.client import Client
 from dyntrain.testing.jobs import pinned_env
+from dyntrain.testing.wait import wait_until
 from test_elastic_e2e import world_sizes
 
 pytestmark = pytest.mark.slow
@@ -126,7 +127,7 @@ def test_a_sharded_gpt_job_grows_shrinks_and_loses_a_worker_on_the_service_bitwi
                     raise AssertionError(f"the job ended ({done['status']}: "
                                          f"{done['status_reason']}) before {what}: {sizes()}")
                 return condition()
-            return wait_for(check, what, timeout, poll=0.2)
+            return wait_until(check, what, timeout, poll=0.2)
 
         seen(lambda: sizes() == [1], "the job to train on one worker", 180)
         client.update_compute_environment(ce, desired_slots=3)  # capacity appears
@@ -140,7 +141,7 @@ def test_a_sharded_gpt_job_grows_shrinks_and_loses_a_worker_on_the_service_bitwi
                          for e in read_jsonl(run / "events.jsonl")),
              f"the job to train on without {victim}", 180)
         hold.unlink()  # seen them all: let it finish at full speed
-        final = wait_for(ended, "the job to end", 240, poll=0.2)
+        final = wait_until(ended, "the job to end", 240, poll=0.2)
     assert final["status"] == "SUCCEEDED", final["status_reason"]
     # growing, shrinking and a lost worker are not failed attempts; the shrink is a preemption
     assert final["attempts"] == 1 and final["preemptions"] == 1, final

@@ -33,6 +33,7 @@ from dyntrain.service.core.model import (
 )
 from dyntrain.service.store import INACTIVE, Store, WorkerRecord, metadata
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
+from dyntrain.testing.wait import wait_until
 
 S = JobStatus
 
@@ -351,20 +352,40 @@ def test_blocked_writer_sees_the_winners_commit(store):
     setup_basics(store)
     (job_id,) = runnable_jobs(store, 1)
     from dyntrain.service.store.schema import jobs
-    result = []
-    with store.engine.connect() as conn:
-        tx = conn.begin()
-        conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == "RUNNABLE")
-                     .values(status="STARTING"))
-        other = threading.Thread(target=lambda: result.append(
-            store.transition(job_id, S.RUNNABLE, S.STARTING, "loser")))
-        other.start()
-        time.sleep(0.5)
-        assert other.is_alive(), "the second writer should wait for the first"
-        tx.commit()
-    other.join(30)
+    result, sent, main = [], [], threading.get_ident()
+
+    def other_threads_writes(conn, cursor, statement, *args) -> None:
+        if threading.get_ident() != main and statement.startswith(("BEGIN IMMEDIATE", "UPDATE")):
+            sent.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", other_threads_writes)
+    try:
+        with store.engine.connect() as conn:
+            tx = conn.begin()
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == "RUNNABLE")
+                         .values(status="STARTING"))
+            other = threading.Thread(target=lambda: result.append(
+                store.transition(job_id, S.RUNNABLE, S.STARTING, "loser")))
+            other.start()
+            wait_until(lambda: sent, "the second writer to send its write", 30)
+            if store.engine.dialect.name == "postgresql":  # SQLite's writer waits in BEGIN
+                wait_until(lambda: lock_waiters(store), "the second writer to wait for a lock",
+                           30)
+            assert other.is_alive(), "the second writer should wait for the first"
+            tx.commit()
+        other.join(30)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", other_threads_writes)
     assert result == [False]
     assert store.get_job(job_id).status is S.STARTING
+
+
+def lock_waiters(store: Store) -> int:
+    """How many sessions of the store's PostgreSQL database wait for a lock."""
+    with store.engine.connect() as conn:
+        return conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()")).scalar()
 
 
 def test_concurrent_transition_threads(store):

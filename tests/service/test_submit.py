@@ -8,7 +8,6 @@ import sys
 import pytest
 import yaml
 
-from conftest import wait_for
 from dyntrain.cli.main import main
 from dyntrain.cli.service.follow import _Watcher
 from dyntrain.elastic.numerics import KernelLevel, host_levels
@@ -17,6 +16,7 @@ from dyntrain.service.core.jobtext import progress_text
 from dyntrain.service.core.model import ValidationError
 from dyntrain.service.core.submitter import ExportSpec, exported, parse_export
 from dyntrain.service.engine.worker_log import error_line
+from dyntrain.testing.wait import wait_until
 
 from .test_api import serve
 
@@ -52,10 +52,6 @@ def one_line_error(result, *needles) -> str:
     for needle in needles:
         assert needle in err, err
     return err
-
-
-def wait_until(fn, timeout: float = 60.0):
-    return wait_for(fn, "the condition", timeout, poll=0.05)
 
 
 # ------------------------------------------------------------------------------- pure parts
@@ -204,7 +200,8 @@ def test_status_of_a_running_job(dyntrain, url):
     job_id = dyntrain("submit", "--attempts", "2", "--", PY, "-c",
                       "import time; print('up', flush=True); time.sleep(60)")[1].strip()
     with Client(url) as client:
-        wait_until(lambda: client.get_job(job_id)["status"] == "RUNNING")
+        wait_until(lambda: client.get_job(job_id)["status"], "the job to run", 60,
+                   until=lambda status: status == "RUNNING")
         code, out, _ = dyntrain("status", job_id)
         assert "attempts:     1 of 2 (running)" in out, out
         assert "saving n/a: the on-demand price is 0" in out

@@ -11,14 +11,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from conftest import server_url, stop_server
 from dyntrain.service.client import Client
-
-from .test_cli_service import stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -46,13 +44,10 @@ def service(tmp_path_factory):
                                  "--state-dir", "state", "--grace-seconds", "2"],
                                 stdout=out, stderr=subprocess.STDOUT, cwd=home,
                                 env=_shell(SYSTEM_PATH))
-    deadline = time.monotonic() + 90
-    while not (m := re.search(r"listening on (http://\S+)", log.read_text())):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.1)
+    url = server_url(proc, log, 90)
     (project / "shard.py").write_text(
         "import os\nprint('shard', os.environ['AWS_BATCH_JOB_ARRAY_INDEX'], 'in', os.getcwd())\n")
-    yield m.group(1), project
+    yield url, project
     assert stop_server(proc) == 0
     assert "Traceback" not in log.read_text()
 

@@ -17,9 +17,10 @@ import time
 import boto3
 import pytest
 
-from conftest import start_server, stop_server, wait_for
+from conftest import start_server, stop_server
 from dyntrain.service.client import Client
 from dyntrain.service.store import Store
+from dyntrain.testing.wait import wait_until
 
 from .test_cli_service import PY, cli, ok
 
@@ -59,8 +60,8 @@ def test_terminate_ends_an_elastic_job_within_seconds_every_time(service):
         for round_no, step in enumerate(AT_STEPS):
             job = client.submit(queue="spotq", command=DIGITS, workers={"min": 2, "max": 4},
                                 resources={"cpus": 0.25, "memory_mib": 512})
-            wait_for(lambda: _training_at_four(client, job["id"], step),  # noqa: B023
-                     f"job {job['id']} to train with 4 workers", 180)
+            wait_until(lambda: _training_at_four(client, job["id"], step),  # noqa: B023
+                       f"job {job['id']} to train with 4 workers", 180)
             if round_no == 0:  # what `status` says of a job training with four workers
                 reason = client.get_job(job["id"])["status_reason"]
                 assert reason.startswith("training with 4 worker(s)") and \
@@ -76,10 +77,10 @@ def test_terminate_ends_an_elastic_job_within_seconds_every_time(service):
             else:
                 answer = client.terminate(job["id"])
                 assert answer["status_reason"].startswith("terminating (terminated by user)")
-            final = wait_for(lambda: (j := client.get_job(job["id"]))["status"]  # noqa: B023
-                             in ("SUCCEEDED", "FAILED") and j,
-                             f"terminated job {job['id']} (round {round_no}; earlier ones "
-                             f"took {took} s) to end", BOUND)
+            final = wait_until(lambda: (j := client.get_job(job["id"]))["status"]  # noqa: B023
+                               in ("SUCCEEDED", "FAILED") and j,
+                               f"terminated job {job['id']} (round {round_no}; earlier ones "
+                               f"took {took} s) to end", BOUND)
             took.append(round(time.monotonic() - began, 1))
             assert final["status"] == "FAILED" and final["status_reason"] == "terminated by user"
             assert final["attempts"] == 1, final  # the attempt ran: it counts

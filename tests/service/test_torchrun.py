@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,6 +20,8 @@ from dyntrain.service.core.model import (
 from dyntrain.service.engine.controller import Controller, ControllerConfig
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
+
+from .test_controller import drive
 
 PLAIN_DDP = str(Path(__file__).resolve().parent.parent / "scripts" / "plain_ddp.py")
 SMALL = Resources(0.25, 0, 256)
@@ -38,19 +39,6 @@ def spot_setup(tmp_path: Path, slots: int, grace: float):
     executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384)
     return store, Controller(store, executor, ControllerConfig(
         tmp_path / "runs", grace_seconds=grace, schedule_every=0.05))
-
-
-def drive(controller: Controller, until, on_step, timeout: float) -> None:
-    """Step the controller until ``until()`` is true (a deadline, not a fixed sleep), waiting
-    between steps as the service's loop does (a worker's exit ends the wait early)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        controller.step()
-        on_step()
-        if until():
-            return
-        controller.executor.wait(controller.config.tick_seconds)  # as the service's loop
-    raise AssertionError("timed out waiting for the controller")
 
 
 def _history(checkpoint: Path) -> list[dict]:
@@ -103,7 +91,7 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
         elif pause.exists() and (folder / f"env-r{3 - len(changes)}-rank0.json").exists():
             pause.unlink()  # the next gang formed: let it train
 
-    drive(c, lambda: store.get_job(job.id).status.is_terminal(), watch, timeout=420)
+    drive(c, lambda: store.get_job(job.id).status.is_terminal(), timeout=420, on_step=watch)
     final = store.get_job(job.id)
     assert final.status is JobStatus.SUCCEEDED, (final.status_reason, seen)
     history = _history(checkpoint)

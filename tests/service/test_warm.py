@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
 from dyntrain.elastic.numerics import Numerics
 from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.executors.warm import eligible
+from dyntrain.testing.wait import wait_until
 
 PY = sys.executable
 BASE = {"PATH": os.environ.get("PATH", ""), "HOME": "/root"}
@@ -89,23 +89,23 @@ def test_warm_workers_become_one_worker_each(tmp_path, monkeypatch):
 
     try:
         start("w0", "0")  # the first that could use one starts cold, and fills the pool
-        wait_for(lambda: "w0" in exits(executor, ended), "w0")
+        wait_until(lambda: "w0" in exits(executor, ended), "w0")
         assert log("w0")[0] == "torch already imported: False"
         assert log("w0")[-2:] == ["exit handlers ran", "torn down"]  # `python` tears down
         supervisor_log = tmp_path / "state" / "workers" / "supervisor.log"
-        wait_for(lambda: supervisor_log.read_text().count("warm worker") >= 2, "the pool")
+        wait_until(lambda: supervisor_log.read_text().count("warm worker") >= 2, "the pool")
         pinned = Numerics(threads=1, cpu_kernels="default").env()
         first, second = start("w1", "3", pinned), start("w2", "wait")
-        assert wait_for(lambda: exits(executor, ended).get("w1"), "w1").exit_code == 3
+        assert wait_until(lambda: exits(executor, ended).get("w1"), "w1").exit_code == 3
         # a warm worker ends as `python` does, without its teardown (seconds with torch)
         assert log("w1") == ["torch already imported: True", "numerics: 1 DEFAULT",
                              f"__main__ ['{job}', '3'] {tmp_path} True from-the-service True",
                              "exit handlers ran"]
-        wait_for(lambda: log("w2"), "w2 to start")
+        wait_until(lambda: log("w2"), "w2 to start")
         assert log("w2")[0] == "torch already imported: True"
         assert first.ref.split(":")[0] != second.ref.split(":")[0]  # one worker per process
         executor.signal("w2", "TERM")  # reaches the worker's process group
-        gone = wait_for(lambda: exits(executor, ended).get("w2"), "w2 to end")
+        gone = wait_until(lambda: exits(executor, ended).get("w2"), "w2 to end")
         assert gone.signal == 15 and gone.exit_code is None, gone
     finally:
         executor.shutdown()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
 from dyntrain.service.executors.supervisor import SupervisorLink
+from dyntrain.testing.wait import wait_until
 
 PY = sys.executable
 JOB = """import json, os, sys, time
@@ -67,8 +67,8 @@ class Supervised:
 
     def pool_ready(self, workers: int) -> int:
         """Wait until the zygote and ``workers`` forked workers said ready; the zygote's pid."""
-        wait_for(lambda: len(self.said(WORKER_READY)) >= workers and self.said(ZYGOTE_READY),
-                 "the zygote and its first warm workers")
+        wait_until(lambda: len(self.said(WORKER_READY)) >= workers and self.said(ZYGOTE_READY),
+                   "the zygote and its first warm workers")
         return self.said(ZYGOTE_READY)[0]
 
     def close(self) -> None:
@@ -76,7 +76,7 @@ class Supervised:
         self.link.close()
         for pid in filter(alive, self.pids):
             os.killpg(pid, signal.SIGKILL)
-        wait_for(lambda: self.link.proc.poll() is not None, "the supervisor to exit")
+        wait_until(lambda: self.link.proc.poll() is not None, "the supervisor to exit")
 
 
 def holds_stdin_of(holder: int, pid: int) -> bool:
@@ -110,12 +110,12 @@ def test_workers_started_together_all_start_warm_as_the_supervisors_children(tmp
         assert all(a["warm"] for a in answers.values()), answers  # not just the ready one
         assert len({a["pid"] for a in answers.values()}) == 4
         for wid in answers:
-            wait_for(lambda wid=wid: len(s.log(wid)) >= 2, f"{wid} to start")
+            wait_until(lambda wid=wid: len(s.log(wid)) >= 2, f"{wid} to start")
             assert s.log(wid)[0] == "torch already imported: True"
             assert json.loads(s.log(wid)[1]) == {"ppid": s.link.proc.pid, "session_leader": True,
                                                  "group_leader": True}
         os.killpg(answers["w4"]["pid"], signal.SIGTERM)
-        ended = wait_for(lambda: (lambda e: e if len(e) == 5 else None)(s.exits()), "the exits")
+        ended = wait_until(lambda: (lambda e: e if len(e) == 5 else None)(s.exits()), "the exits")
         assert [ended[w]["exit_code"] for w in ("w0", "w1", "w2", "w3")] == [0, 1, 2, 0]
         assert ended["w4"]["signal"] == signal.SIGTERM and ended["w4"]["exit_code"] is None
         for wid, answer in answers.items():
@@ -133,14 +133,14 @@ def test_a_killed_zygote_means_cold_starts_that_still_run_and_are_recorded(tmp_p
         s.request({"w0": "0"})
         zygote = s.pool_ready(1)
         forked = s.said(WORKER_READY)[0]  # (it says so before the zygote sent it over)
-        wait_for(lambda: holds_stdin_of(s.link.proc.pid, forked), "the supervisor to hold it")
+        wait_until(lambda: holds_stdin_of(s.link.proc.pid, forked), "the supervisor to hold it")
         os.kill(zygote, signal.SIGKILL)
-        wait_for(lambda: "start cold from now on" in s.supervisor_log.read_text(), "the log line")
-        wait_for(lambda: not alive(zygote), "the zygote to be reaped")
+        wait_until(lambda: "start cold from now on" in s.supervisor_log.read_text(), "the log line")
+        wait_until(lambda: not alive(zygote), "the zygote to be reaped")
         answers = s.request({"w1": "3", "w2": "4", "w3": "5"})
         # the one forked before stays usable; the others start cold
         assert [a["warm"] for a in answers.values()] == [True, False, False], answers
-        ended = wait_for(lambda: (lambda e: e if len(e) == 4 else None)(s.exits()), "the exits")
+        ended = wait_until(lambda: (lambda e: e if len(e) == 4 else None)(s.exits()), "the exits")
         assert [ended[w]["exit_code"] for w in ("w1", "w2", "w3")] == [3, 4, 5]
         assert [s.log(w)[0] for w in ("w1", "w2", "w3")] == [
             "torch already imported: True"] + ["torch already imported: False"] * 2
@@ -158,11 +158,11 @@ def test_a_zygote_that_cannot_import_torch_means_cold_starts(tmp_path, monkeypat
     s = Supervised(tmp_path, warm=1)
     try:
         s.request({"w0": "0"})
-        wait_for(lambda: "start cold from now on" in s.supervisor_log.read_text(), "the log line")
+        wait_until(lambda: "start cold from now on" in s.supervisor_log.read_text(), "the log line")
         assert "no torch here" in s.supervisor_log.read_text()
         answers = s.request({"w1": "1", "w2": "2"})
         assert [a["warm"] for a in answers.values()] == [False, False], answers
-        ended = wait_for(lambda: (lambda e: e if len(e) == 3 else None)(s.exits()), "the exits")
+        ended = wait_until(lambda: (lambda e: e if len(e) == 3 else None)(s.exits()), "the exits")
         assert [ended[w]["exit_code"] for w in ("w1", "w2")] == [1, 2]
     finally:
         s.close()
@@ -175,14 +175,14 @@ def test_nothing_is_left_behind_when_the_supervisors_input_ends(tmp_path):
     zygote = s.pool_ready(2)
     running = s.request({"w1": "wait"})["w1"]
     assert running["warm"] is True
-    wait_for(lambda: len(s.said(WORKER_READY)) >= 3, "the refill")  # at once, not 2 s later
+    wait_until(lambda: len(s.said(WORKER_READY)) >= 3, "the refill")  # at once, not 2 s later
     s.link.close()
     everyone = [zygote, *s.said(WORKER_READY)]
-    wait_for(lambda: not any(alive(pid) for pid in everyone if pid != running["pid"]),
-             "the zygote and the idle warm workers to exit")
+    wait_until(lambda: not any(alive(pid) for pid in everyone if pid != running["pid"]),
+               "the zygote and the idle warm workers to exit")
     assert alive(running["pid"]) and s.link.proc.poll() is None  # it still records w1
     os.killpg(running["pid"], signal.SIGKILL)
-    wait_for(lambda: s.link.proc.poll() is not None, "the supervisor to exit")
+    wait_until(lambda: s.link.proc.poll() is not None, "the supervisor to exit")
     status = json.loads((tmp_path / "w1.status.json").read_text())
     assert status["signal"] == signal.SIGKILL
     assert not any(alive(pid) for pid in [s.link.proc.pid, *everyone])

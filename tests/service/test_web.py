@@ -39,6 +39,7 @@ from dyntrain.service.web.lab import sweep_root
 from dyntrain.service.web.pages import build_router
 from dyntrain.service.web.render import make_environment
 from dyntrain.service.web.runfiles import read_rows, series, steps_per_second, tail_rows
+from dyntrain.testing.wait import wait_until
 
 TOKEN = "t0ken-for-tests"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -125,10 +126,8 @@ def seeded(tmp_path_factory):
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started, "the server to start", 30,
+               unless=lambda: not thread.is_alive() and "its thread ended")
     port = server.servers[0].sockets[0].getsockname()[1]
     yield {"service": service, "url": f"http://127.0.0.1:{port}", "elastic": elastic.id,
            "waiting": waiting.id, "to_cancel": to_cancel.id, "array": array.id,

@@ -11,16 +11,14 @@ Makefile's test set-up installs Debian's ``chromium`` when it can).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from conftest import server_url
 from dyntrain.service.client import Client
 from dyntrain.testing.screenshots import find_chromium
 
@@ -47,20 +45,6 @@ def spawn_server(state: Path, log: Path) -> subprocess.Popen:
             [sys.executable, "-m", "dyntrain.cli.main", "server", "--port", "0", "--state-dir",
              str(state), "--token", TOKEN, "--grace-seconds", "2"],
             stdout=out, stderr=subprocess.STDOUT, env={**env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT)
-
-
-def wait_for_server(proc: subprocess.Popen, log: Path) -> str:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        m = re.search(r"listening on (http://\S+)", log.read_text())
-        if m:
-            try:
-                if httpx.get(m.group(1) + "/health", timeout=2).status_code == 200:
-                    return m.group(1)
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.1)
-    raise AssertionError(f"the server did not start:\n{log.read_text()[-3000:]}")
 
 
 def setup_jobs(url: str) -> tuple[str, str]:
@@ -94,7 +78,7 @@ def site(tmp_path_factory):
     proc = spawn_server(tmp / "state", log)
     try:
         with chromium() as browser:  # starts while the server starts
-            url = wait_for_server(proc, log)
+            url = server_url(proc, log)
             train, waiting = setup_jobs(url)
             with Client(url, token=TOKEN) as client:
                 yield {"url": url, "browser": browser, "train": train, "waiting": waiting,

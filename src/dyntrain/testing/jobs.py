@@ -15,11 +15,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from dyntrain.elastic.runlog import read_events, read_metrics
 from dyntrain.testing.hosts import Host
+from dyntrain.testing.wait import wait_until
 
 CLI = [sys.executable, "-m", "dyntrain.cli.main"]
 
@@ -38,30 +38,6 @@ def pinned_env(base: dict[str, str] | None = None, **extra: str) -> dict[str, st
     from dyntrain.elastic.numerics import Numerics
 
     return {**(os.environ if base is None else base), **Numerics().env(), **extra}
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float = 120.0,
-               poll: float = 0.02, max_poll: float = 0.25):
-    """Poll ``condition`` until it returns something true, and return that; raise
-    TimeoutError naming ``what`` after ``timeout`` seconds.
-
-    The first polls come ``poll`` seconds apart, later ones ever further apart up to
-    ``max_poll``, and never closer than three times what one call of ``condition`` took (up to
-    a second): a condition that re-reads a growing run file (a whole metrics.jsonl) would
-    otherwise take a core of its own while a test waits on a loaded machine."""
-    deadline = time.monotonic() + timeout
-    pause = poll
-    while True:
-        started = time.monotonic()
-        value = condition()
-        if value:
-            return value
-        now = time.monotonic()
-        if now > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        gap = max(pause, min(3 * (now - started), 1.0))
-        time.sleep(min(gap, deadline - now + 0.01))
-        pause = min(max_poll, pause * 1.25)
 
 
 class Output:
