@@ -48,6 +48,8 @@ def test_a_local_compute_environment_against_its_machine():
     assert slots_that_fit(quarter, machine) == 4
     assert slots_that_fit(Resources(cpus=0.1, gpus=0, memory_mib=2048), machine) == 2
     assert slots_that_fit(Resources(cpus=0.1, gpus=1, memory_mib=64), machine) == 0
+    # a vanishingly small slot (the cpus divide to infinity) is limited by its memory only
+    assert slots_that_fit(Resources(cpus=5e-324, gpus=0, memory_mib=1024), machine) == 4
     fits = ComputeEnvironmentSpec("ok", slot=quarter, max_slots=4, desired_slots=4)
     assert slot_refusal(fits, machine) is None and machine_note(fits, machine) is None
     wide = ComputeEnvironmentSpec("wide", slot=quarter, max_slots=10)

@@ -8,7 +8,10 @@ from conftest import ROOT
 
 def make_n(target: str, tmp_path) -> list[str]:
     """The commands ``make TARGET`` runs on a fresh machine (a ``.venv`` not created yet)."""
-    proc = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+    # --no-print-directory: under `make test` this make is a sub-make, which would say
+    # "make[1]: Entering directory ..." around its commands
+    proc = subprocess.run(["make", "-n", "--no-print-directory", target,
+                           f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60, check=True)
     return [line for line in proc.stdout.splitlines() if not line.startswith("#")]
 

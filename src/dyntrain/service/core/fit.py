@@ -11,6 +11,7 @@ says how many of its slots fit: the others are never filled.
 from __future__ import annotations
 
 import math
+import sys
 
 from dyntrain.service.core.executor import describe
 from dyntrain.service.core.model import ComputeEnvironmentSpec, Resources
@@ -18,7 +19,8 @@ from dyntrain.service.core.model import ComputeEnvironmentSpec, Resources
 
 def slots_that_fit(slot: Resources, machine: Resources) -> int:
     """How many slots of this size the machine holds at once."""
-    counts = [math.floor(machine.cpus / slot.cpus + 1e-9),
+    cpus = machine.cpus / slot.cpus  # infinite for a vanishingly small slot: no limit
+    counts = [math.floor(cpus + 1e-9) if math.isfinite(cpus) else sys.maxsize,
               machine.memory_mib // slot.memory_mib]
     if slot.gpus:
         counts.append(machine.gpus // slot.gpus)
