@@ -202,7 +202,9 @@ class Launcher:
         else:  # no room for all of its workers: not the job's fault, and no preemption
             free = with_released(self.executor.free(), attempt.job.resources,
                                  len(attempt.workers))  # what is free once they are stopped
-            refused = self.refusals[attempt.job_id] = refusal(str(exc), free)
+            # it expires too: a refusal not about room (a Ray actor that died while starting)
+            # must not hold the job until more room frees, which may never happen
+            refused = self.refusals[attempt.job_id] = refusal(str(exc), free, self.clock())
             attempt.claim(Ending(EndKind.UNPLACED))
             self.stopper.stop_all(attempt, refused.reason)
 
