@@ -61,6 +61,7 @@ def test_a_process_gets_the_library_variables_it_does_not_choose_itself():
 
 @pytest.mark.parametrize("fields, said", [
     ({"threads": 0}, "threads must be a whole number of at least 1, got 0"),
+    ({"threads": 100000}, "threads must be at most 1024"),
     ({"cpu_kernels": "avx3"}, "cpu_kernels must be one of default, avx2, avx512, avx512-bf16, "
                               "got 'avx3'"),
     ({"matmul_precision": "low"}, "matmul_precision must be one of highest, high, medium"),

@@ -56,6 +56,8 @@ LIBRARY_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "ONE
                "MKL_CBWR")
 
 MATMUL_PRECISIONS = ("highest", "high", "medium")
+#: the most intra-op threads a worker may be given: beyond, its start fails creating them
+MAX_THREADS = 1024
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 X86 = ("x86_64", "amd64", "i686", "i386")
 
@@ -152,6 +154,9 @@ class Numerics:
                 or self.threads < 1:
             raise ConfigError(f"threads must be a whole number of at least 1, got "
                               f"{self.threads!r}")
+        if self.threads > MAX_THREADS:
+            raise ConfigError(f"threads must be at most {MAX_THREADS} (intra-op threads of one "
+                              f"worker), got {self.threads}")
         if self.matmul_precision not in MATMUL_PRECISIONS:
             raise ConfigError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}, "
                               f"got {self.matmul_precision!r}")
