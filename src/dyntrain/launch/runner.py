@@ -17,18 +17,18 @@ from typing import TextIO
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.address import is_wildcard, machine_addresses
 from dyntrain.elastic.admission import NumericsRecord
-from dyntrain.elastic.ckptstore import latest_valid_checkpoint
-from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
-from dyntrain.elastic.linelog import open_lines
+from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig, Phase
 from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics, host_refusal, merge_pin
-from dyntrain.elastic.progress import progress_line, result_line, write_result
-from dyntrain.elastic.runfolder import read_numerics, write_numerics
-from dyntrain.elastic.runlog import open_events, open_metrics, read_records
-from dyntrain.elastic.runrows import EventRow, MetricsRow
-from dyntrain.elastic.storage import RunStore, StorageError, open_store
-from dyntrain.elastic.tensorboard import TensorBoardMirror, wanted
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
+from dyntrain.elastic.runs.folder import read_numerics, write_numerics
+from dyntrain.elastic.runs.linefile import open_lines
+from dyntrain.elastic.runs.log import open_events, open_metrics, read_records
+from dyntrain.elastic.runs.progress import progress_line, result_line, write_result
+from dyntrain.elastic.runs.rows import EventRow, MetricsRow
+from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
+from dyntrain.elastic.runs.tensorboard import TensorBoardMirror, wanted
+from dyntrain.elastic.worker.address import is_wildcard, machine_addresses
 from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
@@ -103,7 +103,7 @@ class RunSink:
         quiet: print only how the run ended.
         every: seconds between two progress lines.
         tensorboard: mirror the rows into TensorBoard event files
-            (``dyntrain.elastic.tensorboard``): True, False, or None (when it is installed).
+            (``dyntrain.elastic.runs.tensorboard``): True, False, or None (when it is installed).
     """
 
     def __init__(self, store: RunStore, total_hint: str, stream: TextIO, quiet: bool,

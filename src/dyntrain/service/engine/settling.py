@@ -149,7 +149,9 @@ class Settler:
 
     def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
         if attempt.host is not None:
-            from dyntrain.elastic.coordinator import Phase  # torch: only with elastic jobs
+            from dyntrain.elastic.membership.coordinator import (
+                Phase,  # torch: only with elastic jobs
+            )
 
             host = attempt.host
             phase = host.tick()
@@ -195,7 +197,7 @@ class Settler:
         self.attempts.remove(attempt.job_id)
         coordinator = None
         if attempt.host is not None:
-            from dyntrain.elastic.coordinator import Phase
+            from dyntrain.elastic.membership.coordinator import Phase
 
             phase = attempt.host.coordinator.phase
             attempt.host.close()
