@@ -6,8 +6,8 @@ it. It never touches training state: it only decides who takes part from which s
 
 The loop is thin: it reads the store (``board.CoordinatorBoard``), hands each typed message
 (``protocol``) to its handler, which updates the membership's named sets
-(``membership.Membership``) and the changes to report (``changes.ChangeLog``), and writes what
-the pure decisions (``membership.decide_forming``, ``formation.Formation``) say.
+(``members.Membership``) and the changes to report (``changes.ChangeLog``), and writes what
+the pure decisions (``members.decide_forming``, ``formation.Formation``) say.
 
 When its host restarts (the service was killed), a new coordinator over a new store is rebuilt
 from what the workers report (``expect_reattach``, ``Reattach`` messages): the workers trained

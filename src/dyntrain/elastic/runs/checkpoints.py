@@ -1,7 +1,7 @@
 """Checkpoints in a run store: one file each in a local folder, parts plus a commit record on an
 object store; either way a checkpoint is seen only once it is complete.
 
-A local folder keeps ``checkpoint.py``'s format: one file per checkpoint, renamed into place once
+A local folder keeps ``checkpoint_file.py``'s format: one file per checkpoint, renamed into place once
 synced. An object store has no rename, and a large upload is not one operation, so a checkpoint
 is written as parts (``ckpt-000000012.<token>.part0000``, ...) and then a small commit record
 ``ckpt-000000012.commit`` (JSON: each part's name, size and SHA-256, and the total size). Readers

@@ -7,7 +7,7 @@ reduce-scatter phase alone (``ring.ring_reduce_scatter``) over these uneven segm
 element's float64 sum of the same float32 terms as today's all-reduce, rounded once, lands at
 its tensor's primary owner, and nothing is gathered. The primary forwards the rounded bits to the
 tensor's other ``r - 1`` owners, point to point. Only owners step a tensor
-(``sharded.OptimizerShards``), and the new parameters travel from the primaries as at level 1.
+(``zero.OptimizerShards``), and the new parameters travel from the primaries as at level 1.
 
 A member that computes several chunks sums every chunk's gradient in its own round (``rounds``:
 the most chunks any member computes, the others adding zeros), and the primaries add the rounds

@@ -1,7 +1,7 @@
 """Move re-sharded tensors point to point: each from one holder to exactly its new owner.
 
-A re-sharding (``sharded.OptimizerShards.reshard``) or a leaver's hand-over plans which tensor
-copies move (``shardplan.diff_plans``: a source that holds it, a target that newly owns it).
+A re-sharding (``zero.OptimizerShards.reshard``) or a leaver's hand-over plans which tensor
+copies move (``owners.diff_plans``: a source that holds it, a target that newly owns it).
 ``send_moves`` sends them over the generation's process group with point-to-point sends, one
 stream per (source, target) pair: a small header (the pickled skeleton of the tensors'
 optimizer state: keys, Python values, small tensors such as Adam's ``step``; the large tensors'

@@ -1,9 +1,9 @@
 """ZeRO-3: the parameters sharded too; each unit's are gathered for its forward and its backward.
 
 Between uses a member keeps only the parameters of the tensors whose optimizer state it holds
-(its owned tensors, ``sharded.OptimizerShards.held``: whole tensors, ``r`` owners each); the
+(its owned tensors, ``zero.OptimizerShards.held``: whole tensors, ``r`` owners each); the
 storage of every other parameter is freed (resized to zero bytes: the tensor, its shape and the
-views autograd saved of it stay, without memory). The units are ``shardplan.group_units`` of the
+views autograd saved of it stay, without memory). The units are ``owners.group_units`` of the
 parameters' names (the GPT: one per transformer block, and a root unit of everything else,
 the tied token embedding included).
 
@@ -22,7 +22,7 @@ backward), what the round did not reach is gathered at its end, and a member wit
 than the busiest runs the whole schedule without computing (``phantom``). Outside the step the
 whole model is allocated again (``whole``): at the start of a generation (zeros, then the
 re-sharding sends every parameter), and for a checkpoint, a validation or the final model
-(``sharded.OptimizerShards.after_applied`` sends them); the next step frees them (``begin``).
+(``zero.OptimizerShards.after_applied`` sends them); the next step frees them (``begin``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 After the exact all-reduce every member holds the whole reduced gradient (and clips it by the
 global norm: ``dyntrain.elastic.step.gradnorm``), but only the owners of a tensor
-(``shardplan.plan_ownership``, ``r`` owners per tensor) hold its optimizer state and step it:
+(``owners.plan_ownership``, ``r`` owners per tensor) hold its optimizer state and step it:
 the other members' gradients of that tensor are set to None for the step, which every allowed
 optimizer skips. Each updated parameter then travels as bits from its primary owner to every
 member (one broadcast per primary, into buffers of the generation's group). Owning whole tensors
@@ -99,7 +99,7 @@ def shards_for(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Opt
 
     Raises:
         ConfigError: The optimizer cannot be sharded exactly, a loss scaler from level 2 on,
-            or parameters that level 3 cannot gather (``paramshard.check_level_3``).
+            or parameters that level 3 cannot gather (``parameters.check_level_3``).
     """
     if not config.shard_level:
         return None
@@ -193,7 +193,7 @@ class OptimizerShards:
 
     def checkpoint_keys(self, gen: Generation, me: str) -> Callable[[str], bool]:
         """For a generation that resumes from a checkpoint (``gen.checkpoint``): which of its
-        keys this member loads (``ckptstore.read_ref``'s ``keep``): everything but the
+        keys this member loads (``checkpoints.read_ref``'s ``keep``): everything but the
         optimizer state of the tensors that the generation's plan, as ``reshard`` makes it
         when every member loaded the checkpoint, gives to other members only. So a member
         never holds the whole optimizer state on a resume; ``reshard`` then finds each tensor

@@ -2,7 +2,7 @@
 
 Each member smooths its own seconds per chunk (an exponential moving average over the steps it
 computed chunks in) and writes it into its slot of the step's tail, so after the step's sum every
-member holds every member's time and plans alike (``plan.balance_counts``). The plan decided
+member holds every member's time and plans alike (``chunks.balance_counts``). The plan decided
 after step s is used from step s + 2 on: the chunks of the next step are always known a whole
 step ahead (a prefetching loader can follow them). A new plan is taken only when it promises a
 step at least ``margin`` shorter than the current one, so noise does not shuffle chunks around.
