@@ -1,8 +1,8 @@
 """Checkpoints in a run store: one file each in a local folder, parts plus a commit record on an
 object store; either way a checkpoint is seen only once it is complete.
 
-A local folder keeps ``checkpoint_file.py``'s format: one file per checkpoint, renamed into place once
-synced. An object store has no rename, and a large upload is not one operation, so a checkpoint
+A local folder keeps ``checkpoint_file.py``'s format: one file per checkpoint, renamed into place
+once synced. An object store has no rename, and a large upload is not one operation, so a checkpoint
 is written as parts (``ckpt-000000012.<token>.part0000``, ...) and then a small commit record
 ``ckpt-000000012.commit`` (JSON: each part's name, size and SHA-256, and the total size). Readers
 list commit records only: a writer killed mid-upload leaves parts without a record, and the
@@ -31,9 +31,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dyntrain.elastic.runs import checkpoint_file
-from dyntrain.elastic.runs import dcp
-from dyntrain.elastic.runs.checkpoint_file import CorruptCheckpoint, decode_checkpoint, encode_checkpoint
+from dyntrain.elastic.runs import checkpoint_file, dcp
+from dyntrain.elastic.runs.checkpoint_file import (
+    CorruptCheckpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store, parent_and_name
 
 FOLDER = "checkpoints"

@@ -24,11 +24,11 @@ from dataclasses import asdict
 from typing import Any
 
 from dyntrain.elastic.admission import CanaryDigest, Candidate, NumericsRecord, judge
-from dyntrain.elastic.runs.checkpoints import list_checkpoints
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics
-from dyntrain.elastic.state import TrainingParts
+from dyntrain.elastic.runs.checkpoints import list_checkpoints
 from dyntrain.elastic.runs.storage import RunStore
+from dyntrain.elastic.state import TrainingParts
 from dyntrain.errors import DyntrainError
 
 RUN_FILE = "run.json"

@@ -139,7 +139,9 @@ class LocalStore(RunStore):
             raise StorageError(f"{self.root} is a file, not a run folder")
 
     def put(self, name: str, data: bytes) -> None:
-        from dyntrain.elastic.runs.checkpoint_file import atomic_write_bytes  # torch: not for is_url()
+        from dyntrain.elastic.runs.checkpoint_file import (
+            atomic_write_bytes,  # torch: not for is_url()
+        )
 
         path = self.root / name
         path.parent.mkdir(parents=True, exist_ok=True)
