@@ -3,8 +3,8 @@
 A ``Page`` is one benchmark: what it measures, its runs (one ``Run`` per result file, with the
 metadata the file lacks), a function that turns a result into Markdown tables, and how to read
 the numbers. The pages themselves are in ``report_runtime.py``, ``report_numerics.py``,
-``report_sharded.py``, ``report_multihost.py``, ``report_data.py``, ``report_service.py`` and
-``report_sim.py``.
+``report_sharded.py``, ``report_multihost.py``, ``report_data.py``, ``report_service.py``,
+``report_sim.py`` and ``report_scale.py``.
 """
 
 from __future__ import annotations

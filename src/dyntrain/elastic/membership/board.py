@@ -81,13 +81,19 @@ class CoordinatorBoard:
     def reply(self, worker: str, reply: p.Reply) -> None:
         self.store.set(p.reply_key(worker), reply.encode())
 
+    def tell_all(self, generation: int, workers: list[str], word: p.Control) -> None:
+        """Set the control word of each of ``workers`` in ``generation``: one round trip,
+        whatever their number."""
+        if workers:
+            self.store.multi_set([p.ctl_key(generation, w) for w in workers],
+                                 [word.value] * len(workers))
+
     def publish(self, gen: p.Generation) -> None:
         """Make ``gen`` the latest generation: its members' control words first, so that a
-        member that finds it finds its word."""
-        for worker in gen.members:
-            self.tell(gen.number, worker, p.Control.RUN)
-        self.store.set(p.gen_key(gen.number), gen.to_json())
-        self.store.set(p.GEN_LATEST, str(gen.number))
+        member that finds it finds its word (two round trips, whatever the members' number)."""
+        self.tell_all(gen.number, list(gen.members), p.Control.RUN)
+        self.store.multi_set([p.gen_key(gen.number), p.GEN_LATEST],
+                             [gen.to_json(), str(gen.number)])
 
     def set_job(self, status: p.JobStatus) -> None:
         self.store.set(p.JOB_STATE, status.encode())
