@@ -66,6 +66,7 @@ class Coordinator:
         self.started_at = clock()
         self.board = CoordinatorBoard(store)
         self._last_poll, self._last_poll_known = 0.0, False  # for _own_stall
+        self._aborted: int | None = None  # the last generation whose members were told ABORT
         self._handlers: dict[type[p.Message], Callable] = {
             p.Hello: self._on_hello, p.Reattach: self._on_reattach, p.Ready: self._on_ready,
             p.Left: self._on_left, p.Metrics: self._on_metrics,
@@ -337,8 +338,7 @@ class Coordinator:
             m.adopt(gen, self.clock())
             self.phase = Phase.REFORMING
             self.changes.reattach.world_before = gen.world_size
-            for member in gen.members:
-                self.board.tell(gen.number, member, p.Control.RUN)
+            self.board.tell_all(gen.number, list(gen.members), p.Control.RUN)
         if m.rejoined(worker, where):
             fields = self.changes.reattach.fields
             fields["start_step"] = max(fields.get("start_step", 0), where.step or 0)
@@ -449,12 +449,16 @@ class Coordinator:
         """Tell every member of the current generation to stop at the next boundary (or now)."""
         if self.phase is Phase.REFORMING and word is not p.Control.ABORT:
             return
-        self.phase = Phase.REFORMING
         m = self.membership
-        for worker in m.current.members:
-            if worker in m.gone or (word is p.Control.REFORM and worker in m.draining):
-                continue  # a drained member leaves at the boundary (its leave flag re-forms)
-            self.board.tell(m.current.number, worker, word)
+        if self._aborted == m.current.number:
+            return  # its members were told already (half of a large world lost at once)
+        self.phase = Phase.REFORMING
+        # a drained member leaves at the boundary (its leave flag re-forms)
+        told = [w for w in m.current.members
+                if w not in m.gone and not (word is p.Control.REFORM and w in m.draining)]
+        self.board.tell_all(m.current.number, told, word)  # one round trip
+        if word is p.Control.ABORT:
+            self._aborted = m.current.number
 
     def _maybe_form(self) -> None:
         m = self.membership
