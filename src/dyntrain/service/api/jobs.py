@@ -13,11 +13,11 @@ from dyntrain.service.core.model import (
     Dependency,
     JobStatus,
 )
+from dyntrain.service.core.records import Job
 from dyntrain.service.engine import views
 from dyntrain.service.engine.jobindex import wait_info
 from dyntrain.service.engine.reads import cost_of
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

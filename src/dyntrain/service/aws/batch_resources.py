@@ -12,8 +12,8 @@ from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of, page, page_offset
 from dyntrain.service.core.fit import slot_refusal
+from dyntrain.service.core.records import JobDefinition
 from dyntrain.service.engine.reads import local_machine
-from dyntrain.service.store import JobDefinition
 
 MAX_RESULTS = 100
 

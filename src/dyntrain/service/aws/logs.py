@@ -16,7 +16,7 @@ from dyntrain.service.aws import shapes
 from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import invalid_parameter, not_found
 from dyntrain.service.aws.shapes import LOG_GROUP, ms, page, page_offset, page_token
-from dyntrain.service.store import LogLine, LogStream
+from dyntrain.service.core.records import LogLine, LogStream
 
 MAX_EVENTS = 10_000
 MAX_STREAMS = 50

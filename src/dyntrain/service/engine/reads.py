@@ -9,9 +9,9 @@ from typing import Any
 
 from dyntrain.service.core.cost import JobCost, UsageRow, job_cost
 from dyntrain.service.core.model import MAX_ARRAY_SIZE, CapacityType, Resources
+from dyntrain.service.core.records import ComputeEnvironment, Job
 from dyntrain.service.engine import views
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import ComputeEnvironment, Job
 
 DEFAULT_ON_DEMAND_PRICE = 1.0  # the cost baseline's price when no ON_DEMAND environment exists
 

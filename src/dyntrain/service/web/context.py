@@ -13,11 +13,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from dyntrain.service.core.model import JobStatus, ValidationError
+from dyntrain.service.core.records import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.engine import views
 from dyntrain.service.engine.jobindex import wait_info
 from dyntrain.service.engine.reads import cost_of, environment_views
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.speedup import speedup_chart
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dyntrain.service.core.records import Job
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import Job
 
 SWEEP_MODULE = "dyntrain.lab.sweep"
 PLANS_DIR = ".plans"  # dyntrain.lab.sweep.PLANS_DIR, named here to keep the lab unimported

@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.records import WORKER_RUNNING
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import WORKER_RUNNING
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.context import environments
 

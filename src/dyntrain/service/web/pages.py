@@ -20,8 +20,8 @@ from jinja2 import Environment
 
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.jobtext import one_line
+from dyntrain.service.core.records import Job
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import Job
 from dyntrain.service.web import auth, context, lab
 from dyntrain.service.web.capacity import CapacityHistory
 
