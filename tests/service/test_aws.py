@@ -481,7 +481,7 @@ def test_without_credentials_loopback_only_and_any_signature():
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    app = with_aws(native, service=None)
+    app = with_aws(native, ops=None)
     groups = {"X-Amz-Target": "Logs_20140328.DescribeLogGroups",
               "Authorization": "AWS4-HMAC-SHA256 Credential=x/20200101/r/logs/aws4_request, "
                                "SignedHeaders=host, Signature=" + "0" * 64}
