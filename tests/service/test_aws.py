@@ -141,6 +141,10 @@ def test_environments_queues_definitions_and_tags(batch, server):
         computeEnvironmentOrder=[{"order": 2, "computeEnvironment": "mine"},
                                  {"order": 1, "computeEnvironment": spot[
                                      "computeEnvironmentArn"]}])["jobQueueArn"]
+    with pytest.raises(batch.exceptions.ClientException, match="^.*: Job queue jq already "
+                                                               "exists$"):  # AWS's wording
+        batch.create_job_queue(jobQueueName="jq", priority=1, computeEnvironmentOrder=[
+            {"order": 1, "computeEnvironment": "mine"}])
     batch.update_job_queue(jobQueue=arn, priority=7, state="DISABLED")
     queue = batch.describe_job_queues(jobQueues=["jq"])["jobQueues"][0]
     assert (queue["priority"], queue["state"], queue["status"], queue["tags"]) == (
