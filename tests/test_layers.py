@@ -137,7 +137,7 @@ def test_the_service_check_sees_each_kind_of_violation(tmp_path):
     (tmp_path / "service" / "core" / "a.py").write_text(
         "import subprocess\ndef f():\n    from sqlalchemy import select\n")
     (tmp_path / "service" / "web" / "b.py").write_text(
-        "from ..api import views\nfrom dyntrain.service.engine import reads\n"
+        "from ..api import views\nfrom dyntrain.service.engine import views\n"
         "def f():\n    import dyntrain.lab.report\n")
     (tmp_path / "service" / "engine" / "c.py").write_text(
         "from dyntrain.service.executors.local import LocalExecutor\n")

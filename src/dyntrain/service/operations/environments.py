@@ -13,6 +13,7 @@ from dyntrain.service.core.model import (
     ComputeEnvironmentSpec,
     JobQueueSpec,
     Resources,
+    State,
     ValidationError,
 )
 from dyntrain.service.core.records import ComputeEnvironment, JobQueue
@@ -47,8 +48,15 @@ class Environments:
     def list(self) -> list[ComputeEnvironment]:
         return self._service.store.list_compute_environments()
 
-    def update(self, name: str, **changes: Any) -> ComputeEnvironment:
-        """``changes``: ``Store.update_compute_environment``'s (state, slots, price, aws)."""
+    def update(self, name: str, *, state: State | str | None = None,
+               min_slots: int | None = None, desired_slots: int | None = None,
+               max_slots: int | None = None, price_per_slot_hour: float | None = None
+               ) -> ComputeEnvironment:
+        """Change the given fields (the result is checked as a whole spec)."""
+        changes = {k: v for k, v in (("state", state), ("min_slots", min_slots),
+                                     ("desired_slots", desired_slots), ("max_slots", max_slots),
+                                     ("price_per_slot_hour", price_per_slot_hour))
+                   if v is not None}
         return self.revise(name, lambda _: changes)
 
     def revise(self, name: str, changes: Callable[[ComputeEnvironment], dict[str, Any]]
@@ -131,7 +139,8 @@ class Queues:
         """Highest priority first."""
         return self._service.store.list_job_queues()
 
-    def update(self, name: str, *, priority: int | None = None, state: str | None = None,
+    def update(self, name: str, *, priority: int | None = None,
+               state: State | str | None = None,
                compute_environments: Sequence[str] | None = None,
                aws: dict[str, Any] | None = None) -> JobQueue:
         """Change the given fields; ``aws`` is merged into the AWS fields kept with it."""

@@ -10,7 +10,14 @@ from typing import Any
 
 from dyntrain.elastic.storage import RunStore
 from dyntrain.service.core.cost import JobCost, UsageRow, job_cost
-from dyntrain.service.core.model import MAX_ARRAY_SIZE, CapacityType, JobStatus
+from dyntrain.service.core.model import (
+    MAX_ARRAY_SIZE,
+    CapacityType,
+    Dependency,
+    JobStatus,
+    Resources,
+    RetryStrategy,
+)
 from dyntrain.service.core.plan import WaitInfo
 from dyntrain.service.core.records import AttemptRecord, Job, WorkerRecord
 from dyntrain.service.engine.jobindex import wait_info
@@ -26,13 +33,32 @@ class Jobs:
 
     # ---- commands ----------------------------------------------------------------------------
 
-    def submit(self, *, queue: str, **fields: Any) -> Job:
-        """Create a job (``Store.submit``'s arguments) as SUBMITTED, with the executor's kernel
-        levels. Without the lock: it is one transaction, and the controller finds new jobs
-        after its watermark whenever they commit, so a 10,000-child array being written holds
-        up no other request."""
+    def submit(self, *, queue: str, definition: str | None = None,
+               command: Sequence[str] | None = None, name: str | None = None,
+               parameters: dict[str, Any] | None = None,
+               environment: dict[str, str] | None = None, resources: Resources | None = None,
+               array_size: int | None = None, depends_on: Iterable[Dependency] = (),
+               workers: tuple[int, int] | None = None, retry_attempts: int | None = None,
+               timeout_seconds: float | None = None, job_id: str | None = None,
+               workdir: str | None = None, exported_environment: dict[str, str] | None = None,
+               retry_strategy: RetryStrategy | None = None, num_nodes: int | None = None,
+               tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
+               client_token: str | None = None, launcher: str | None = None) -> Job:
+        """Create a job (and an array job's children) as SUBMITTED, checked against the
+        executor's kernel levels; the arguments are ``Store.submit``'s.
+
+        Without the lock: it is one transaction, and the controller finds new jobs after its
+        watermark whenever they commit, so a 10,000-child array being written holds up no other
+        request."""
         return self._service.store.submit(
-            queue=queue, kernel_levels=self._service.executor.kernel_levels(), **fields)
+            queue=queue, definition=definition, command=command, name=name,
+            parameters=parameters, environment=environment, resources=resources,
+            array_size=array_size, depends_on=depends_on, workers=workers,
+            retry_attempts=retry_attempts, timeout_seconds=timeout_seconds, job_id=job_id,
+            workdir=workdir, exported_environment=exported_environment,
+            retry_strategy=retry_strategy, num_nodes=num_nodes, tags=tags, aws=aws,
+            client_token=client_token, launcher=launcher,
+            kernel_levels=self._service.executor.kernel_levels())
 
     def cancel(self, job_id: str, reason: str | None = None) -> Job:
         """Cancel a job that has not started (an array job: its children that have not);
@@ -73,9 +99,18 @@ class Jobs:
     def get(self, job_id: str) -> Job:
         return found(self._service.store.get_job, job_id)
 
-    def list(self, **filters: Any) -> list[Job]:
-        """``Store.list_jobs``'s filters (queue, status, parent, top_level, name, ...)."""
-        return self._service.store.list_jobs(**filters)
+    def list(self, queue: str | None = None,
+             status: JobStatus | str | Iterable[JobStatus | str] | None = None,
+             parent: str | None = None, *, top_level: bool = False, limit: int = 100,
+             offset: int = 0, name: str | None = None, definition: str | None = None,
+             created_after: float | None = None, created_before: float | None = None,
+             newest_first: bool = False) -> list[Job]:
+        """Jobs by creation time (``newest_first``: the other way); ``top_level`` hides array
+        children, ``parent`` lists one array's."""
+        return self._service.store.list_jobs(
+            queue, status, parent, top_level=top_level, limit=limit, offset=offset, name=name,
+            definition=definition, created_after=created_after, created_before=created_before,
+            newest_first=newest_first)
 
     def search(self, *, queue: str | None = None,
                status: Iterable[JobStatus | str] | None = None, text: str | None = None,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from dyntrain.service.core.records import Event, Job, LogLine, LogStream
 from dyntrain.service.engine.service import Service
@@ -37,21 +36,35 @@ class Logs:
             lines, last = store.read_log(job_id, after_seq, limit)
         return LogPage(job, lines, last)
 
-    def streams(self, **narrow: Any) -> list[LogStream]:
-        """Each attempt's log (``Store.log_streams``'s filters: job_ids, job_id_prefix...)."""
-        return self._service.store.log_streams(**narrow)
+    def streams(self, *, job_ids: Sequence[str] | None = None,
+                job_id_prefix: str | None = None, job_name: str | None = None,
+                definition_name: str | None = None) -> list[LogStream]:
+        """Each attempt's log, of the jobs named (all when nothing narrows it)."""
+        return self._service.store.log_streams(
+            job_ids=job_ids, job_id_prefix=job_id_prefix, job_name=job_name,
+            definition_name=definition_name)
 
-    def attempt(self, job_id: str, attempt_no: int, **window: Any) -> list[LogLine]:
-        """One attempt's lines (``Store.attempt_log``'s window: after/before_seq, times...)."""
+    def attempt(self, job_id: str, attempt_no: int, *, after_seq: int | None = None,
+                before_seq: int | None = None, start_at: float | None = None,
+                end_at: float | None = None, limit: int = 10_000,
+                newest: bool = False) -> list[LogLine]:
+        """One attempt's lines after or before a sequence number, within a time window
+        (``newest``: the last ``limit`` of them), oldest first."""
         with self._service.lock:
-            return self._service.store.attempt_log(job_id, attempt_no, **window)
+            return self._service.store.attempt_log(
+                job_id, attempt_no, after_seq=after_seq, before_seq=before_seq,
+                start_at=start_at, end_at=end_at, limit=limit, newest=newest)
 
-    def search(self, streams: Sequence[tuple[str, int]] | None = None, **query: Any
+    def search(self, streams: Sequence[tuple[str, int]] | None = None, *,
+               start_at: float | None = None, end_at: float | None = None,
+               terms: Sequence[str] = (), offset: int = 0, limit: int = 10_000
                ) -> list[tuple[str, LogLine]]:
-        """Lines of those (job id, attempt) streams (None: all) by ``Store.search_logs``'s
-        query (times, terms, offset, limit), as (job id, line)."""
+        """Lines of those (job id, attempt) streams (None: all) within a time window that hold
+        every term, as (job id, line), interleaved by time."""
         with self._service.lock:
-            return self._service.store.search_logs(streams, **query)
+            return self._service.store.search_logs(
+                streams, start_at=start_at, end_at=end_at, terms=terms, offset=offset,
+                limit=limit)
 
     def events(self, job_id: str, after_id: int = 0, limit: int = 1000) -> list[Event]:
         """The job's events with id > ``after_id``, oldest first."""
