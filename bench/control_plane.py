@@ -5,7 +5,8 @@ a heartbeat counter bumped every 0.5 s as ``WorkerChannel`` does, a ``Ready`` wh
 generation is told to re-form or is aborted, silence when they vanish) but run no torch and
 train nothing, so that N = 64, 256 and 1,024 members fit on one machine. The coordinator is the
 one a job runs (``dyntrain.elastic.membership.coordinator``), ticking every 10 ms on its own
-thread as ``dyntrain run`` ticks it, over its own client connection to the store.
+thread as ``dyntrain run`` ticks it, over its own client connection to the store; the members
+run in a few driver processes of their own.
 
 For each N:
 
@@ -41,6 +42,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.admission import CanaryDigest
@@ -95,75 +97,103 @@ class QuietSink:
         pass
 
 
+def _client(port: int) -> dist.Store:
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+
+
+def _driver(port: int, conn) -> None:
+    """One driver process: its members say hello, beat, answer their generation's control word
+    with ``Ready``, and fall silent, as it is told through ``conn``."""
+    store = _client(port)
+    conn.send("ready")
+    mine: list[str] = []
+    silent: set[str] = set()
+    last_beat: dict[str, float] = {}
+    answered: dict[str, int] = {}  # member -> the generation it sent Ready for
+    seq: dict[str, int] = {}
+
+    def send(member: str, msg: p.Message) -> None:
+        n = seq.get(member, 0)
+        store.multi_set([p.inbox_key(member, n), p.inbox_count_key(member)],
+                        [p.encode(member, msg), str(n + 1)])
+        seq[member] = n + 1
+
+    while True:
+        while conn.poll():
+            command, names = conn.recv()
+            if command == "stop":
+                return
+            if command == "hello":
+                for name in names:
+                    last_beat[name] = time.time()
+                    send(name, p.Hello("fp", {"global_batch": 1024}, host="sim",
+                                       pid=os.getpid(), numerics=SETTINGS, canary=CANARY))
+                    store.add(p.heartbeat_key(name), 1)
+                    store.append(p.ROSTER, name + " ")
+                    store.add(p.ROSTER_COUNT, 1)
+                mine += names
+                conn.send(None)
+            elif command == "silence":
+                hit = [n for n in names if n in last_beat]
+                silent.update(hit)
+                conn.send(max((last_beat[n] for n in hit), default=0.0))
+        now = time.time()
+        latest = int(store.get(p.GEN_LATEST)) if store.check([p.GEN_LATEST]) else -1
+        for member in mine:
+            if member in silent:
+                continue
+            if now - last_beat[member] >= BEAT:
+                store.add(p.heartbeat_key(member), 1)
+                last_beat[member] = now
+            if latest >= 0 and answered.get(member, -1) < latest:
+                key = p.ctl_key(latest, member)
+                if store.check([key]):
+                    word = p.Control(store.get(key).decode())
+                    if word in (p.Control.REFORM, p.Control.ABORT):
+                        reason = (p.ReadyReason.BOUNDARY if word is p.Control.REFORM
+                                  else p.ReadyReason.ABORT)
+                        send(member, p.Ready(latest, 0, reason))
+                        answered[member] = latest
+        time.sleep(0.02)
+
+
 class Members:
-    """Simulated members driven by a few threads, each with its own store connection: they
-    beat, answer their generation's control word with ``Ready``, and can fall silent."""
+    """Simulated members in a few driver processes (so that they take no time from the
+    coordinator's process, as members on other hosts would not), each with its own store
+    connection."""
 
     def __init__(self, port: int, drivers: int) -> None:
-        self.port = port
-        self.lock = threading.Lock()
-        self.ids: list[list[str]] = [[] for _ in range(drivers)]
-        self.silent: set[str] = set()
-        self.last_beat: dict[str, float] = {}
-        self.answered: dict[str, int] = {}  # member -> generation it sent Ready for
-        self.seq: dict[str, int] = {}
-        self.stop = threading.Event()
-        self.threads = [threading.Thread(target=self._drive, args=(i,), daemon=True)
-                        for i in range(drivers)]
-        for t in self.threads:
-            t.start()
+        ctx = mp.get_context("spawn")
+        pipes = [ctx.Pipe() for _ in range(drivers)]
+        self.conns = [mine for mine, _ in pipes]
+        self.procs = [ctx.Process(target=_driver, args=(port, theirs), daemon=True)
+                      for _, theirs in pipes]
+        for proc in self.procs:
+            proc.start()
+        for conn in self.conns:  # started, connected: what is timed from here is the plane's
+            conn.recv()
 
-    def _client(self) -> dist.Store:
-        return dist.TCPStore("127.0.0.1", self.port, is_master=False,
-                             timeout=timedelta(seconds=120))
-
-    def _send(self, store: dist.Store, member: str, msg: p.Message) -> None:
-        seq = self.seq.get(member, 0)
-        store.set(p.inbox_key(member, seq), p.encode(member, msg))
-        self.seq[member] = seq + 1
-        store.set(p.inbox_count_key(member), str(seq + 1))
+    def _all(self, command: str, shares: list[list[str]]) -> list:
+        for conn, share in zip(self.conns, shares, strict=True):
+            conn.send((command, share))
+        return [conn.recv() for conn in self.conns]
 
     def hello(self, names: list[str]) -> None:
-        """Each says hello (from a store connection of its own driver) at once."""
-        with self.lock:
-            for i, name in enumerate(names):
-                self.ids[i % len(self.ids)].append(name)
-                self.last_beat[name] = time.time()
-        store = self._client()
-        for name in names:
-            self._send(store, name, p.Hello("fp", {"global_batch": 1024}, host="sim",
-                                            pid=os.getpid(), numerics=SETTINGS, canary=CANARY))
-            store.add(p.heartbeat_key(name), 1)
-            store.append(p.ROSTER, name + " ")
-            store.add(p.ROSTER_COUNT, 1)
+        """They say hello at once, spread over the drivers; returns once every hello is sent."""
+        self._all("hello", [names[i::len(self.conns)] for i in range(len(self.conns))])
 
     def silence(self, names: list[str]) -> float:
-        """They stop beating; returns the newest of their last beats."""
-        with self.lock:
-            self.silent.update(names)
-            return max(self.last_beat[n] for n in names)
+        """They stop beating (each driver silences those it drives); returns the newest of
+        their last beats."""
+        return max(self._all("silence", [names] * len(self.conns)))
 
-    def _drive(self, index: int) -> None:
-        store = self._client()
-        while not self.stop.is_set():
-            with self.lock:
-                mine = [m for m in self.ids[index] if m not in self.silent]
-            now = time.time()
-            latest = int(store.get(p.GEN_LATEST)) if store.check([p.GEN_LATEST]) else -1
-            for member in mine:
-                if now - self.last_beat[member] >= BEAT:
-                    store.add(p.heartbeat_key(member), 1)
-                    self.last_beat[member] = now
-                if latest >= 0 and self.answered.get(member, -1) < latest:
-                    key = p.ctl_key(latest, member)
-                    if store.check([key]):
-                        word = p.Control(store.get(key).decode())
-                        if word in (p.Control.REFORM, p.Control.ABORT):
-                            reason = (p.ReadyReason.BOUNDARY if word is p.Control.REFORM
-                                      else p.ReadyReason.ABORT)
-                            self._send(store, member, p.Ready(latest, 0, reason))
-                            self.answered[member] = latest
-            self.stop.wait(0.02)
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(("stop", []))
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
 
 
 class Plane:
@@ -206,11 +236,9 @@ class Plane:
         return time.time()
 
     def close(self) -> None:
-        self.members.stop.set()
+        self.members.close()
         self.stop.set()
         self.thread.join(10)
-        for t in self.members.threads:
-            t.join(10)
 
 
 def wave_size(n: int) -> int:
@@ -273,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--failure-timeout", type=float, default=3.0,
                         help="seconds of silence before a member is lost (the job default: 3)")
     parser.add_argument("--drivers", type=int, default=4,
-                        help="threads that drive the simulated members")
+                        help="processes that drive the simulated members")
     parser.add_argument("--steady-seconds", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=RESULTS / "control_plane.json")
     args = parser.parse_args(argv)

@@ -72,9 +72,10 @@ from dyntrain.service.core.model import (  # noqa: E402
     JobQueueSpec,
     Resources,
 )
+from dyntrain.service.core.records import WORKER_EXITED  # noqa: E402
 from dyntrain.service.engine.controller import Controller, ControllerConfig  # noqa: E402
 from dyntrain.service.executors.local import LocalExecutor  # noqa: E402
-from dyntrain.service.store import WORKER_EXITED, Store  # noqa: E402
+from dyntrain.service.store import Store  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

@@ -1,5 +1,6 @@
 """Imports point down the layers: the runtime (elastic) never reaches up into what uses it, and
-the service's own layers (core <- store <- engine <- executors <- front ends) point down too."""
+the service's own layers (core <- store <- engine <- operations <- front ends, executors beside
+the operations) point down too; the front ends reach the service only by its operations."""
 
 import ast
 from pathlib import Path
@@ -25,10 +26,11 @@ def _service(*parts: str) -> tuple[str, ...]:
     return tuple(f"dyntrain.service.{p}" for p in parts)
 
 
-# Inside the service: core (pure) <- store <- engine <- executors <- the front ends (api, aws,
-# web), which never import each other; server (the assembly) and client sit above them all.
+# Inside the service: core (pure) <- store <- engine <- operations (the one way in) <- the front
+# ends (api, aws, web), which never import each other; the executors sit on core alone, and
+# server (the assembly, which picks the executor) and client above them all.
 FRONT_ENDS = ("api", "aws", "web")
-ABOVE_ENGINE = ("executors", *FRONT_ENDS, "server", "client")
+ABOVE_ENGINE = ("operations", "executors", *FRONT_ENDS, "server", "client")
 NOT_PURE = ("sqlalchemy", "fastapi", "starlette", "pydantic", "uvicorn", "httpx", "jinja2",
             "prometheus_client", "botocore", "ray", "torch", "subprocess", "multiprocessing",
             "socket", "threading")
@@ -36,12 +38,15 @@ SERVICE_FORBIDDEN = {
     "service/core": _service("store", "engine", *ABOVE_ENGINE) + NOT_PURE,
     "service/store": _service("engine", *ABOVE_ENGINE),
     "service/engine": _service(*ABOVE_ENGINE),
-    "service/executors": _service("store", "engine", *FRONT_ENDS, "server", "client"),
-    "service/api": _service("aws", "web", "server", "executors"),
-    "service/aws": _service("api", "web", "server", "executors"),
-    "service/web": _service("api", "aws", "server", "executors") + ("dyntrain.lab",),
-    "service/client.py": _service("store", "engine", *FRONT_ENDS, "executors", "server")
-    + ("sqlalchemy", "fastapi", "torch"),
+    "service/executors": _service("store", "engine", "operations", *FRONT_ENDS, "server",
+                                  "client"),
+    "service/operations": _service("executors", *FRONT_ENDS, "server", "client")
+    + ("fastapi", "starlette", "pydantic", "botocore", "jinja2"),
+    "service/api": _service("aws", "web", "server", "executors", "store"),
+    "service/aws": _service("api", "web", "server", "executors", "store"),
+    "service/web": _service("api", "aws", "server", "executors", "store") + ("dyntrain.lab",),
+    "service/client.py": _service("store", "engine", "operations", *FRONT_ENDS, "executors",
+                                  "server") + ("sqlalchemy", "fastapi", "torch"),
 }
 # The runtime's rooms, lowest first: each imports only the rooms before it and the vocabulary that
 # every room shares (the modules at elastic's root but the trainer). ``membership`` (the
@@ -61,8 +66,8 @@ ELASTIC_FORBIDDEN = {
 }
 ELASTIC_FORBIDDEN["elastic/worker"] += _elastic("membership")
 
-# old import paths kept working: (module, what it forwards to), each named in the docs
-ALIASES = {("service/api/__init__.py", "dyntrain.service.server")}
+# what only the operations may touch on the service: its store and its lock
+SERVICE_INSIDES = ("store", "lock")
 
 
 def _type_checking_only(tree: ast.AST) -> set[int]:
@@ -95,13 +100,17 @@ def imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
     return found
 
 
+def _modules(root: Path, layer: str) -> list[Path]:
+    top = root / layer
+    return sorted(top.rglob("*.py") if top.is_dir() else [top])
+
+
 def violations(root: Path, layer: str, forbidden: tuple[str, ...],
                aliases: frozenset[tuple[str, str]] = frozenset()) -> list[str]:
     """Every import of a ``forbidden`` module by a module of ``layer`` (a package folder or one
     module's file), but the ``aliases`` (module, imported) allowed."""
     bad = []
-    top = root / layer
-    for path in sorted(top.rglob("*.py") if top.is_dir() else [top]):
+    for path in _modules(root, layer):
         where = path.relative_to(root)
         package = "dyntrain." + ".".join(where.parent.parts)
         for line, name in imported_modules(path, package):
@@ -109,6 +118,18 @@ def violations(root: Path, layer: str, forbidden: tuple[str, ...],
                     and any(name == f or name.startswith(f + ".") for f in forbidden)):
                 bad.append(f"{where}:{line} imports {name}")
     return bad
+
+
+def attribute_uses(root: Path, layer: str, attributes: tuple[str, ...]) -> list[str]:
+    """Every ``x.<attribute>`` (read, written or called) in a module of ``layer``, for the
+    ``attributes`` named."""
+    bad = []
+    for path in _modules(root, layer):
+        where = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in attributes:
+                bad.append(f"{where}:{node.lineno} uses .{node.attr}")
+    return sorted(bad, key=lambda v: (v.split(":")[0], int(v.split(":")[1].split()[0])))
 
 
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
@@ -130,7 +151,28 @@ def test_every_runtime_module_lives_in_a_room():
 
 @pytest.mark.parametrize("layer", sorted(SERVICE_FORBIDDEN))
 def test_service_layer_imports_point_down(layer):
-    assert violations(SRC, layer, SERVICE_FORBIDDEN[layer], frozenset(ALIASES)) == []
+    assert violations(SRC, layer, SERVICE_FORBIDDEN[layer]) == []
+
+
+@pytest.mark.parametrize("front_end", FRONT_ENDS)
+def test_a_front_end_reaches_the_service_only_by_its_operations(front_end):
+    """No front end touches the store or takes the service's lock: the operations own both,
+    so one operation follows one rule whichever front end calls it."""
+    assert attribute_uses(SRC, f"service/{front_end}", SERVICE_INSIDES) == []
+
+
+def test_the_front_end_check_sees_the_store_and_the_lock(tmp_path):
+    (tmp_path / "service" / "aws").mkdir(parents=True)
+    (tmp_path / "service" / "aws" / "a.py").write_text(
+        "def submit(ctx, p):\n    with ctx.service.lock:\n"
+        "        return ctx.service.store.submit(**p)\n"
+        "def read(service):\n    store = service.store\n    return store.get_job('x')\n"
+        "from dyntrain.service.store import Store\n")
+    assert attribute_uses(tmp_path, "service/aws", SERVICE_INSIDES) == [
+        "service/aws/a.py:2 uses .lock", "service/aws/a.py:3 uses .store",
+        "service/aws/a.py:5 uses .store"]
+    assert violations(tmp_path, "service/aws", SERVICE_FORBIDDEN["service/aws"]) == [
+        "service/aws/a.py:7 imports dyntrain.service.store"]
 
 
 def test_the_service_check_sees_each_kind_of_violation(tmp_path):
@@ -139,7 +181,7 @@ def test_the_service_check_sees_each_kind_of_violation(tmp_path):
     (tmp_path / "service" / "core" / "a.py").write_text(
         "import subprocess\ndef f():\n    from sqlalchemy import select\n")
     (tmp_path / "service" / "web" / "b.py").write_text(
-        "from ..api import views\nfrom dyntrain.service.engine import reads\n"
+        "from ..api import views\nfrom dyntrain.service.engine import views\n"
         "def f():\n    import dyntrain.lab.report\n")
     (tmp_path / "service" / "engine" / "c.py").write_text(
         "from dyntrain.service.executors.local import LocalExecutor\n")

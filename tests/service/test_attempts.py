@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dyntrain.service.core.executor import WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
+from dyntrain.service.core.records import WORKER_RUNNING, WorkerRecord
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, CoordinatorEnd
-from dyntrain.service.store import WORKER_RUNNING, WorkerRecord
 
 
 def attempt(**fields) -> Attempt:

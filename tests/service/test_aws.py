@@ -141,6 +141,10 @@ def test_environments_queues_definitions_and_tags(batch, server):
         computeEnvironmentOrder=[{"order": 2, "computeEnvironment": "mine"},
                                  {"order": 1, "computeEnvironment": spot[
                                      "computeEnvironmentArn"]}])["jobQueueArn"]
+    with pytest.raises(batch.exceptions.ClientException, match="^.*: Job queue jq already "
+                                                               "exists$"):  # AWS's wording
+        batch.create_job_queue(jobQueueName="jq", priority=1, computeEnvironmentOrder=[
+            {"order": 1, "computeEnvironment": "mine"}])
     batch.update_job_queue(jobQueue=arn, priority=7, state="DISABLED")
     queue = batch.describe_job_queues(jobQueues=["jq"])["jobQueues"][0]
     assert (queue["priority"], queue["state"], queue["status"], queue["tags"]) == (
@@ -481,7 +485,7 @@ def test_without_credentials_loopback_only_and_any_signature():
         await send({"type": "http.response.start", "status": 204, "headers": []})
         await send({"type": "http.response.body", "body": b""})
 
-    app = with_aws(native, service=None)
+    app = with_aws(native, ops=None)
     groups = {"X-Amz-Target": "Logs_20140328.DescribeLogGroups",
               "Authorization": "AWS4-HMAC-SHA256 Credential=x/20200101/r/logs/aws4_request, "
                                "SignedHeaders=host, Signature=" + "0" * 64}

@@ -27,9 +27,10 @@ from dyntrain.service.core.model import (
     JobStatus,
     Resources,
 )
+from dyntrain.service.core.records import WORKER_EXITED, WorkerRecord
 from dyntrain.service.engine.controller import Controller, ControllerConfig
 from dyntrain.service.executors.local import LocalExecutor
-from dyntrain.service.store import WORKER_EXITED, Store, WorkerRecord
+from dyntrain.service.store import Store
 
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")
 SMALL = Resources(0.25, 0, 256)

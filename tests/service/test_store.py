@@ -31,7 +31,8 @@ from dyntrain.service.core.model import (
     State,
     ValidationError,
 )
-from dyntrain.service.store import INACTIVE, Store, WorkerRecord, metadata
+from dyntrain.service.core.records import INACTIVE, WorkerRecord
+from dyntrain.service.store import Store, metadata
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
 from dyntrain.testing.wait import wait_until
 

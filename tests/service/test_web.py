@@ -30,8 +30,13 @@ from dyntrain.service.core.model import (
     Resources,
 )
 from dyntrain.service.core.model import JobStatus as S
+from dyntrain.service.core.records import (
+    WORKER_EXITED,
+    WORKER_LEAVING,
+    WORKER_RUNNING,
+    WorkerRecord,
+)
 from dyntrain.service.server import Service, ServiceConfig, create_app
-from dyntrain.service.store import WORKER_EXITED, WORKER_LEAVING, WORKER_RUNNING, WorkerRecord
 from dyntrain.service.web import auth
 from dyntrain.service.web.capacity import CapacityHistory, Sample
 from dyntrain.service.web.context import membership_change, world_timeline

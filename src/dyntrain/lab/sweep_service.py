@@ -18,6 +18,7 @@ from dyntrain.lab.results import LabError
 from dyntrain.lab.sweep_files import PLANS_DIR, read_outcome, write_json
 from dyntrain.lab.sweep_plan import Sweep, TrialTask
 from dyntrain.lab.trial import TrialOutcome
+from dyntrain.service.core.model import JobStatus, State
 
 
 def service_url(choice: str) -> str | None:
@@ -45,7 +46,7 @@ def pick_queue(client: Any, queue: str | None) -> str:
             raise LabError(f"the service has no job queue {queue!r} (it has: "
                            f"{', '.join(q['name'] for q in queues) or 'none'})")
         return queue
-    enabled = [q for q in queues if q.get("state", "ENABLED") == "ENABLED"]
+    enabled = [q for q in queues if State(q.get("state", State.ENABLED)) is State.ENABLED]
     if not enabled:
         raise LabError("the service has no enabled job queue: create one, pass --queue, "
                        "or run the sweep inline with --service none")
@@ -90,13 +91,13 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
               file=sys.stderr, flush=True)
         waiting, said = list(tasks), ""
         while True:
-            status = client.get_job(job_id)["status"]
-            if status == "RUNNABLE":  # why no trial runs, as soon as the scheduler knows
+            status = JobStatus(client.get_job(job_id)["status"])
+            if status is JobStatus.RUNNABLE:  # why no trial runs, as soon as the scheduler knows
                 said = say_why_waiting(client, job_id, said)
             for task in [t for t in waiting if t.done()]:
                 waiting.remove(task)
                 progress(task, read_outcome(task, sweep.metric))
-            if status in ("SUCCEEDED", "FAILED"):
+            if status.is_terminal():
                 break
             time.sleep(poll)
     return job_id
@@ -104,7 +105,7 @@ def run_on_service(sweep: Sweep, tasks: list[TrialTask], url: str, queue: str | 
 
 def say_why_waiting(client: Any, job_id: str, said: str) -> str:
     """Print why the array's first waiting child waits, when that reason is new."""
-    children = client.list_jobs(parent=job_id, status="RUNNABLE", limit=1)
+    children = client.list_jobs(parent=job_id, status=JobStatus.RUNNABLE.value, limit=1)
     waiting = children[0].get("waiting") if children else None
     reason = waiting.get("reason", "") if isinstance(waiting, dict) else ""
     if reason and reason != said:

@@ -1,9 +1,11 @@
 """The service as ``dyntrain server`` serves it: one web application on one port.
 
-The front ends (``api``, ``aws``, ``web``) import only downward and never each other; this module,
-above all three, puts them together: ``create_app`` is the REST API with the dashboard mounted on
-it (the dashboard's session cookie counting as the API's token, the lab's reports on its lab
-page), ``create_server_app`` puts the AWS wire protocols in front of that.
+The front ends (``api``, ``aws``, ``web``) import only downward and never each other, and each
+calls the service by its operations (``dyntrain.service.operations``); this module, above all
+three, builds the operations of a ``Service`` once and puts the front ends together over them:
+``create_app`` is the REST API with the dashboard mounted on it (the dashboard's session cookie
+counting as the API's token, the lab's reports on its lab page), ``create_server_app`` puts the
+AWS wire protocols in front of that.
 
 ``Service``, ``ServiceConfig``, ``is_loopback`` and ``DEFAULT_PORT`` live in
 ``dyntrain.service.engine.service``; they are importable from here as before.
@@ -21,6 +23,7 @@ from dyntrain.errors import DyntrainError
 from dyntrain.service.api.app import create_api
 from dyntrain.service.aws.app import with_aws
 from dyntrain.service.engine.service import DEFAULT_PORT, Service, ServiceConfig, is_loopback
+from dyntrain.service.operations import Operations
 from dyntrain.service.web import auth as web_auth
 from dyntrain.service.web.lab import LabReport
 from dyntrain.service.web.mount import mount_dashboard
@@ -49,8 +52,12 @@ def create_app(service: Service, lab_report: LabReport = lab_report) -> FastAPI:
         service: what it serves.
         lab_report: what reports a lab sweep's folder on the dashboard's lab page.
     """
-    app = create_api(service, session=web_auth)
-    mount_dashboard(app, service, lab_report)
+    return _native_app(Operations(service), lab_report)
+
+
+def _native_app(ops: Operations, lab_report: LabReport) -> FastAPI:
+    app = create_api(ops, session=web_auth)
+    mount_dashboard(app, ops, lab_report)
     return app
 
 
@@ -62,4 +69,5 @@ def create_server_app(service: Service, aws_keys: dict[str, str] | None = None) 
         service: what it serves.
         aws_keys: access key id -> secret key that AWS requests may be signed with.
     """
-    return with_aws(create_app(service), service, aws_keys)
+    ops = Operations(service)
+    return with_aws(_native_app(ops, lab_report), ops, aws_keys)

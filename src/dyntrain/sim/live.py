@@ -17,7 +17,6 @@ Used by ``bench/sim_vs_live.py`` and its shorter version in the test suite.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -27,9 +26,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dyntrain.elastic.runs.log import read_metrics
+from dyntrain.elastic.runs.rows import MetricsRow
 from dyntrain.service.core.allocation import policy_by_name
 from dyntrain.service.core.capacity import parse_trace, trace_from_points
-from dyntrain.service.core.model import CapacityType
+from dyntrain.service.core.model import CapacityType, JobStatus
 from dyntrain.service.core.speedup import SpeedupModel
 from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation
 from dyntrain.sim.jobs import JobSpec, JobTrace, QueueSpec
@@ -154,22 +155,19 @@ def _prime(c, state: Path, warm: int, timeout_s: float = 300.0) -> None:
     primer = c.submit(queue="mix", command=job.command(), resources=SLOT, workers=(1, 1),
                       name="prime")["id"]
     deadline = time.monotonic() + timeout_s
-    while c.get_job(primer)["status"] not in ("SUCCEEDED", "FAILED") or \
+    while not JobStatus(c.get_job(primer)["status"]).is_terminal() or \
             _warm_ready(state) < warm:
         if time.monotonic() > deadline:
             raise TimeoutError(f"the warm pool of {warm} was not ready after {timeout_s:g} s")
         time.sleep(0.5)
 
 
-def _metrics(state: Path, job_id: str) -> list[dict]:
-    path = state / "runs" / "jobs" / job_id.replace(":", "_") / "metrics.jsonl"
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+def _metrics(state: Path, job_id: str) -> list[MetricsRow]:
+    """The job's applied steps, from its run folder where the service keeps it (a line that is
+    not a step row is passed over)."""
+    from dyntrain.service.engine.runfolders import RunFolders  # the service's folder rule
+
+    return read_metrics(RunFolders(state / "runs").run_dir(job_id), on_bad=lambda _: None)
 
 
 def _warm_ready(state: Path) -> int:
@@ -214,9 +212,10 @@ def run_live(jobs: list[LiveJob], setup: LiveSetup, policy: str, state: Path,
                     if name in done:
                         continue
                     got = c.get_job(job_id)
-                    if got["status"] == "FAILED":
+                    status = JobStatus(got["status"])
+                    if status is JobStatus.FAILED:
                         raise RuntimeError(f"job {name} failed: {got.get('status_reason')}")
-                    if got["status"] == "SUCCEEDED":
+                    if status is JobStatus.SUCCEEDED:
                         done[name] = got
                 time.sleep(0.5)
     finally:
@@ -228,10 +227,11 @@ def run_live(jobs: list[LiveJob], setup: LiveSetup, policy: str, state: Path,
         counts: dict[int, int] = {}
         seconds: dict[int, list[float]] = {}
         for prev, row in zip(rows, rows[1:], strict=False):
-            w = row["world_size"]
+            w = row.world_size
             counts[w] = counts.get(w, 0) + 1
-            if prev["world_size"] == w and row["step"] == prev["step"] + 1:
-                seconds.setdefault(w, []).append(row["time"] - prev["time"])
+            if (prev.world_size == w and row.step == prev.step + 1
+                    and row.time is not None and prev.time is not None):
+                seconds.setdefault(w, []).append(row.time - prev.time)
         result.steps_at_size[name] = dict(sorted(counts.items()))
         result.step_seconds[name] = {w: sorted(v)[len(v) // 2] for w, v in sorted(seconds.items())}
     return result

@@ -1,11 +1,11 @@
-"""The REST API of the job service: ``create_api(service)`` returns the FastAPI application.
+"""The REST API of the job service: ``create_api(ops)`` returns the FastAPI application.
 
 JSON in and out; OpenAPI at ``/openapi.json``, interactive docs at ``/docs``. Every error answer
 is ``{"detail": "<one line>"}`` with the status chosen in ``dyntrain.service.api.errors``:
 400 invalid request, 401 missing or wrong token, 404 the resource in the path does not exist,
 409 a conflict with the current state, 422 a body or query that does not match the schema.
 
-Auth: when ``service.config.token`` is set, every request needs ``Authorization: Bearer
+Auth: when the service has a token (``ops.token``), every request needs ``Authorization: Bearer
 <token>`` (compared in constant time), except ``/health`` and the API description (``/docs``,
 ``/redoc``, ``/openapi.json``), which reveal nothing about the service's state. A
 ``BrowserSession`` handed to ``create_api`` (the dashboard's session cookie) counts as the token
@@ -15,11 +15,8 @@ The web dashboard (``/``, ``/ui/...``) and ``/metrics`` are another front end
 (``dyntrain.service.web``), mounted on this app by ``dyntrain.service.server.create_app``,
 outside the OpenAPI document.
 
-Locking: every write but a submit (and every call into the controller) holds ``service.lock``,
-so it lands between two controller steps; a step reads the environments and queues several times
-and must not see half of a change. A submit is one transaction the controller finds after its
-watermark once it commits, and reads of the store alone (why a job waits included: the last
-pass's answer) take no lock. Controller steps are bounded, so the lock is never held long.
+The routes translate JSON to the service's operations (``dyntrain.service.operations``) and
+their records back, and nothing more: each operation owns its transaction and its locking.
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api import compute, definitions, jobs, queues
 from dyntrain.service.api.errors import describe_request_errors, errors, one_line, status_for
-from dyntrain.service.engine.service import Service
+from dyntrain.service.operations import Operations
 
 log = logging.getLogger("dyntrain.service.api")
 
@@ -112,11 +109,11 @@ def _allowed_methods(app: FastAPI, scope: Scope) -> str:
     return ", ".join(sorted(methods - {"HEAD"}))
 
 
-def create_api(service: Service, session: BrowserSession | None = None) -> FastAPI:
-    """The REST API over ``service``.
+def create_api(ops: Operations, session: BrowserSession | None = None) -> FastAPI:
+    """The REST API over the service's operations.
 
     Args:
-        service: what the routes read and change.
+        ops: what the routes read and change.
         session: what else holds the token for a browser (see ``BearerAuth``); None: only the
             bearer token does.
     """
@@ -126,9 +123,9 @@ def create_api(service: Service, session: BrowserSession | None = None) -> FastA
         summary="Elastic training jobs on capacity that comes and goes, in AWS Batch's "
                 "vocabulary: compute environments, job queues, job definitions and jobs.",
     )
-    app.state.service = service
-    if service.config.token:
-        app.add_middleware(BearerAuth, token=service.config.token, session=session)
+    app.state.operations = ops
+    if ops.token:
+        app.add_middleware(BearerAuth, token=ops.token, session=session)
 
     @app.exception_handler(DyntrainError)
     async def _dyntrain_error(_: Request, exc: DyntrainError) -> JSONResponse:

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query
 
-from dyntrain.service.api.deps import ServiceDep
-from dyntrain.service.api.errors import errors, lookup
+from dyntrain.service.api.deps import OperationsDep
+from dyntrain.service.api.errors import errors
 from dyntrain.service.api.schemas import MAX_INT32, JobDefinitionIn
 from dyntrain.service.core.model import (
     ElasticSettings,
@@ -37,32 +37,27 @@ def spec_of(body: JobDefinitionIn) -> JobDefinitionSpec:
 
 @router.post("", status_code=201, summary="Register a job definition (its next revision)",
              responses=errors(400, 409, 422))
-def register(body: JobDefinitionIn, service: ServiceDep) -> dict[str, Any]:
-    spec = spec_of(body)
-    with service.lock:
-        name, revision = service.store.register_job_definition(spec)
-    return {"name": name, "revision": revision, "ref": f"{name}:{revision}"}
+def register(body: JobDefinitionIn, ops: OperationsDep) -> dict[str, Any]:
+    d = ops.definitions.register(spec_of(body))
+    return {"name": d.name, "revision": d.revision, "ref": d.ref}
 
 
 @router.get("", summary="List job definitions", responses=errors(422))
-def list_all(service: ServiceDep,
+def list_all(ops: OperationsDep,
              name: Annotated[str | None, Query(max_length=128)] = None,
              include_inactive: bool = False) -> list[dict[str, Any]]:
-    return [views.job_definition(d) for d in service.store.list_job_definitions(
-        name, include_inactive=include_inactive)]
+    return [views.job_definition(d)
+            for d in ops.definitions.list(name, include_inactive=include_inactive)]
 
 
 @router.get("/{name}", summary="Describe a revision (default: the latest active one)",
             responses=errors(404, 422))
-def get(name: str, service: ServiceDep,
+def get(name: str, ops: OperationsDep,
         revision: Annotated[int | None, Query(ge=1, le=MAX_INT32)] = None) -> dict[str, Any]:
-    return views.job_definition(lookup(service.store.get_job_definition, name, revision))
+    return views.job_definition(ops.definitions.get(name, revision))
 
 
 @router.delete("/{name}/{revision}", summary="Deregister a revision: no new job can use it",
                responses=errors(404, 409, 422))
-def deregister(name: str, revision: Revision, service: ServiceDep) -> dict[str, Any]:
-    with service.lock:
-        lookup(service.store.get_job_definition, name, revision)
-        service.store.deregister_job_definition(name, revision)
-    return views.job_definition(service.store.get_job_definition(name, revision))
+def deregister(name: str, revision: Revision, ops: OperationsDep) -> dict[str, Any]:
+    return views.job_definition(ops.definitions.deregister(name, revision))

@@ -1,4 +1,4 @@
-"""What every route needs: the running Service."""
+"""What every route needs: the service's operations."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from dyntrain.service.engine.service import Service
+from dyntrain.service.operations import Operations
 
 
-def get_service(request: Request) -> Service:
-    return request.app.state.service
+def get_operations(request: Request) -> Operations:
+    return request.app.state.operations
 
 
-ServiceDep = Annotated[Service, Depends(get_service)]
+OperationsDep = Annotated[Operations, Depends(get_operations)]

@@ -2,12 +2,12 @@
 
 The rule, in one place:
 
-* ``NotFound`` (404): the resource named in the URL path does not exist. Routes raise it from
-  ``lookup`` when the store says ``unknown ...`` about that resource; an unknown name *inside a
-  request body* (a queue to submit to, a dependency) is a bad request (400), not a 404.
-* ``Conflict`` (409): the request is valid but clashes with the current state: a name that
-  already exists, a resource still in use, cancelling a job that already runs, a racing write.
-  The store's messages of that kind are recognised by their shape (``_CONFLICTS``).
+* 404: the resource named in the URL path does not exist: the operation raised ``Unknown``
+  (``dyntrain.service.operations.errors``). An unknown name *inside a request body* (a queue to
+  submit to, a dependency) is a bad request (400), not a 404.
+* 409: the request is valid but clashes with the current state: the operation ``Refused`` it (a
+  resource still in use, cancelling a job that already runs), or the store's messages of that
+  kind, recognised by their shape (``_CONFLICTS``: a name that already exists, a racing write).
 * any other ``ValidationError`` / ``DyntrainError`` (400): the request is invalid.
 * a request that does not match the schema (422): pydantic's first error as
   ``"body.slot.cpus: Input should be greater than 0"`` (plus a count of the others).
@@ -16,30 +16,21 @@ The rule, in one place:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
 
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.jobtext import one_line
 from dyntrain.service.core.model import ValidationError
-
-T = TypeVar("T")
+from dyntrain.service.operations.errors import Refused, Unknown
 
 _CONFLICTS = re.compile(
     r"^(compute environment|job queue|job id) '[^']*' already exists$"
     r"|^conflicting write, nothing was changed: "
     r"|^compute environment '[^']*' is used by job queue\(s\) "
     r"|^job queue '[^']*' still has \d+ unfinished job\(s\)")
-
-
-class NotFound(ValidationError):
-    """The resource named in the URL path does not exist (404)."""
-
-
-class Conflict(ValidationError):
-    """The request clashes with the current state of a resource (409)."""
 
 
 class ErrorBody(BaseModel):
@@ -65,23 +56,11 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 def status_for(exc: DyntrainError) -> int:
-    if isinstance(exc, NotFound):
+    if isinstance(exc, Unknown):
         return 404
-    if isinstance(exc, Conflict):
-        return 409
-    if isinstance(exc, ValidationError) and _CONFLICTS.match(str(exc)):
+    if isinstance(exc, Refused) or isinstance(exc, ValidationError) and _CONFLICTS.match(str(exc)):
         return 409
     return 400
-
-
-def lookup(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Call a store getter for the resource in the URL path; ``unknown ...`` becomes NotFound."""
-    try:
-        return fn(*args, **kwargs)
-    except ValidationError as e:
-        if str(e).startswith("unknown "):
-            raise NotFound(str(e)) from None
-        raise
 
 
 def _loc(loc: Sequence[Any]) -> str:

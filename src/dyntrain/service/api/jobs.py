@@ -6,18 +6,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from dyntrain.service.api.deps import ServiceDep
-from dyntrain.service.api.errors import Conflict, errors, lookup
+from dyntrain.service.api.deps import OperationsDep
+from dyntrain.service.api.errors import errors
 from dyntrain.service.api.schemas import JobIn
 from dyntrain.service.core.model import (
     Dependency,
     JobStatus,
 )
 from dyntrain.service.engine import views
-from dyntrain.service.engine.jobindex import wait_info
-from dyntrain.service.engine.reads import cost_of
-from dyntrain.service.engine.service import Service
-from dyntrain.service.store import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -28,22 +24,10 @@ _STATUS = "|".join(s.value for s in JobStatus)
 STATUSES = rf"^({_STATUS})(,({_STATUS}))*$"
 
 
-def _waiting(service: Service):
-    """Why queued jobs wait, as of the controller's last pass: read without the lock (the
-    mapping is never changed, only replaced) and without copying it."""
-    return service.controller.waiting
-
-
-def _job(service: Service, job_id: str) -> Job:
-    return lookup(service.store.get_job, job_id)
-
-
 @router.post("", status_code=201, summary="Submit a job (a definition and/or a command)",
              responses=errors(400, 409, 422))
-def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
-    # No lock: the controller finds new jobs after its watermark, whenever they commit, so a
-    # 10,000-child array being written does not hold up other requests.
-    job = service.store.submit(
+def submit(body: JobIn, ops: OperationsDep) -> dict[str, Any]:
+    job = ops.jobs.submit(
         queue=body.queue, definition=body.definition, command=body.command,
         name=body.name, parameters={k: str(v) for k, v in body.parameters.items()},
         environment=body.environment,
@@ -54,14 +38,13 @@ def submit(body: JobIn, service: ServiceDep) -> dict[str, Any]:
         retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
         job_id=body.job_id, workdir=body.workdir,
         exported_environment=body.exported_environment,
-        launcher=None if body.launcher is None else body.launcher.value,
-        kernel_levels=service.executor.kernel_levels())
+        launcher=None if body.launcher is None else body.launcher.value)
     return views.job(job)
 
 
 @router.get("", summary="List jobs (top-level jobs unless `parent` names an array job)",
             responses=errors(422))
-def list_jobs(service: ServiceDep,
+def list_jobs(ops: OperationsDep,
               queue: Annotated[str | None, Query(max_length=128)] = None,
               status: Annotated[str | None, Query(max_length=200, pattern=STATUSES,
                                                   description="one or several, comma-separated")
@@ -69,23 +52,22 @@ def list_jobs(service: ServiceDep,
               parent: Annotated[str | None, Query(max_length=200)] = None,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
               offset: After = 0) -> list[dict[str, Any]]:
-    jobs = service.store.list_jobs(queue=queue, status=status and status.split(","),
-                                   parent=parent,
-                                   top_level=parent is None, limit=limit, offset=offset)
-    waiting = _waiting(service)
-    return [views.job(j, wait_info(waiting, j)) for j in jobs]
+    jobs = ops.jobs.list(queue=queue, status=status and status.split(","), parent=parent,
+                         top_level=parent is None, limit=limit, offset=offset)
+    why = ops.jobs.wait_reasons()
+    return [views.job(j, why(j)) for j in jobs]
 
 
 @router.get("/{job_id}", summary="Describe a job: why it waits, its workers, its children",
             responses=errors(404, 422))
-def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
-    job = _job(service, job_id)
-    out = views.job(job, wait_info(_waiting(service), job))
-    out["workers"] = [views.worker(w) for w in service.store.list_workers(job_id, active=True)]
-    out["attempt_history"] = [views.attempt(a) for a in service.store.list_attempts(job_id)]
-    out["exported_environment"] = service.store.exported_environment(job)
+def get(job_id: str, ops: OperationsDep) -> dict[str, Any]:
+    job = ops.jobs.get(job_id)
+    out = views.job(job, ops.jobs.wait_reasons()(job))
+    out["workers"] = [views.worker(w) for w in ops.jobs.workers(job_id, active=True)]
+    out["attempt_history"] = [views.attempt(a) for a in ops.jobs.attempts(job_id)]
+    out["exported_environment"] = ops.jobs.exported_environment(job)
     if job.is_array_parent:
-        counts = service.store.child_status_counts([job_id])[job_id]
+        counts = ops.jobs.child_counts([job_id])[job_id]
         out["array"] = {"size": job.array_size,
                         "status_counts": {s.value: counts.get(s, 0) for s in JobStatus}}
     else:
@@ -95,53 +77,32 @@ def get(job_id: str, service: ServiceDep) -> dict[str, Any]:
 
 @router.post("/{job_id}/cancel", summary="Cancel a job that has not started yet",
              responses=errors(404, 409, 422))
-def cancel(job_id: str, service: ServiceDep) -> dict[str, Any]:
-    with service.lock:  # the controller cannot start it between the check and the cancel
-        job = _job(service, job_id)
-        if job.status.is_active():
-            raise Conflict(f"job {job_id} is {job.status.value}; use terminate")
-        if job.status.is_terminal():
-            raise Conflict(f"job {job_id} already finished: {job.status.value}")
-        if not service.controller.cancel(job_id):
-            job = service.store.get_job(job_id)
-            raise Conflict(f"job {job_id} is {job.status.value} and cannot be cancelled; "
-                           "use terminate")
-        job = service.store.get_job(job_id)
-    return views.job(job)
+def cancel(job_id: str, ops: OperationsDep) -> dict[str, Any]:
+    return views.job(ops.jobs.cancel(job_id))
 
 
 @router.post("/{job_id}/terminate",
              summary="Stop a job whatever its state; it ends FAILED and is not retried",
              responses=errors(404, 409, 422))
-def terminate(job_id: str, service: ServiceDep) -> dict[str, Any]:
-    with service.lock:
-        job = _job(service, job_id)
-        if job.status.is_terminal():
-            raise Conflict(f"job {job_id} already finished: {job.status.value}")
-        service.controller.terminate(job_id)
-        job = service.store.get_job(job_id)
-    return views.job(job)
+def terminate(job_id: str, ops: OperationsDep) -> dict[str, Any]:
+    return views.job(ops.jobs.terminate(job_id))
 
 
 @router.get("/{job_id}/logs", summary="Log lines after `after_seq`, and whether more can come",
             responses=errors(404, 422))
-def logs(job_id: str, service: ServiceDep, after_seq: After = 0,
+def logs(job_id: str, ops: OperationsDep, after_seq: After = 0,
          limit: Limit = 1000) -> dict[str, Any]:
-    # Under the lock the controller is between steps: a job seen terminal here has had every
-    # line of its workers copied into the store, so `done` with no lines means the log is over.
-    with service.lock:
-        job = _job(service, job_id)
-        lines, last = service.store.read_log(job_id, after_seq, limit)
-    return {"lines": [views.log_line(x) for x in lines], "last_seq": last,
-            "status": job.status.value, "done": job.status.is_terminal()}
+    log = ops.logs.read(job_id, after_seq, limit)
+    return {"lines": [views.log_line(x) for x in log.lines], "last_seq": log.last_seq,
+            "status": log.job.status.value, "done": log.job.status.is_terminal()}
 
 
 @router.get("/{job_id}/events", summary="The job's events with id > `after_id`, oldest first",
             responses=errors(404, 422))
-def events(job_id: str, service: ServiceDep, after_id: After = 0,
+def events(job_id: str, ops: OperationsDep, after_id: After = 0,
            limit: Limit = 1000) -> dict[str, Any]:
-    _job(service, job_id)
-    found = service.store.list_events(job_id, after_id=after_id, limit=limit)
+    ops.jobs.get(job_id)
+    found = ops.logs.events(job_id, after_id=after_id, limit=limit)
     return {"events": [views.event(e) for e in found],
             "last_id": found[-1].id if found else after_id}
 
@@ -149,9 +110,9 @@ def events(job_id: str, service: ServiceDep, after_id: After = 0,
 @router.get("/{job_id}/cost",
             summary="What the job cost, and what a static on-demand run would have cost",
             responses=errors(404, 422))
-def cost(job_id: str, service: ServiceDep) -> dict[str, Any]:
+def cost(job_id: str, ops: OperationsDep) -> dict[str, Any]:
     """The static baseline runs ``max workers`` slots (1 for a plain job; times the array size
     for an array job, whose children's usage is summed) at the highest price among ON_DEMAND
     environments, or at 1.0 per slot-hour when there is none. The wall time runs from the
     job's start to its stop (or to now while it runs)."""
-    return views.job_cost(job_id, cost_of(service, _job(service, job_id)))
+    return views.job_cost(job_id, ops.jobs.cost(ops.jobs.get(job_id)))

@@ -1,4 +1,4 @@
-"""The AWS front end on the service's port: ``with_aws(native_app, service)``.
+"""The AWS front end on the service's port: ``with_aws(native_app, ops)``.
 
 An ASGI router in front of the native API. It takes AWS Batch requests (rest-json:
 ``/v1/<operation>``, and ``/v1/tags/<arn>``) and CloudWatch Logs requests (json 1.1: ``POST /``
@@ -33,7 +33,8 @@ from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import AwsError, client_error, invalid_parameter
 from dyntrain.service.aws.shapes import DEFAULT_REGION, Arns, unknown_operation
 from dyntrain.service.aws.sigv4 import Verifier, parse_authorization
-from dyntrain.service.engine.service import Service, is_loopback
+from dyntrain.service.engine.service import is_loopback
+from dyntrain.service.operations import Operations
 
 log = logging.getLogger("dyntrain.service.aws")
 
@@ -69,8 +70,8 @@ def is_aws_request(scope: Scope) -> bool:
 class AwsRouter:
     """ASGI: AWS requests to the AWS handlers, all others to ``native``."""
 
-    def __init__(self, native: ASGIApp, service: Service, verifier: Verifier) -> None:
-        self.native, self.service, self.verifier = native, service, verifier
+    def __init__(self, native: ASGIApp, ops: Operations, verifier: Verifier) -> None:
+        self.native, self.ops, self.verifier = native, ops, verifier
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not is_aws_request(scope):
@@ -94,7 +95,7 @@ class AwsRouter:
             validate.check(_model("logs" if is_logs else "batch").operation_model(name)
                            .input_shape, params, bad_request)
             auth = parse_authorization(headers.get("authorization"))
-            ctx = Context(self.service, Arns(auth.region if auth else DEFAULT_REGION),
+            ctx = Context(self.ops, Arns(auth.region if auth else DEFAULT_REGION),
                           headers.get("amz-sdk-invocation-id") if name == "SubmitJob" else None)
             result = await run_in_threadpool(handler, ctx, params)
             response = JSONResponse(result, media_type=media,
@@ -111,10 +112,10 @@ class AwsRouter:
         await response(scope, receive, send)
 
 
-def with_aws(native: ASGIApp, service: Service, keys: dict[str, str] | None = None) -> AwsRouter:
+def with_aws(native: ASGIApp, ops: Operations, keys: dict[str, str] | None = None) -> AwsRouter:
     """The native application with the AWS endpoints in front; ``keys`` (access key id ->
     secret, see ``sigv4.load_credentials``) are required of every AWS request when given."""
-    return AwsRouter(native, service, Verifier(keys))
+    return AwsRouter(native, ops, Verifier(keys))
 
 
 def _headers(scope: Scope) -> dict[str, str]:

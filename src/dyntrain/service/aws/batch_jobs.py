@@ -1,4 +1,4 @@
-"""AWS Batch: submit, describe, list, cancel and terminate jobs, over the one store and controller.
+"""AWS Batch: submit, describe, list, cancel and terminate jobs, by the service's operations.
 
 SubmitJob has no client token of its own, so the SDK's ``amz-sdk-invocation-id`` (the same on
 every retry of one call) is the job's: a retried submit whose first try did create the job gets
@@ -7,6 +7,7 @@ that job back instead of a second one.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from dyntrain.service.aws import mapping, shapes
@@ -22,11 +23,9 @@ _FILTERS = ("JOB_NAME", "JOB_DEFINITION", "BEFORE_CREATED_AT", "AFTER_CREATED_AT
 
 def submit_job(ctx: Context, p: dict) -> dict[str, Any]:
     queue = name_of(p["jobQueue"], "job-queue")
-    with ctx.service.lock:
-        definition = definition_of(ctx, p["jobDefinition"])
-        job = ctx.service.store.submit(queue=queue, client_token=ctx.client_token,
-                                       kernel_levels=ctx.service.executor.kernel_levels(),
-                                       **mapping.submission(p, definition))
+    definition = definition_of(ctx, p["jobDefinition"])
+    job = ctx.ops.jobs.submit(queue=queue, client_token=ctx.client_token,
+                              **mapping.submission(p, definition))
     return {"jobArn": ctx.arns.job(job.id), "jobName": job.name, "jobId": job.id}
 
 
@@ -35,20 +34,20 @@ def describe_jobs(ctx: Context, p: dict) -> dict[str, Any]:
     ids = p["jobs"]
     if len(ids) > MAX_DESCRIBE:
         raise client_error(f"describe at most {MAX_DESCRIBE} jobs at a time, got {len(ids)}")
-    store, out = ctx.service.store, []
+    jobs, out = ctx.ops.jobs, []
     for job_id in dict.fromkeys(ids):
         try:
-            job = store.get_job(job_id)
+            job = jobs.get(job_id)
         except ValidationError:
             continue
-        children = store.child_statuses(job.id) if job.is_array_parent else None
-        attempts = [] if job.is_array_parent else store.list_attempts(job.id)
+        children = jobs.child_statuses(job.id) if job.is_array_parent else None
+        attempts = [] if job.is_array_parent else jobs.attempts(job.id)
         out.append(shapes.job_detail(job, attempts, ctx.arns, children))
     return {"jobs": out}
 
 
 def _filters(p: dict) -> dict[str, Any]:
-    """ListJobs' ``filters`` as ``Store.list_jobs`` arguments."""
+    """ListJobs' ``filters`` as ``Jobs.list`` filters."""
     out: dict[str, Any] = {}
     for f in p.get("filters") or ():
         name, values = f.get("name"), f.get("values") or []
@@ -91,7 +90,7 @@ def list_jobs(ctx: Context, p: dict) -> dict[str, Any]:
     if not 1 <= limit <= 1000:
         raise client_error(f"maxResults must be 1-1000, got {limit}")
     offset = page_offset(p.get("nextToken"))
-    found = ctx.service.store.list_jobs(limit=limit + 1, offset=offset, **where)
+    found = ctx.ops.jobs.list(limit=limit + 1, offset=offset, **where)
     out: dict[str, Any] = {"jobSummaryList": [shapes.job_summary(j, ctx.arns)
                                               for j in found[:limit]]}
     if len(found) > limit:
@@ -103,31 +102,25 @@ def cancel_job(ctx: Context, p: dict) -> dict[str, Any]:
     """Cancels a job that has not started (it ends FAILED with ``reason``). A job that already
     started or finished, or an unknown id, is left alone and the call still succeeds, as on
     AWS."""
-    with ctx.service.lock:
-        job = _job(ctx, p)
-        if job is not None and not job.status.is_terminal() and not job.status.is_active():
-            ctx.service.controller.cancel(job.id, _reason(p))
+    job_id, reason = _job_id(p), _reason(p)
+    with contextlib.suppress(ValidationError):  # Unknown, or Refused by the job's state
+        ctx.ops.jobs.cancel(job_id, reason)
     return {}
 
 
 def terminate_job(ctx: Context, p: dict) -> dict[str, Any]:
     """Stops a job whatever its state; it ends FAILED with ``reason`` and is not retried (a
     finished job or an unknown id: nothing happens, and the call succeeds, as on AWS)."""
-    with ctx.service.lock:
-        job = _job(ctx, p)
-        if job is not None and not job.status.is_terminal():
-            ctx.service.controller.terminate(job.id, _reason(p))
+    job_id, reason = _job_id(p), _reason(p)
+    with contextlib.suppress(ValidationError):  # Unknown, or Refused: it already finished
+        ctx.ops.jobs.terminate(job_id, reason)
     return {}
 
 
-def _job(ctx: Context, p: dict):
+def _job_id(p: dict) -> str:
     if not p["jobId"]:
         raise client_error("jobId must not be empty")
-    _reason(p)
-    try:
-        return ctx.service.store.get_job(p["jobId"])
-    except ValidationError:
-        return None
+    return p["jobId"]
 
 
 def _reason(p: dict) -> str:

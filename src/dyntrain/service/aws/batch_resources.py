@@ -1,7 +1,5 @@
-"""AWS Batch: compute environments, job queues, job definitions and tags, over the one store.
-
-Writes hold ``service.lock`` (they land between two controller steps), as the native API's do.
-"""
+"""AWS Batch: compute environments, job queues, job definitions and tags, by the service's
+operations (which hold the lock for their writes, as for the REST API's)."""
 
 from __future__ import annotations
 
@@ -11,9 +9,8 @@ from dyntrain.service.aws import mapping, shapes
 from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of, page, page_offset
-from dyntrain.service.core.fit import slot_refusal
-from dyntrain.service.engine.reads import local_machine
-from dyntrain.service.store import JobDefinition
+from dyntrain.service.core.records import JobDefinition
+from dyntrain.service.operations.errors import EnvironmentInUse, QueueExists
 
 MAX_RESULTS = 100
 
@@ -30,23 +27,15 @@ def _limit(p: dict, default: int = MAX_RESULTS, most: int = MAX_RESULTS) -> int:
 
 def create_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.compute_environment(p)
-    machine = local_machine(ctx.service)
-    refusal = slot_refusal(spec, machine) if machine is not None else None
-    if refusal:
-        raise client_error(refusal)
-    with ctx.service.lock:
-        ctx.service.store.create_compute_environment(spec, tags=p.get("tags"), aws=aws)
+    ctx.ops.environments.create(spec, tags=p.get("tags"), aws=aws)
     return {"computeEnvironmentName": spec.name,
             "computeEnvironmentArn": ctx.arns.compute_environment(spec.name)}
 
 
 def update_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
     name = name_of(p["computeEnvironment"], "compute-environment")
-    store = ctx.service.store
-    with ctx.service.lock:
-        ce = store.get_compute_environment(name)
-        store.update_compute_environment(
-            name, **mapping.compute_environment_changes(p, ce.spec, ce.aws))
+    ctx.ops.environments.revise(
+        name, lambda ce: mapping.compute_environment_changes(p, ce.spec, ce.aws))
     return {"computeEnvironmentName": name,
             "computeEnvironmentArn": ctx.arns.compute_environment(name)}
 
@@ -54,21 +43,18 @@ def update_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
 def describe_compute_environments(ctx: Context, p: dict) -> dict[str, Any]:
     wanted = {name_of(x, "compute-environment") for x in p.get("computeEnvironments") or ()}
     envs = [shapes.compute_environment(ce, ctx.arns)
-            for ce in ctx.service.store.list_compute_environments()
+            for ce in ctx.ops.environments.list()
             if not wanted or ce.name in wanted]
     return page(envs, page_offset(p.get("nextToken")), _limit(p), "computeEnvironments")
 
 
 def delete_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
     name = name_of(p["computeEnvironment"], "compute-environment")
-    store = ctx.service.store
-    with ctx.service.lock:  # no worker starts in it between the check and the delete
-        store.get_compute_environment(name)
-        busy = sum(1 for w in store.list_workers(active=True) if w.compute_environment == name)
-        if busy:
-            raise client_error(f"compute environment {name} still has {busy} running "
-                               "worker(s); disable it and let them finish first")
-        store.delete_compute_environment(name)
+    try:
+        ctx.ops.environments.delete(name)
+    except EnvironmentInUse as e:
+        raise client_error(f"compute environment {name} still has {e.workers} running "
+                           "worker(s); disable it and let them finish first") from None
     return {}
 
 
@@ -77,39 +63,34 @@ def delete_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
 
 def create_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.job_queue(p)
-    store = ctx.service.store
-    with ctx.service.lock:
-        if spec.name in {q.name for q in store.list_job_queues()}:
-            raise client_error(f"Job queue {spec.name} already exists")
-        store.create_job_queue(spec, tags=p.get("tags"), aws=aws)
+    try:
+        ctx.ops.queues.create(spec, tags=p.get("tags"), aws=aws)
+    except QueueExists:
+        raise client_error(f"Job queue {spec.name} already exists") from None
     return {"jobQueueName": spec.name, "jobQueueArn": ctx.arns.job_queue(spec.name)}
 
 
 def update_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     name = name_of(p["jobQueue"], "job-queue")
-    store = ctx.service.store
-    with ctx.service.lock:
-        queue = store.get_job_queue(name)
-        envs, aws = None, None
-        if p.get("computeEnvironmentOrder"):
-            envs, orders = mapping.job_queue_order(p)
-            aws = {**queue.aws, "orders": orders}
-        store.update_job_queue(name, priority=p.get("priority"), state=p.get("state"),
-                               compute_environments=envs, aws=aws)
+    envs, aws = None, None
+    if p.get("computeEnvironmentOrder"):
+        envs, orders = mapping.job_queue_order(p)
+        aws = {"orders": orders}
+    ctx.ops.queues.update(name, priority=p.get("priority"), state=p.get("state"),
+                          compute_environments=envs, aws=aws)
     return {"jobQueueName": name, "jobQueueArn": ctx.arns.job_queue(name)}
 
 
 def describe_job_queues(ctx: Context, p: dict) -> dict[str, Any]:
     wanted = {name_of(x, "job-queue") for x in p.get("jobQueues") or ()}
-    queues = [shapes.job_queue(q, ctx.arns) for q in ctx.service.store.list_job_queues()
+    queues = [shapes.job_queue(q, ctx.arns) for q in ctx.ops.queues.list()
               if not wanted or q.name in wanted]
     return page(queues, page_offset(p.get("nextToken")), _limit(p), "jobQueues")
 
 
 def delete_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     name = name_of(p["jobQueue"], "job-queue")
-    with ctx.service.lock:
-        ctx.service.store.delete_job_queue(name)
+    ctx.ops.queues.delete(name)
     return {}
 
 
@@ -118,11 +99,9 @@ def delete_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
 
 def register_job_definition(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.job_definition(p)
-    with ctx.service.lock:
-        name, revision = ctx.service.store.register_job_definition(
-            spec, tags=p.get("tags"), aws=aws)
-    return {"jobDefinitionName": name, "revision": revision,
-            "jobDefinitionArn": ctx.arns.job_definition(name, revision)}
+    d = ctx.ops.definitions.register(spec, tags=p.get("tags"), aws=aws)
+    return {"jobDefinitionName": d.name, "revision": d.revision,
+            "jobDefinitionArn": ctx.arns.job_definition(d.name, d.revision)}
 
 
 def _matches(d: JobDefinition, wanted: list[str]) -> bool:
@@ -133,8 +112,7 @@ def describe_job_definitions(ctx: Context, p: dict) -> dict[str, Any]:
     """By ``jobDefinitions`` (``name``, ``name:revision`` or ARNs), ``jobDefinitionName`` and
     ``status``; both ACTIVE and INACTIVE revisions unless ``status`` says which."""
     wanted = [name_of(x, "job-definition") for x in p.get("jobDefinitions") or ()]
-    found = ctx.service.store.list_job_definitions(p.get("jobDefinitionName"),
-                                                   include_inactive=True)
+    found = ctx.ops.definitions.list(p.get("jobDefinitionName"), include_inactive=True)
     found = [d for d in found if (not wanted or _matches(d, wanted))
              and (not p.get("status") or d.status == p["status"])]
     return page([shapes.job_definition(d, ctx.arns) for d in found],
@@ -143,16 +121,19 @@ def describe_job_definitions(ctx: Context, p: dict) -> dict[str, Any]:
 
 def definition_of(ctx: Context, value: str) -> JobDefinition:
     """``name`` (latest active revision), ``name:revision`` or an ARN."""
+    name, revision = _definition_ref(value)
+    return ctx.ops.definitions.get(name, revision)
+
+
+def _definition_ref(value: str) -> tuple[str, int | None]:
     name, _, revision = name_of(value, "job-definition").partition(":")
     if revision and not revision.isdigit():
         raise client_error(f"job definition {value!r}: the revision must be a number")
-    return ctx.service.store.get_job_definition(name, int(revision) if revision else None)
+    return name, int(revision) if revision else None
 
 
 def deregister_job_definition(ctx: Context, p: dict) -> dict[str, Any]:
-    with ctx.service.lock:
-        d = definition_of(ctx, p["jobDefinition"])
-        ctx.service.store.deregister_job_definition(d.name, d.revision)
+    ctx.ops.definitions.deregister(*_definition_ref(p["jobDefinition"]))
     return {}
 
 
@@ -169,19 +150,17 @@ def _resource(arn: str) -> tuple[str, str]:
 
 
 def tag_resource(ctx: Context, p: dict) -> dict[str, Any]:
-    with ctx.service.lock:
-        ctx.service.store.tag_resource(*_resource(p["resourceArn"]), p["tags"])
+    ctx.ops.tags.add(*_resource(p["resourceArn"]), p["tags"])
     return {}
 
 
 def untag_resource(ctx: Context, p: dict) -> dict[str, Any]:
-    with ctx.service.lock:
-        ctx.service.store.untag_resource(*_resource(p["resourceArn"]), p["tagKeys"])
+    ctx.ops.tags.remove(*_resource(p["resourceArn"]), p["tagKeys"])
     return {}
 
 
 def list_tags_for_resource(ctx: Context, p: dict) -> dict[str, Any]:
-    return {"tags": ctx.service.store.resource_tags(*_resource(p["resourceArn"]))}
+    return {"tags": ctx.ops.tags.of(*_resource(p["resourceArn"]))}
 
 
 OPERATIONS: dict[str, Handler] = {

@@ -1,5 +1,5 @@
-"""What every AWS operation handler gets: the service, the ARNs of the caller's region, and the
-request's client token."""
+"""What every AWS operation handler gets: the service's operations, the ARNs of the caller's
+region, and the request's client token."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dyntrain.service.aws.shapes import Arns
-from dyntrain.service.engine.service import Service
+from dyntrain.service.operations import Operations
 
 
 @dataclass(frozen=True)
 class Context:
-    service: Service
+    ops: Operations
     arns: Arns
     client_token: str | None = None  # the SDK's amz-sdk-invocation-id: the same on retries
 

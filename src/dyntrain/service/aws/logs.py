@@ -16,7 +16,7 @@ from dyntrain.service.aws import shapes
 from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import invalid_parameter, not_found
 from dyntrain.service.aws.shapes import LOG_GROUP, ms, page, page_offset, page_token
-from dyntrain.service.store import LogLine, LogStream
+from dyntrain.service.core.records import LogLine, LogStream
 
 MAX_EVENTS = 10_000
 MAX_STREAMS = 50
@@ -34,7 +34,7 @@ def _group(p: dict) -> None:
 def _stream(ctx: Context, name: str) -> LogStream:
     key = shapes.parse_stream(name)
     found = [] if key is None else [
-        s for s in ctx.service.store.log_streams(job_ids=[key[0]]) if s.attempt_no == key[1]]
+        s for s in ctx.ops.logs.streams(job_ids=[key[0]]) if s.attempt_no == key[1]]
     if not found or name not in shapes.stream_names(found[0]):
         raise not_found(f"The specified log stream does not exist: {name!r}")
     return found[0]
@@ -73,10 +73,9 @@ def get_log_events(ctx: Context, p: dict) -> dict[str, Any]:
     else:
         forward, seq = bool(p.get("startFromHead")), 0
         args["newest"] = not forward
-    # Under the lock the controller is between steps: a job DescribeJobs showed as ended has had
-    # its workers' last lines copied (the native logs route reads the same way).
-    with ctx.service.lock:
-        lines = ctx.service.store.attempt_log(s.job_id, s.attempt_no, **args)
+    # read under the lock (``Logs.attempt``): a job DescribeJobs showed as ended has had its
+    # workers' last lines copied
+    lines = ctx.ops.logs.attempt(s.job_id, s.attempt_no, **args)
     if lines:
         after, before = lines[-1].seq, lines[0].seq
     elif token:
@@ -104,7 +103,7 @@ def _streams_with_prefix(ctx: Context, prefix: str | None) -> list[LogStream]:
         task = prefix.rsplit("/", 1)[1].split(".", 1)[0]
         if task:
             narrow["job_id_prefix"] = task
-    found = ctx.service.store.log_streams(**narrow)
+    found = ctx.ops.logs.streams(**narrow)
     if not prefix:
         return found
     return [s for s in found if any(n.startswith(prefix) for n in shapes.stream_names(s))]
@@ -139,10 +138,9 @@ def filter_log_events(ctx: Context, p: dict) -> dict[str, Any]:
     start, end = _times(p)
     limit = _limit(p, MAX_EVENTS)
     offset = page_offset(p.get("nextToken"), invalid_parameter)
-    with ctx.service.lock:  # as GetLogEvents: an ended job's last lines are in the store
-        found = ctx.service.store.search_logs(
-            None if not (names or prefix) else list(by_key), start_at=start, end_at=end,
-            terms=terms, offset=offset, limit=limit + 1)
+    found = ctx.ops.logs.search(  # as GetLogEvents: an ended job's last lines are there
+        None if not (names or prefix) else list(by_key), start_at=start, end_at=end,
+        terms=terms, offset=offset, limit=limit + 1)
     events = []
     for job_id, line in found[:limit]:
         s = by_key[(job_id, line.attempt_no)]  # every stream with lines is in by_key

@@ -39,7 +39,7 @@ from dyntrain.service.core.model import (
     ValidationError,
     parse_launcher,
 )
-from dyntrain.service.store import JobDefinition
+from dyntrain.service.core.records import JobDefinition
 
 ELASTIC_TAG = "dyntrain:elastic"
 LAUNCHER_TAG = "dyntrain:launcher"

@@ -21,7 +21,7 @@ from typing import Any
 
 from dyntrain.service.aws.errors import AwsError, client_error
 from dyntrain.service.core.model import CapacityType, JobStatus, RetryStrategy
-from dyntrain.service.store import (
+from dyntrain.service.core.records import (
     AttemptRecord,
     ComputeEnvironment,
     Job,

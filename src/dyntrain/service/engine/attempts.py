@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from dyntrain.service.core.executor import WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job, WorkerRecord
+from dyntrain.service.core.records import WORKER_LEAVING, WORKER_RUNNING, Job, WorkerRecord
 
 if TYPE_CHECKING:  # torch: imported only once an elastic job runs
     from dyntrain.service.engine.elastic_host import ElasticHost

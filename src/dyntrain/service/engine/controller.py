@@ -46,6 +46,7 @@ from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.placement import still_held
 from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
+from dyntrain.service.core.records import WORKER_RUNNING, ComputeEnvironment, Job
 from dyntrain.service.core.scheduler import schedule
 from dyntrain.service.core.torchrun import restart_for_resize
 from dyntrain.service.engine.attempts import AttemptTable, terminating
@@ -57,7 +58,7 @@ from dyntrain.service.engine.recovery import Recovery
 from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
 from dyntrain.service.engine.settling import Settler
 from dyntrain.service.engine.stopping import Stopper
-from dyntrain.service.store import WORKER_RUNNING, ComputeEnvironment, Job, Store
+from dyntrain.service.store import Store
 
 
 class Controller:

@@ -22,7 +22,8 @@ from dyntrain.service.core import lifecycle
 from dyntrain.service.core.lifecycle import Transition
 from dyntrain.service.core.model import DependencyType, JobStatus
 from dyntrain.service.core.plan import JobView, WaitInfo, WaitingJobs
-from dyntrain.service.store import Job, JobEntry, Store
+from dyntrain.service.core.records import Job, JobEntry
+from dyntrain.service.store import Store
 
 WAITING = (JobStatus.SUBMITTED, JobStatus.PENDING)
 _FIFO = attrgetter("created", "id")

@@ -24,6 +24,7 @@ from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.placement import Refusal, refusal, with_released
 from dyntrain.service.core.plan import Start
+from dyntrain.service.core.records import WORKER_RUNNING, ComputeEnvironment, Job, WorkerRecord
 from dyntrain.service.core.submitter import job_numerics, pinned_kernels
 from dyntrain.service.core.torchrun import restart_count, worker_env
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
@@ -32,7 +33,7 @@ from dyntrain.service.engine.jobindex import JobIndex, job_view
 from dyntrain.service.engine.logtail import LogPump
 from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
 from dyntrain.service.engine.stopping import Stopper
-from dyntrain.service.store import WORKER_RUNNING, ComputeEnvironment, Job, Store, WorkerRecord
+from dyntrain.service.store import Store
 
 MAIN_NODE_ADDRESS = "127.0.0.1"  # every worker of the local executor runs on this host
 

@@ -16,11 +16,12 @@ from dyntrain.service.core.executor import (
 )
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.records import WORKER_EXITED, Job, WorkerRecord
 from dyntrain.service.engine.attempts import Attempt, AttemptTable
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.logtail import LogPump, after_lines
 from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
-from dyntrain.service.store import WORKER_EXITED, Job, Store, WorkerRecord
+from dyntrain.service.store import Store
 
 
 @dataclass

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 from dyntrain.elastic.protocol import ENV_OUT
 from dyntrain.elastic.runs.storage import LocalStore, RunStore, open_store
 from dyntrain.service.core.executor import Executor
+from dyntrain.service.core.records import Job
 from dyntrain.service.core.submitter import job_numerics
 from dyntrain.service.engine.config import ControllerConfig
-from dyntrain.service.store import Job, Store
+from dyntrain.service.store import Store
 
 if TYPE_CHECKING:  # torch: imported only once an elastic job runs
     from dyntrain.service.engine.elastic_host import ElasticHost

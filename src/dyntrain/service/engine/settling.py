@@ -9,6 +9,7 @@ from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.plan import JobView
+from dyntrain.service.core.records import WORKER_RUNNING, Job
 from dyntrain.service.core.torchrun import ExitAction, after_worker_exit
 from dyntrain.service.engine.attempts import (
     Attempt,
@@ -22,7 +23,7 @@ from dyntrain.service.engine.logtail import LogPump
 from dyntrain.service.engine.runfolders import RunFolders
 from dyntrain.service.engine.stopping import Stopper
 from dyntrain.service.engine.worker_log import read_error_line, read_result
-from dyntrain.service.store import WORKER_RUNNING, Job, Store
+from dyntrain.service.store import Store
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
 
 

@@ -6,9 +6,10 @@ from collections.abc import Callable, Iterable
 
 from dyntrain.service.core.executor import Executor, ExecutorError
 from dyntrain.service.core.lifecycle import Ending, EndKind
+from dyntrain.service.core.records import WORKER_LEAVING, WorkerRecord
 from dyntrain.service.engine.attempts import Attempt
 from dyntrain.service.engine.config import ControllerConfig
-from dyntrain.service.store import WORKER_LEAVING, Store, WorkerRecord
+from dyntrain.service.store import Store
 
 
 class Stopper:

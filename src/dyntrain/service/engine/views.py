@@ -10,7 +10,7 @@ from dyntrain.service.core.cost import JobCost
 from dyntrain.service.core.fit import machine_note
 from dyntrain.service.core.model import JobStatus, Resources, RetryStrategy
 from dyntrain.service.core.plan import WaitInfo
-from dyntrain.service.store import (
+from dyntrain.service.core.records import (
     AttemptRecord,
     ComputeEnvironment,
     Event,

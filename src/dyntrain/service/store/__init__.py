@@ -13,36 +13,18 @@ Times are float seconds since the epoch. Children of an array job have ids ``<pa
 dependencies are stored on the parent only (the controller applies them to the children, child i
 following child i of an ``N_TO_N`` dependency and child i-1 for ``SEQUENTIAL``).
 
-One module per aggregate: ``schema`` (tables and the upgrade on open), ``records`` (what is
-returned), ``environments`` (compute environments, queues, capacity traces), ``definitions``,
-``jobs`` (jobs, dependencies, attempts), ``scheduling`` (the controller's bulk reads and
-writes), ``workers`` (workers, usage), ``logs`` (log lines, events), ``summaries`` (counts and
-searches for the dashboard and /metrics), ``tags``; ``Store`` is all of them over one engine.
+One module per aggregate: ``schema`` (tables and the upgrade on open), ``columns`` (records as
+columns and back; the records themselves are ``dyntrain.service.core.records``),
+``environments`` (compute environments, queues, capacity traces), ``definitions``, ``jobs``
+(jobs, dependencies, attempts), ``scheduling`` (the controller's bulk reads and writes),
+``workers`` (workers, usage), ``logs`` (log lines, events), ``summaries`` (counts and searches
+for the dashboard and /metrics), ``tags``; ``Store`` is all of them over one engine.
 """
 
 from dyntrain.service.store.definitions import DefinitionStore
 from dyntrain.service.store.environments import EnvironmentStore
 from dyntrain.service.store.jobs import JobStore
 from dyntrain.service.store.logs import LogStore
-from dyntrain.service.store.records import (
-    ACTIVE,
-    INACTIVE,
-    MUTABLE_JOB_FIELDS,
-    WORKER_EXITED,
-    WORKER_LEAVING,
-    WORKER_RUNNING,
-    AttemptRecord,
-    ComputeEnvironment,
-    Event,
-    Job,
-    JobDefinition,
-    JobEntry,
-    JobQueue,
-    LogLine,
-    LogStream,
-    Usage,
-    WorkerRecord,
-)
 from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
 from dyntrain.service.store.summaries import SummaryStore
@@ -55,8 +37,4 @@ class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, Worker
     """The service's database. Thread-safe: each call takes a pooled connection of its own."""
 
 
-__all__ = [
-    "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "WORKER_EXITED", "WORKER_LEAVING",
-    "WORKER_RUNNING", "AttemptRecord", "ComputeEnvironment", "Event", "Job", "JobDefinition",
-    "JobEntry", "JobQueue", "LogLine", "LogStream", "Store", "Usage", "WorkerRecord", "metadata",
-]
+__all__ = ["Store", "metadata"]

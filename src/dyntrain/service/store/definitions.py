@@ -9,16 +9,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from dyntrain.service.core.model import JobDefinitionSpec, Resources, ValidationError
+from dyntrain.service.core.records import ACTIVE, INACTIVE, JobDefinition, elastic_settings
 from dyntrain.service.store.base import StoreBase, _one, known_names
-from dyntrain.service.store.records import (
-    ACTIVE,
-    INACTIVE,
-    JobDefinition,
-    _elastic,
-    _launcher_column,
-    _retry_from_json,
-    _retry_to_json,
-)
+from dyntrain.service.store.columns import launcher_column, retry_from_json, retry_to_json
 from dyntrain.service.store.schema import job_definitions
 
 
@@ -43,11 +36,11 @@ class DefinitionStore(StoreBase):
                         command=list(spec.command), environment=dict(spec.environment),
                         parameters=dict(spec.parameters), cpus=spec.resources.cpus,
                         gpus=spec.resources.gpus, memory_mib=spec.resources.memory_mib,
-                        retry_strategy=_retry_to_json(spec.retry_strategy),
+                        retry_strategy=retry_to_json(spec.retry_strategy),
                         timeout_seconds=spec.timeout_seconds,
                         min_workers=spec.elastic.min_workers if spec.elastic else None,
                         max_workers=spec.elastic.max_workers if spec.elastic else None,
-                        launcher=_launcher_column(spec.elastic),
+                        launcher=launcher_column(spec.elastic),
                         created_at=self.clock(), tags=tags or None, aws=aws or None))
                 return spec.name, revision
             except ValidationError as e:
@@ -113,8 +106,8 @@ def _definition_from_row(r: sa.Row) -> JobDefinition:
         name=r.name, command=tuple(r.command), environment=tuple(r.environment.items()),
         parameters=tuple(r.parameters.items()),
         resources=Resources(r.cpus, r.gpus, r.memory_mib),
-        retry_strategy=_retry_from_json(r.retry_strategy), timeout_seconds=r.timeout_seconds,
-        elastic=_elastic(r.min_workers, r.max_workers, r.launcher))
+        retry_strategy=retry_from_json(r.retry_strategy), timeout_seconds=r.timeout_seconds,
+        elastic=elastic_settings(r.min_workers, r.max_workers, r.launcher))
     return JobDefinition(spec, r.revision, r.status, r.created_at, dict(r.tags or {}),
                          dict(r.aws or {}))
 

@@ -18,8 +18,8 @@ from dyntrain.service.core.model import (
     State,
     ValidationError,
 )
+from dyntrain.service.core.records import ComputeEnvironment, JobQueue
 from dyntrain.service.store.base import _TERMINAL, _UNSET, StoreBase, _enum, _exists, _one
-from dyntrain.service.store.records import ComputeEnvironment, JobQueue
 from dyntrain.service.store.schema import (
     capacity_traces,
     compute_environments,

@@ -30,6 +30,7 @@ from dyntrain.service.core.model import (
     parse_launcher,
     substitute,
 )
+from dyntrain.service.core.records import ACTIVE, AttemptRecord, Job
 from dyntrain.service.core.submitter import (
     check_run_folder,
     clean,
@@ -38,16 +39,13 @@ from dyntrain.service.core.submitter import (
     pinned_kernels,
 )
 from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
-from dyntrain.service.store.definitions import _definition_from_row, _find_definition
-from dyntrain.service.store.records import (
-    ACTIVE,
+from dyntrain.service.store.columns import (
     MUTABLE_JOB_FIELDS,
-    AttemptRecord,
-    Job,
-    _launcher_column,
-    _retry_from_json,
-    _retry_to_json,
+    launcher_column,
+    retry_from_json,
+    retry_to_json,
 )
+from dyntrain.service.store.definitions import _definition_from_row, _find_definition
 from dyntrain.service.store.schema import (
     attempts,
     compute_environments,
@@ -162,10 +160,10 @@ class JobStore(StoreBase):
                     "definition_revision": ref[1], "command": substitute(base_cmd, params),
                     "environment": env, "parameters": params, "cpus": res.cpus,
                     "gpus": res.gpus, "memory_mib": res.memory_mib,
-                    "retry_strategy": _retry_to_json(retry), "timeout_seconds": timeout,
+                    "retry_strategy": retry_to_json(retry), "timeout_seconds": timeout,
                     "min_workers": elastic.min_workers if elastic else None,
                     "max_workers": elastic.max_workers if elastic else None,
-                    "launcher": _launcher_column(elastic),
+                    "launcher": launcher_column(elastic),
                     "array_parent_id": None, "array_index": None, "array_size": array_size,
                     "status": JobStatus.SUBMITTED.value, "status_reason": None, "attempts": 0,
                     "preemptions": 0, "exit_code": None, "current_workers": 0, "log_seq": 0,
@@ -472,7 +470,7 @@ def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
         definition_revision=r["definition_revision"], command=tuple(r["command"]),
         environment=dict(r["environment"]), parameters=dict(r["parameters"]),
         resources=Resources(r["cpus"], r["gpus"], r["memory_mib"]),
-        retry_strategy=_retry_from_json(r["retry_strategy"]),
+        retry_strategy=retry_from_json(r["retry_strategy"]),
         timeout_seconds=r["timeout_seconds"], min_workers=r["min_workers"],
         max_workers=r["max_workers"], array_parent_id=r["array_parent_id"],
         array_index=r["array_index"], array_size=r["array_size"], depends_on=tuple(deps),

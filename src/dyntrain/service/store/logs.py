@@ -8,8 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from dyntrain.service.core.model import ValidationError
+from dyntrain.service.core.records import Event, LogLine, LogStream
 from dyntrain.service.store.base import StoreBase, _one
-from dyntrain.service.store.records import Event, LogLine, LogStream
 from dyntrain.service.store.schema import attempts, events, job_logs, jobs
 
 

@@ -16,15 +16,10 @@ import sqlalchemy as sa
 from sqlalchemy import bindparam
 
 from dyntrain.service.core.model import JobStatus, Resources, ValidationError
+from dyntrain.service.core.records import WORKER_EXITED, Job, JobEntry, WorkerRecord
 from dyntrain.service.store.base import _TERMINAL, StoreBase, _enum
+from dyntrain.service.store.columns import MUTABLE_JOB_FIELDS
 from dyntrain.service.store.jobs import _deps_of, _job_from_row
-from dyntrain.service.store.records import (
-    MUTABLE_JOB_FIELDS,
-    WORKER_EXITED,
-    Job,
-    JobEntry,
-    WorkerRecord,
-)
 from dyntrain.service.store.schema import attempts, events, jobs, usage, workers
 
 CHUNK = 500  # ids per IN (...) list

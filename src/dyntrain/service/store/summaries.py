@@ -7,9 +7,9 @@ from collections.abc import Iterable
 import sqlalchemy as sa
 
 from dyntrain.service.core.model import JobStatus, ValidationError
+from dyntrain.service.core.records import Event, Job
 from dyntrain.service.store.base import StoreBase, _enum
 from dyntrain.service.store.jobs import _deps_of, _job_from_row
-from dyntrain.service.store.records import Event, Job
 from dyntrain.service.store.schema import events, jobs
 
 

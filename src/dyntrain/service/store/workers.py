@@ -8,8 +8,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from dyntrain.service.core.model import CapacityType, ValidationError
+from dyntrain.service.core.records import WORKER_EXITED, Usage, WorkerRecord
 from dyntrain.service.store.base import StoreBase, _enum, _one
-from dyntrain.service.store.records import _WORKER_FIELDS, WORKER_EXITED, Usage, WorkerRecord
+from dyntrain.service.store.columns import WORKER_FIELDS
 from dyntrain.service.store.schema import jobs, usage, workers
 
 
@@ -40,7 +41,7 @@ class WorkerStore(StoreBase):
         if active:
             q = q.where(workers.c.state != WORKER_EXITED)
         with self._tx(write=False) as conn:
-            return [WorkerRecord(**{c: r._mapping[c] for c in _WORKER_FIELDS})
+            return [WorkerRecord(**{c: r._mapping[c] for c in WORKER_FIELDS})
                     for r in conn.execute(q)]
 
     # ----------------------------------------------------------------------------------- usage

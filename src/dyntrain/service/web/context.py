@@ -1,9 +1,9 @@
-"""What the dashboard's pages show, read from the store, the controller and the run folders.
+"""What the dashboard's pages show, read by the service's queries (``dyntrain.service.operations``)
+and from the run folders they name.
 
 Each function returns plain dicts for the templates (and for the JSON the charts poll); none
-writes anything. The native API's own views (``engine.views``) and reads (``engine.reads``:
-environments with their slots, a job's cost) are reused, so a page and ``GET /jobs/{id}`` never
-disagree.
+writes anything. The native API's own views (``engine.views``) and queries (environments with
+their slots, a job's cost) are reused, so a page and ``GET /jobs/{id}`` never disagree.
 """
 
 from __future__ import annotations
@@ -13,11 +13,9 @@ from typing import Any
 from urllib.parse import urlencode
 
 from dyntrain.service.core.model import JobStatus, ValidationError
+from dyntrain.service.core.records import WORKER_LEAVING, WORKER_RUNNING, Job
 from dyntrain.service.engine import views
-from dyntrain.service.engine.jobindex import wait_info
-from dyntrain.service.engine.reads import cost_of, environment_views
-from dyntrain.service.engine.service import Service
-from dyntrain.service.store import WORKER_LEAVING, WORKER_RUNNING, Job
+from dyntrain.service.operations import Operations
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.speedup import speedup_chart
 
@@ -53,20 +51,16 @@ class JobFilters:
         return urlencode({k: v for k, v in values.items() if v not in ("", None, 0)})
 
 
-def _waiting(service: Service) -> dict:
-    """Why queued jobs wait, as of the controller's last pass (the API's own rule: the mapping
-    is replaced, never changed, so it is read without the lock)."""
-    return service.controller.waiting
-
-
-def environments(service: Service) -> list[dict[str, Any]]:
+def environments(ops: Operations) -> list[dict[str, Any]]:
     """Each compute environment as ``GET /compute-environments`` shows it (slots now, in use)."""
-    return environment_views(service, service.store.list_compute_environments())
+    c = ops.environments.capacity()
+    return [views.compute_environment(ce, c.available, c.in_use, c.traces, c.machine)
+            for ce in ops.environments.list()]
 
 
-def queues(service: Service, counts: dict[tuple[str, JobStatus], int]) -> list[dict[str, Any]]:
+def queues(ops: Operations, counts: dict[tuple[str, JobStatus], int]) -> list[dict[str, Any]]:
     out = []
-    for q in service.store.list_job_queues():
+    for q in ops.queues.list():
         view = views.job_queue(q)
         view["waiting"] = sum(counts.get((q.name, s), 0) for s in WAITING_STATES)
         view["runnable"] = counts.get((q.name, JobStatus.RUNNABLE), 0)
@@ -75,23 +69,23 @@ def queues(service: Service, counts: dict[tuple[str, JobStatus], int]) -> list[d
     return sorted(out, key=lambda q: (-q["priority"], q["name"]))
 
 
-def _array_counts(service: Service, parents: list[Job]) -> dict[str, dict[str, int]]:
+def _array_counts(ops: Operations, parents: list[Job]) -> dict[str, dict[str, int]]:
     """Array parent id -> its children's count in every status (one GROUP BY for all)."""
-    counts = service.store.child_status_counts([j.id for j in parents if j.is_array_parent])
+    counts = ops.jobs.child_counts([j.id for j in parents if j.is_array_parent])
     return {job_id: {s.value: c.get(s, 0) for s in JobStatus} for job_id, c in counts.items()}
 
 
-def overview(service: Service, filters: JobFilters) -> dict[str, Any]:
-    counts = service.store.count_jobs_by_queue_and_status()
-    jobs, total = service.store.search_jobs(
+def overview(ops: Operations, filters: JobFilters) -> dict[str, Any]:
+    counts = ops.jobs.counts()
+    jobs, total = ops.jobs.search(
         queue=filters.queue or None, status=filters.status, text=filters.text or None,
         limit=JOBS_PER_PAGE, offset=filters.page * JOBS_PER_PAGE)
-    waiting = _waiting(service)
-    arrays = _array_counts(service, jobs)
+    why = ops.jobs.wait_reasons()
+    arrays = _array_counts(ops, jobs)
     return {
-        "environments": environments(service),
-        "queues": queues(service, counts),
-        "jobs": [dict(views.job(j, wait_info(waiting, j)), array=arrays.get(j.id))
+        "environments": environments(ops),
+        "queues": queues(ops, counts),
+        "jobs": [dict(views.job(j, why(j)), array=arrays.get(j.id))
                  for j in jobs],
         "jobs_total": total,
         "filters": filters,
@@ -146,9 +140,9 @@ def membership_change(at: float, p: dict[str, Any]) -> MembershipChange:
         generation=p.get("generation"), start_step=p.get("start_step"))
 
 
-def membership(service: Service, job_id: str) -> list[MembershipChange]:
+def membership(ops: Operations, job_id: str) -> list[MembershipChange]:
     return [membership_change(e.at, e.payload)
-            for e in service.store.list_job_events(job_id, "membership.")]
+            for e in ops.logs.job_events(job_id, "membership.")]
 
 
 def world_timeline(job: Job, changes: list[MembershipChange], now: float
@@ -174,50 +168,50 @@ def world_timeline(job: Job, changes: list[MembershipChange], now: float
     return {"t": [t[i] for i in order], "world": [world[i] for i in order]}
 
 
-def job_page(service: Service, job: Job, child_status: str = "", child_page: int = 0
+def job_page(ops: Operations, job: Job, child_status: str = "", child_page: int = 0
              ) -> dict[str, Any]:
-    waiting = _waiting(service)
-    view = views.job(job, wait_info(waiting, job))
-    workers = [views.worker(w) for w in service.store.list_workers(job.id, active=False)]
-    attempts = service.store.list_attempts(job.id)
+    why = ops.jobs.wait_reasons()
+    view = views.job(job, why(job))
+    workers = [views.worker(w) for w in ops.jobs.workers(job.id, active=False)]
+    attempts = ops.jobs.attempts(job.id)
     out: dict[str, Any] = {
         "job": view, "workers": workers, "attempts": attempts,
         # those told to leave are on their way out: counted apart from the ones that train
         "active_workers": sum(1 for w in workers if w["state"] == WORKER_RUNNING),
         "leaving_workers": sum(1 for w in workers if w["state"] == WORKER_LEAVING),
-        "cost": views.job_cost(job.id, cost_of(service, job)),
+        "cost": views.job_cost(job.id, ops.jobs.cost(job)),
         "parent": job.array_parent_id, "array": None, "elastic": job.elastic is not None,
         "changes": [], "checkpoints": [], "can_cancel": job.status in WAITING_STATES,
         "can_terminate": not job.status.is_terminal(),
     }
     if job.elastic is not None:
-        out["changes"] = membership(service, job.id)
-        out["checkpoints"] = runfiles.checkpoints(service.controller.run_store(job))
+        out["changes"] = membership(ops, job.id)
+        out["checkpoints"] = runfiles.checkpoints(ops.jobs.run_folder(job))
     if job.is_array_parent:
         statuses = [child_status] if child_status else None
-        children, total = service.store.search_jobs(
+        children, total = ops.jobs.search(
             parent=job.id, status=statuses, limit=CHILDREN_PER_PAGE,
             offset=child_page * CHILDREN_PER_PAGE)
         out["array"] = {
-            "size": job.array_size, "counts": _array_counts(service, [job])[job.id],
-            "children": [views.job(c, wait_info(waiting, c)) for c in children],
+            "size": job.array_size, "counts": _array_counts(ops, [job])[job.id],
+            "children": [views.job(c, why(c)) for c in children],
             "total": total, "status": child_status, "page": child_page,
             "pages": max(1, -(-total // CHILDREN_PER_PAGE)),
         }
     return out
 
 
-def job_series(service: Service, job: Job, offset: int) -> dict[str, Any]:
+def job_series(ops: Operations, job: Job, offset: int) -> dict[str, Any]:
     """What the job page's charts poll: new metrics rows after byte ``offset`` of
     metrics.jsonl, and the whole (small) world-size timeline with its membership changes."""
-    rows, next_offset = runfiles.read_rows(service.controller.run_store(job), offset)
-    changes = membership(service, job.id)
+    rows, next_offset = runfiles.read_rows(ops.jobs.run_folder(job), offset)
+    changes = membership(ops, job.id)
     return {
         "offset": next_offset, "rows": runfiles.series(rows),
-        "timeline": world_timeline(job, changes, service.store.clock()),
+        "timeline": world_timeline(job, changes, ops.clock()),
         "changes": [{"kind": c.kind, "requested_at": c.requested_at,
                      "first_step_at": c.first_step_at, "world_after": c.world_after,
                      "latency_s": c.latency_s, "start_step": c.start_step} for c in changes],
         "status": job.status.value,
-        "speedup": speedup_chart(service.controller.run_store(job), job.workers_range[1]),
+        "speedup": speedup_chart(ops.jobs.run_folder(job), job.workers_range[1]),
     }

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dyntrain.service.engine.service import Service
-from dyntrain.service.store import Job
+from dyntrain.service.core.records import Job
+from dyntrain.service.operations import Operations
 
 SWEEP_MODULE = "dyntrain.lab.sweep"
 PLANS_DIR = ".plans"  # dyntrain.lab.sweep.PLANS_DIR, named here to keep the lab unimported
@@ -48,10 +48,10 @@ def sweep_root(job: Job) -> Path | None:
     return None
 
 
-def sweeps(service: Service) -> list[SweepRun]:
+def sweeps(ops: Operations) -> list[SweepRun]:
     """Every sweep the service ran, newest first; a resumed sweep's jobs share one entry."""
     found: dict[Path, list[Job]] = {}
-    jobs, _ = service.store.search_jobs(text="sweep-", limit=MAX_SWEEP_JOBS)
+    jobs, _ = ops.jobs.search(text="sweep-", limit=MAX_SWEEP_JOBS)
     for job in jobs:
         root = sweep_root(job)
         if root is not None:

@@ -16,8 +16,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dyntrain.service.core.model import JobStatus
-from dyntrain.service.engine.service import Service
-from dyntrain.service.store import WORKER_RUNNING
+from dyntrain.service.core.records import WORKER_RUNNING
+from dyntrain.service.operations import Operations
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.context import environments
 
@@ -28,8 +28,8 @@ RATE_WINDOW_ROWS = 50  # steps/s over the last rows of a job's metrics.jsonl
 class ServiceCollector(Collector):
     """Jobs, slots, membership changes and elastic progress, read when Prometheus scrapes."""
 
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, ops: Operations) -> None:
+        self.ops = ops
 
     def collect(self) -> Iterator[Metric]:
         yield from self._jobs()
@@ -38,12 +38,11 @@ class ServiceCollector(Collector):
         yield from self._elastic()
 
     def _jobs(self) -> Iterator[Metric]:
-        store = self.service.store
-        counts = store.count_jobs_by_queue_and_status()
+        counts = self.ops.jobs.counts()
         jobs = GaugeMetricFamily(
             "dyntrain_jobs", "Jobs by queue and state (array children count, their parent not).",
             labels=["queue", "state"])
-        names = {q.name for q in store.list_job_queues()} | {q for q, _ in counts}
+        names = {q.name for q in self.ops.queues.list()} | {q for q, _ in counts}
         for queue in sorted(names):
             for status in JobStatus:
                 jobs.add_metric([queue, status.value], counts.get((queue, status), 0))
@@ -62,7 +61,7 @@ class ServiceCollector(Collector):
             "max": GaugeMetricFamily(
                 "dyntrain_slots_max", "A compute environment's maximum slots.", labels=labels),
         }
-        for ce in environments(self.service):  # as GET /compute-environments shows them
+        for ce in environments(self.ops):  # as GET /compute-environments shows them
             key = [ce["name"], ce["capacity_type"]]
             families["available"].add_metric(key, ce["available_slots"])
             families["in_use"].add_metric(key, ce["slots_in_use"])
@@ -75,7 +74,7 @@ class ServiceCollector(Collector):
             "dyntrain_membership_changes",
             "Membership changes of elastic jobs (start, join, leave, crash, resume, ...).",
             labels=["kind"])
-        for kind, n in sorted(self.service.store.count_events_by_kind("membership.").items()):
+        for kind, n in sorted(self.ops.logs.count_events("membership.").items()):
             changes.add_metric([kind.removeprefix("membership.")], n)
         yield changes
 
@@ -94,14 +93,14 @@ class ServiceCollector(Collector):
         step = GaugeMetricFamily(
             "dyntrain_elastic_step", "Optimizer steps a running elastic job has applied.",
             labels=labels)
-        store, controller = self.service.store, self.service.controller
-        running = Counter(w.job_id for w in store.list_workers(active=True)
+        jobs = self.ops.jobs
+        running = Counter(w.job_id for w in jobs.workers(active=True)
                           if w.state == WORKER_RUNNING)
-        for job in store.list_jobs(status=[JobStatus.RUNNING], limit=10_000):
+        for job in jobs.list(status=[JobStatus.RUNNING], limit=10_000):
             if job.elastic is None:
                 continue
             key = [job.id, job.name]
-            rows = runfiles.tail_rows(controller.run_store(job), RATE_WINDOW_ROWS)
+            rows = runfiles.tail_rows(jobs.run_folder(job), RATE_WINDOW_ROWS)
             world.add_metric(key, rows[-1].get("world_size", running[job.id]) if rows
                              else running[job.id])
             rate = runfiles.steps_per_second(rows)
@@ -114,14 +113,14 @@ class ServiceCollector(Collector):
         yield from (steps, samples, world, step)
 
 
-def service_registry(service: Service) -> CollectorRegistry:
+def service_registry(ops: Operations) -> CollectorRegistry:
     """A registry with the service's collector and the scheduler pass-time histogram, which
     the controller feeds after each scheduling pass."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ServiceCollector(service))
+    registry.register(ServiceCollector(ops))
     passes = Histogram("dyntrain_scheduler_pass_seconds",
                        "Time of one scheduling pass of the controller (dependencies, array "
                        "parents, the scheduler's plan and applying it).",
                        buckets=PASS_BUCKETS, registry=registry)
-    service.controller.pass_observers.append(passes.observe)
+    ops.observe_passes(passes.observe)
     return registry

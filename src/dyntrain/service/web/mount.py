@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from dyntrain.service.engine.service import Service
+from dyntrain.service.operations import Operations
 from dyntrain.service.web import context
 from dyntrain.service.web.auth import STATIC_PREFIX
 from dyntrain.service.web.capacity import CapacityHistory, Sample
@@ -27,7 +27,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 log = logging.getLogger("dyntrain.service.web")
 
 
-def capacity_sampler(service: Service, history: CapacityHistory,
+def capacity_sampler(ops: Operations, history: CapacityHistory,
                      every: float = 1.0) -> Callable[[float], None]:
     """A controller pass observer recording each environment's slots at most every ``every``
     seconds (it runs in the controller's thread, between two steps)."""
@@ -40,8 +40,8 @@ def capacity_sampler(service: Service, history: CapacityHistory,
             return
         last = now
         try:
-            at = service.store.clock()
-            envs = context.environments(service)
+            at = ops.clock()
+            envs = context.environments(ops)
             for v in envs:
                 history.record(v["name"], Sample(at, v["available_slots"], v["slots_in_use"],
                                                  v["desired_slots"], v["max_slots"]))
@@ -52,19 +52,19 @@ def capacity_sampler(service: Service, history: CapacityHistory,
     return observe
 
 
-def mount_dashboard(app: FastAPI, service: Service, lab_report: LabReport = no_report) -> None:
+def mount_dashboard(app: FastAPI, ops: Operations, lab_report: LabReport = no_report) -> None:
     """Add the dashboard's pages, its static files and ``/metrics`` to ``app``.
 
     Args:
         app: the application the dashboard shares (the REST API's, whose auth middleware
             covers its pages).
-        service: what the pages show; a pass observer samples its capacity.
+        ops: what the pages show; a pass observer samples the capacity.
         lab_report: what reports a lab sweep's folder (the lab page).
     """
     history = CapacityHistory()
-    service.controller.pass_observers.append(capacity_sampler(service, history))
-    registry = service_registry(service)
-    app.include_router(build_router(service, make_environment(), history, lab_report))
+    ops.observe_passes(capacity_sampler(ops, history))
+    registry = service_registry(ops)
+    app.include_router(build_router(ops, make_environment(), history, lab_report))
     app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=STATIC_DIR), name="dashboard")
 
     @app.get("/metrics", include_in_schema=False)

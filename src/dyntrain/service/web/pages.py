@@ -20,8 +20,8 @@ from jinja2 import Environment
 
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.jobtext import one_line
-from dyntrain.service.engine.service import Service
-from dyntrain.service.store import Job
+from dyntrain.service.core.records import Job
+from dyntrain.service.operations import Operations
 from dyntrain.service.web import auth, context, lab
 from dyntrain.service.web.capacity import CapacityHistory
 
@@ -35,12 +35,12 @@ Page = Annotated[int, Query(ge=0, le=1_000_000)]
 Offset = Annotated[int, Query(ge=0, le=2**53)]
 
 
-def build_router(service: Service, env: Environment, history: CapacityHistory,
+def build_router(ops: Operations, env: Environment, history: CapacityHistory,
                  lab_report: lab.LabReport = lab.no_report) -> APIRouter:
-    """The dashboard's routes over ``service``.
+    """The dashboard's routes over the service's operations.
 
     Args:
-        service: what the pages show.
+        ops: what the pages show.
         env: the templates (``render.make_environment``).
         history: the environments' capacity over time (the overview's chart).
         lab_report: what reports a lab sweep's folder (the lab page).
@@ -48,12 +48,12 @@ def build_router(service: Service, env: Environment, history: CapacityHistory,
     router = APIRouter(include_in_schema=False)
 
     def page(name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
-        ctx.setdefault("token_required", bool(service.config.token))
-        ctx.setdefault("now", service.store.clock())
+        ctx.setdefault("token_required", bool(ops.token))
+        ctx.setdefault("now", ops.clock())
         return HTMLResponse(env.get_template(name).render(**ctx), status_code=status)
 
     def parts(names: tuple[str, ...], ctx: dict[str, Any]) -> JSONResponse:
-        ctx.setdefault("now", service.store.clock())
+        ctx.setdefault("now", ops.clock())
         return JSONResponse({n: env.get_template(f"parts/{n}.html").render(**ctx)
                              for n in names})
 
@@ -62,7 +62,7 @@ def build_router(service: Service, env: Environment, history: CapacityHistory,
 
     def find_job(job_id: str) -> Job | None:
         try:
-            return service.store.get_job(job_id)
+            return ops.jobs.get(job_id)
         except DyntrainError:
             return None
 
@@ -73,13 +73,13 @@ def build_router(service: Service, env: Environment, history: CapacityHistory,
         folder = _CHILD_FOLDER.match(ref) if not sep else None
         if folder:
             parent, sep, index = folder.group(1), ":", folder.group(2)
-        ids = service.store.job_ids_starting_with(parent, limit=AMBIGUOUS_SHOWN + 1)
+        ids = ops.jobs.ids_starting_with(parent, limit=AMBIGUOUS_SHOWN + 1)
         if len(ids) != 1:
             return None, ids
         return find_job(ids[0] + sep + index), ids
 
     def overview_ctx(status: str, queue: str, q: str, page_no: int) -> dict[str, Any]:
-        return context.overview(service, context.JobFilters.parse(status, queue, q, page_no))
+        return context.overview(ops, context.JobFilters.parse(status, queue, q, page_no))
 
     @router.get("/", response_class=HTMLResponse)
     def overview(status: Text = "", queue: Text = "", q: Text = "", page_no: Annotated[
@@ -111,7 +111,7 @@ def build_router(service: Service, env: Environment, history: CapacityHistory,
             query = f"?{request.url.query}" if request.url.query else ""
             return RedirectResponse(f"/ui/jobs/{quote(job.id, safe=':')}{query}",
                                     status_code=307)
-        return page("job.html", **context.job_page(service, job, child_status.upper(),
+        return page("job.html", **context.job_page(ops, job, child_status.upper(),
                                                    child_page))
 
     @router.get("/ui/part/jobs/{job_id}")
@@ -119,28 +119,28 @@ def build_router(service: Service, env: Environment, history: CapacityHistory,
         job = find_job(job_id)
         if job is None:
             return JSONResponse({"detail": f"unknown job {job_id!r}"}, status_code=404)
-        return parts(JOB_PARTS, context.job_page(service, job, child_status.upper(), child_page))
+        return parts(JOB_PARTS, context.job_page(ops, job, child_status.upper(), child_page))
 
     @router.get("/ui/data/jobs/{job_id}/series")
     def job_series(job_id: str, offset: Offset = 0) -> JSONResponse:
         job = find_job(job_id)
         if job is None:
             return JSONResponse({"detail": f"unknown job {job_id!r}"}, status_code=404)
-        return JSONResponse(context.job_series(service, job, offset))
+        return JSONResponse(context.job_series(ops, job, offset))
 
     @router.get("/ui/data/capacity")
     def capacity() -> JSONResponse:
-        now = service.store.clock()
+        now = ops.clock()
         table = history.table(now, since=now - CAPACITY_WINDOW)
         types = {ce.name: ce.spec.capacity_type.value
-                 for ce in service.store.list_compute_environments()}
+                 for ce in ops.environments.list()}
         for env in table["environments"]:
             env["capacity_type"] = types.get(env["name"])
         return JSONResponse(table)
 
     @router.get("/ui/lab", response_class=HTMLResponse)
     def lab_page() -> HTMLResponse:
-        runs = lab.sweeps(service)
+        runs = lab.sweeps(ops)
         return page("lab.html", sweeps=[(run, lab_report(run.root)) for run in runs])
 
     @router.get(auth.LOGIN_PATH, response_class=HTMLResponse)
@@ -152,7 +152,7 @@ def build_router(service: Service, env: Environment, history: CapacityHistory,
         form = parse_qs((await request.body())[:10_000].decode("utf-8", "replace"))
         token = (form.get("token") or [""])[0]
         target = _safe_next((form.get("next") or ["/"])[0])
-        expected = service.config.token
+        expected = ops.token
         if expected is None:
             return RedirectResponse(target, status_code=303)
         if not hmac.compare_digest(token.encode(), expected.encode()):

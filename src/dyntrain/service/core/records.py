@@ -1,8 +1,8 @@
-"""What the store returns: frozen records, never rows."""
+"""The service's records: what the store returns and the operations hand to the front ends
+(frozen dataclasses, never rows)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +17,6 @@ from dyntrain.service.core.model import (
     JobStatus,
     Launcher,
     Resources,
-    RetryAction,
-    RetryRule,
     RetryStrategy,
     parse_launcher,
 )
@@ -131,7 +129,7 @@ class Job(_Workers):
 
     @property
     def elastic(self) -> ElasticSettings | None:
-        return _elastic(self.min_workers, self.max_workers, self.launcher)
+        return elastic_settings(self.min_workers, self.max_workers, self.launcher)
 
     @property
     def torchrun(self) -> bool:
@@ -183,9 +181,6 @@ class WorkerRecord:
     exit_code: int | None = None
     leave_at: float | None = None
     stopped_at: float | None = None
-
-
-_WORKER_FIELDS = [f.name for f in dataclasses.fields(WorkerRecord)]
 
 
 @dataclass(frozen=True)
@@ -246,34 +241,7 @@ class Event:
     at: float
 
 
-# Columns update_job may change; everything else about a job is fixed at submit.
-MUTABLE_JOB_FIELDS = frozenset({
-    "status", "status_reason", "attempts", "preemptions", "started_at", "stopped_at",
-    "exit_code", "current_workers", "min_workers", "max_workers", "progress", "result",
-})
-
-
-def _retry_to_json(r: RetryStrategy) -> dict:
-    return {"attempts": r.attempts,
-            "evaluate_on_exit": [{"action": rule.action.value, "on_exit_code": rule.on_exit_code,
-                                  "on_reason": rule.on_reason} for rule in r.evaluate_on_exit]}
-
-
-def _retry_from_json(d: dict) -> RetryStrategy:
-    return RetryStrategy(d["attempts"], tuple(
-        RetryRule(RetryAction(x["action"]), x.get("on_exit_code"), x.get("on_reason"))
-        for x in d.get("evaluate_on_exit", ())))
-
-
-def _elastic(min_w: int | None, max_w: int | None,
+def elastic_settings(min_w: int | None, max_w: int | None,
              launcher: str | None = None) -> ElasticSettings | None:
     return (None if min_w is None or max_w is None
             else ElasticSettings(min_w, max_w, parse_launcher(launcher)))
-
-
-def _launcher_column(elastic: ElasticSettings | None) -> str | None:
-    """What the ``launcher`` column holds: None for dyntrain's own (and for a plain job)."""
-    if elastic is None or elastic.launcher is Launcher.DYNTRAIN:
-        return None
-    return elastic.launcher.value
-
