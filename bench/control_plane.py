@@ -34,11 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist
@@ -48,6 +47,9 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.admission import CanaryDigest
 from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig
 from dyntrain.testing.wait import wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TICK = 0.01  # as dyntrain run ticks its coordinator
@@ -320,8 +322,7 @@ def main(argv: list[str] | None = None) -> None:
               f" CPU-s/s)  store {row['steady']['store_ops_per_s']:.0f} ops/s  one lost "
               f"{_after(row['one_silent'], args.failure_timeout)}  half lost "
               f"{_after(row['half_silent'], args.failure_timeout)}", flush=True)
-    data = {"date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    data = {"machine": machine_info(),
             "load_before": list(load), "load_after": list(os.getloadavg()),
             "command": " ".join(["bench/control_plane.py", *(argv or sys.argv[1:])]),
             "tick_s": TICK, "beat_s": BEAT, "drivers": args.drivers, "sizes": results}

@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
             [(r["n"], c["latency_s"]) for r in rows for c in r["changes"][:3]
              if c["event"] == kind])
     write_result(args.out, {
-        **machine_info(), "load_before": [round(x, 2) for x in load],
+        "machine": machine_info(), "load_before": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "command": " ".join(["bench/scale.py", *(argv or sys.argv[1:])]),
         "model_parameters": numel, "gap_steps": GAP, "sizes": rows, "growth_exponents": fits,
