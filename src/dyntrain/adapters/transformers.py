@@ -127,9 +127,9 @@ def elastic_trainer(trainer: Any, *, world_size: int = 1, config: TrainConfig | 
         config = train_config(trainer.args, len(dataset), world_size)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         raise TrainerUnsupported(
-            "torch.distributed is already initialized (TrainingArguments were built before "
-            "dyntrain.adapters.transformers was imported, in a dyntrain job?): import the "
-            "adapter first; dyntrain forms its own process groups")
+            "torch.distributed is already initialized (by TrainingArguments built before "
+            "dyntrain.adapters.transformers was imported?): import the adapter first; "
+            "dyntrain forms its own process groups")
     model = trainer.model
     device = torch.device(trainer_options.pop("device", None) or _device_of(model))
     model.to(device)
