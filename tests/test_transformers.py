@@ -69,6 +69,7 @@ def test_an_elastic_trainer_run_is_bitwise_its_static_run(tmp_path):
         assert row["lr"] == pytest.approx(LR * factor, rel=1e-5), row  # (6 digits kept)
 
 
+@pytest.mark.slow  # a Python that imports transformers: 10-30 s on a loaded machine
 def test_a_refused_setting_in_a_script_is_one_line(tmp_path):
     proc = alone(tmp_path / "run", "--sampling", "group_by_length")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
