@@ -24,7 +24,7 @@ and the collator's draws from torch, ``random`` and NumPy); ``save_strategy`` ``
 are kept.
 
 What differs from ``Trainer.train``: the data order is dyntrain's seeded shuffle (the same for
-every world size), not ``Trainer``'s sampler; the tail of an epoch that does not fill a global
+every world size, from ``seed``: ``data_seed`` is not used), not ``Trainer``'s sampler; the tail of an epoch that does not fill a global
 batch is dropped; each chunk's loss is the model's mean over the chunk (``compute_loss`` without
 ``num_items_in_batch``) and a step's loss the mean of its chunks' losses, where ``Trainer``
 weighs tokens over the whole accumulated batch (the same when every sample has as many labelled
