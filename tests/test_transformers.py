@@ -122,7 +122,8 @@ def _setting(name, value):
      "DeepSpeed shards and steps the model itself"),
     ({}, _setting("fsdp", "full_shard"),
      "TrainingArguments(fsdp='full_shard') is not supported: FSDP shards and steps the model"),
-    ({"bf16": True}, None, "TrainingArguments(bf16=True) is not supported: mixed precision"),
+    ({}, _setting("fp16", True), "TrainingArguments(fp16=True) is not supported: float16 "
+                                 "needs Trainer's loss scaler"),
     ({"auto_find_batch_size": True}, None,
      "TrainingArguments(auto_find_batch_size=True) is not supported: the batch would follow"),
     ({"activation_checkpointing": True}, None,
@@ -209,3 +210,28 @@ def test_a_trainer_whose_arguments_started_torch_distributed_is_refused(tmp_path
             elastic_trainer(trainer)
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_bf16_steps_are_the_same_bits_whatever_workers_computed_their_chunks(tmp_path):
+    """Two steps at 1 and at 3 simulated workers (each computes its chunks; the buffers are
+    summed; every worker applies the sum): the same parameters, the forward under the
+    Trainer's autocast (bfloat16 activations, float32 parameters)."""
+
+    def train(world: int) -> dict:
+        workers = [elastic_trainer(build(str(tmp_path), bf16=True), world_size=2)
+                   for _ in range(world)]
+        seen = []
+        workers[0].parts.model.transformer.h[0].mlp.c_fc.register_forward_hook(
+            lambda module, args, out: seen.append(out.dtype))
+        for step in range(2):
+            steppers = [w.stepper for w in workers]
+            total = torch.stack([s.compute(step, s.my_chunks(r, world))
+                                 for r, s in enumerate(steppers)]).sum(0)
+            for s in steppers:
+                s.apply(total.clone())
+        assert seen and set(seen) == {torch.bfloat16}
+        assert next(workers[0].parts.model.parameters()).dtype == torch.float32
+        return workers[0].parts.model.state_dict()
+
+    alone, three = train(1), train(3)
+    assert all(torch.equal(alone[k], three[k]) for k in alone)

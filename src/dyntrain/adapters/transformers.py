@@ -10,7 +10,8 @@ the optimizer and the LR scheduler from ``create_optimizer_and_scheduler`` (so `
 an overridden ``create_optimizer``/``create_scheduler`` are all honoured; the scheduler is
 stepped once per optimizer step, as ``Trainer`` steps it); the loss from ``compute_loss``
 (label smoothing, ``compute_loss_func`` and an overridden ``compute_loss`` included), within
-``compute_loss_context_manager``.
+``compute_loss_context_manager`` and, with ``bf16``, the autocast of the ``Trainer``'s
+accelerator.
 
 The batch: ``per_device_train_batch_size`` x ``world_size`` x ``gradient_accumulation_steps``
 samples per optimizer step, whatever the world: ``world_size`` is the number of devices the
@@ -24,18 +25,19 @@ and the collator's draws from torch, ``random`` and NumPy); ``save_strategy`` ``
 are kept.
 
 What differs from ``Trainer.train``: the data order is dyntrain's seeded shuffle (the same for
-every world size, from ``seed``: ``data_seed`` is not used), not ``Trainer``'s sampler; the tail of an epoch that does not fill a global
-batch is dropped; each chunk's loss is the model's mean over the chunk (``compute_loss`` without
-``num_items_in_batch``) and a step's loss the mean of its chunks' losses, where ``Trainer``
-weighs tokens over the whole accumulated batch (the same when every sample has as many labelled
-tokens, as with fixed-length blocks). Callbacks, logging, evaluation and ``Trainer``'s own
-checkpoints are not run: the run folder holds the metrics, checkpoints and ``final.pt``.
+every world size, from ``seed``: ``data_seed`` is not used), not ``Trainer``'s sampler; the tail
+of an epoch that does not fill a global batch is dropped; each chunk's loss is the model's mean
+over the chunk (``compute_loss`` without ``num_items_in_batch``) and a step's loss the mean of
+its chunks' losses, where ``Trainer`` weighs tokens over the whole accumulated batch (the same
+when every sample has as many labelled tokens, as with fixed-length blocks). Callbacks, logging,
+evaluation and ``Trainer``'s own checkpoints are not run: the run folder holds the metrics,
+checkpoints and ``final.pt``.
 
 What is refused, with one line naming it (``TrainerUnsupported``): an iterable data set (no
 length, nothing to index), DeepSpeed, FSDP and a ``parallelism_config``, a sampling strategy
 other than ``"random"`` (``group_by_length`` and ``batch_rebalance`` order batches by the world;
 ``sequential`` is not dyntrain's order), ``split_batches``, ``auto_find_batch_size`` (the batch
-would follow the device's memory), mixed precision (``fp16``, ``bf16``), gradient checkpointing,
+would follow the device's memory), ``fp16`` (its loss scaler), gradient checkpointing,
 ``torch_compile``, NEFTune, ``lr_scheduler_type="reduce_lr_on_plateau"``, saving or loading
 the best model (they follow evaluation), callbacks of the user's (they would not be called),
 and a ``Trainer`` subclass that overrides ``training_step``, ``get_train_dataloader`` or
@@ -171,9 +173,10 @@ def train_config(args: Any, dataset_size: int, world_size: int = 1) -> TrainConf
 @dataclass
 class TrainerLoss:
     """``loss_fn`` of the ``ElasticTrainer``: collates a chunk's samples with the ``Trainer``'s
-    collator and returns ``compute_loss``. The chunk's seed (``torch.initial_seed()``, set by
-    the trainer per step and chunk) also seeds ``random`` and NumPy's global generator, so a
-    collator that draws from them (masking) draws the same on every worker."""
+    collator and returns ``compute_loss``, under the ``Trainer``'s autocast (``bf16``). The
+    chunk's seed (``torch.initial_seed()``, set by the trainer per step and chunk) also seeds
+    ``random`` and NumPy's global generator, so a collator that draws from them (masking) draws
+    the same on every worker."""
 
     trainer: Any
     dataset: Dataset
@@ -186,7 +189,8 @@ class TrainerLoss:
         np.random.seed(seed % _SEED_MODULUS)
         inputs = _on_device(self.collate([self.dataset[i] for i in indices.tolist()]),
                             self.device)
-        with self.trainer.compute_loss_context_manager():
+        # bf16: autocast as Trainer's accelerator wraps the forward (a no-op in float32)
+        with self.trainer.accelerator.autocast(), self.trainer.compute_loss_context_manager():
             return self.trainer.compute_loss(model, inputs)
 
 
@@ -213,8 +217,8 @@ _REFUSED_ARGUMENTS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("group_by_length", bool, "its batches are grouped by length in an order that depends "
                               "on the world"),
     ("auto_find_batch_size", bool, "the batch would follow the device's free memory"),
-    ("fp16", bool, "mixed precision is not supported by the adapter: train in float32"),
-    ("bf16", bool, "mixed precision is not supported by the adapter: train in float32"),
+    ("fp16", bool, "float16 needs Trainer's loss scaler, which the adapter does not run: use "
+                   "bf16"),
     ("activation_checkpointing", bool, "the adapter does not turn it on (Trainer.train "
                                        "would)"),
     ("gradient_checkpointing", bool, "the adapter does not turn it on (Trainer.train would)"),
