@@ -1,6 +1,7 @@
 """``dyntrain.adapters.transformers``: a Hugging Face Trainer trained elastically is bitwise its
 static run; what cannot be exact is refused in one line."""
 
+import random
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from dyntrain.testing.jobs import pinned_env
 
 transformers = pytest.importorskip("transformers")
 from dyntrain.adapters.transformers import (  # noqa: E402
+    EvalLoss,
     TrainerUnsupported,
     elastic_trainer,
     train_config,
@@ -235,3 +237,25 @@ def test_bf16_steps_are_the_same_bits_whatever_workers_computed_their_chunks(tmp
 
     alone, three = train(1), train(3)
     assert all(torch.equal(alone[k], three[k]) for k in alone)
+
+
+def test_evaluation_reports_the_eval_loss_and_leaves_training_as_it_was(tmp_path):
+    """eval_strategy="steps": the eval data set's loss after every eval_steps-th step and the
+    last; the same mean, weighted by batch size, as Trainer.evaluate; the same model as a run
+    without evaluation."""
+    evaluated = build(str(tmp_path), eval_strategy="steps", eval_steps=2, max_steps=3)
+    plain = build(str(tmp_path), max_steps=3)
+    runs = [elastic_trainer(trainer) for trainer in (evaluated, plain)]
+    for run in runs:
+        run.fit()
+    assert [v["step"] for v in runs[0].validations] == [2, 3]
+    assert all(v["val_loss"] > 0 for v in runs[0].validations)
+    assert runs[1].validations == []
+    state, unevaluated = evaluated.model.state_dict(), plain.model.state_dict()
+    assert all(torch.equal(state[k], unevaluated[k]) for k in state)
+    evaluated.model.eval()
+    with torch.no_grad():
+        torch.manual_seed(1), random.seed(1)  # the collator's draws: the same in both
+        ours = EvalLoss(evaluated, torch.device("cpu"))(evaluated.model)["loss"]
+    torch.manual_seed(1), random.seed(1)
+    assert ours == pytest.approx(evaluated.evaluate()["eval_loss"], rel=1e-5)

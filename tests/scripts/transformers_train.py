@@ -56,9 +56,11 @@ def build(out: str, **args) -> Trainer:
                     warmup_steps=4, max_grad_norm=0.5, report_to="none", use_cpu=True,
                     save_strategy="steps", save_steps=8, seed=7, disable_tqdm=True)
     settings.update(args)
-    data = CharBlocks(Path(textwrap.__file__).read_text(), 128)
-    return Trainer(model=model, args=TrainingArguments(**settings), train_dataset=data,
-                   data_collator=masking_collator)
+    text = Path(textwrap.__file__).read_text()
+    evaluated = settings.get("eval_strategy", "no") != "no"
+    return Trainer(model=model, args=TrainingArguments(**settings),
+                   train_dataset=CharBlocks(text, 128), data_collator=masking_collator,
+                   eval_dataset=CharBlocks(text[-BLOCK * 12:], 12) if evaluated else None)
 
 
 def main():

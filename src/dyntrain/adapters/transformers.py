@@ -29,9 +29,10 @@ every world size, from ``seed``: ``data_seed`` is not used), not ``Trainer``'s s
 of an epoch that does not fill a global batch is dropped; each chunk's loss is the model's mean
 over the chunk (``compute_loss`` without ``num_items_in_batch``) and a step's loss the mean of
 its chunks' losses, where ``Trainer`` weighs tokens over the whole accumulated batch (the same
-when every sample has as many labelled tokens, as with fixed-length blocks). Callbacks, logging,
-evaluation and ``Trainer``'s own checkpoints are not run: the run folder holds the metrics,
-checkpoints and ``final.pt``.
+when every sample has as many labelled tokens, as with fixed-length blocks without masking).
+Callbacks, logging and ``Trainer``'s own checkpoints are not run: the run folder holds the
+metrics, checkpoints and ``final.pt``; evaluation (``eval_strategy``) reports the eval data
+set's loss only (``EvalLoss``), on the leader, without changing training.
 
 What is refused, with one line naming it (``TrainerUnsupported``): an iterable data set (no
 length, nothing to index), DeepSpeed, FSDP and a ``parallelism_config``, a sampling strategy
@@ -62,6 +63,7 @@ from torch.utils.data import Dataset, IterableDataset
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.protocol import ENV_COORDINATOR
 from dyntrain.elastic.trainer import ElasticTrainer
+from dyntrain.elastic.validation import Validation
 from dyntrain.errors import ConfigError, install_excepthook
 from dyntrain.extras import needs_extra
 
@@ -69,7 +71,7 @@ with needs_extra("dyntrain.adapters.transformers"):
     import transformers
     from transformers.trainer_callback import EarlyStoppingCallback
 
-__all__ = ["REFUSED_METHODS", "TrainerLoss", "TrainerUnsupported", "elastic_trainer",
+__all__ = ["REFUSED_METHODS", "EvalLoss", "TrainerLoss", "TrainerUnsupported", "elastic_trainer",
            "train_config"]
 
 # Trainer methods that decide what a step computes or in which order the data comes: a
@@ -137,6 +139,8 @@ def elastic_trainer(trainer: Any, *, world_size: int = 1, config: TrainConfig | 
     model.to(device)
     trainer.create_optimizer_and_scheduler(num_training_steps=config.total_steps(len(dataset)))
     loss = TrainerLoss(trainer, dataset, _collator(trainer, dataset), device)
+    if "validation" not in trainer_options:
+        trainer_options["validation"] = _validation(trainer, config, len(dataset), device)
     return ElasticTrainer(config, model, trainer.optimizer, _Indices(len(dataset)), loss,
                           lr_scheduler=trainer.lr_scheduler, device=device, **trainer_options)
 
@@ -192,6 +196,49 @@ class TrainerLoss:
         # bf16: autocast as Trainer's accelerator wraps the forward (a no-op in float32)
         with self.trainer.accelerator.autocast(), self.trainer.compute_loss_context_manager():
             return self.trainer.compute_loss(model, inputs)
+
+
+@dataclass
+class EvalLoss:
+    """The ``evaluate`` of the ``Validation`` that ``eval_strategy`` asks for: the mean of
+    ``compute_loss`` over the ``Trainer``'s eval data set (``get_eval_dataloader``, its batches
+    of ``per_device_eval_batch_size``, each normalised as ``Trainer.prediction_step`` does),
+    weighted by batch size, as ``Trainer.evaluate`` gives ``eval_loss``: ``{"loss": ...}``,
+    which the run folder's metrics hold as ``val_loss``. ``compute_metrics`` is not called."""
+
+    trainer: Any
+    device: torch.device
+
+    def __call__(self, model: torch.nn.Module) -> dict[str, float]:
+        total, count = 0.0, 0
+        for batch in self.trainer.get_eval_dataloader():
+            inputs = _on_device(batch, self.device)
+            # as Trainer.prediction_step: the batch's labelled tokens, where the model counts
+            items = self.trainer._get_num_items_in_batch([inputs], self.device)
+            with self.trainer.accelerator.autocast(), \
+                    self.trainer.compute_loss_context_manager():
+                loss = self.trainer.compute_loss(model, inputs, num_items_in_batch=items)
+            size = len(next(iter(inputs.values())))
+            total, count = total + float(loss) * size, count + size
+        return {"loss": total / count}
+
+
+def _validation(trainer: Any, config: TrainConfig, dataset_size: int,
+                device: torch.device) -> Validation | None:
+    """Evaluation as ``eval_strategy`` says (``"steps"``: every ``eval_steps``, else
+    ``logging_steps``, a fraction of the run's steps below 1, and after the last step;
+    ``"epoch"``: after every epoch), or None for ``"no"``."""
+    args = trainer.args
+    strategy = str(getattr(args.eval_strategy, "value", args.eval_strategy))
+    if strategy == "no":
+        return None
+    evaluate = EvalLoss(trainer, device)
+    if strategy == "epoch":
+        return Validation(evaluate, every_epochs=1)
+    every = args.eval_steps or args.logging_steps
+    total = config.total_steps(dataset_size)
+    return Validation(evaluate, every_steps=max(1, math.ceil(every * total) if every < 1
+                                                else int(every)))
 
 
 class _Indices(Dataset):
