@@ -18,7 +18,7 @@ from dyntrain.adapters.transformers import elastic_trainer  # isort: skip
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
 BLOCK = 16
-HELD_CHUNK_S = 0.25
+HELD_CHUNK_S = 0.5
 
 
 class CharBlocks(Dataset):
@@ -66,7 +66,7 @@ def build(out: str, **args) -> Trainer:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hold-until-world", type=int, default=0,
-                    help="each chunk sleeps 0.25 s more until the world has reached this size "
+                    help="each chunk sleeps 0.5 s more until the world has reached this size "
                     "(outside the arithmetic: the model is the same)")
     ap.add_argument("--sampling", default="random", help="train_sampling_strategy")
     args = ap.parse_args()
