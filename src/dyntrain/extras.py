@@ -5,7 +5,8 @@ loader (torch, numpy, click, fsspec). Everything else is an extra: ``service`` (
 its dashboard and the commands that talk to it), ``data`` (image decoding for the input pipeline
 and the recipes), ``workloads`` (the bundled workloads: scikit-learn's digits), ``lab``,
 ``ray``, ``postgres``, ``tensorboard`` (TensorBoard event files in run folders),
-``lightning`` (``dyntrain.adapters.lightning``). A command that needs a missing extra stops with
+``lightning`` (``dyntrain.adapters.lightning``), ``transformers``
+(``dyntrain.adapters.transformers``). A command that needs a missing extra stops with
 one line naming it (``MissingExtra``), never an ImportError traceback.
 """
 
@@ -38,6 +39,8 @@ MODULES: dict[str, tuple[str, str]] = {
     "torchvision": ("vision", "torchvision"),
     "tensorboard": ("tensorboard", "tensorboard"),
     "lightning": ("lightning", "lightning"),
+    "transformers": ("transformers", "transformers"),
+    "accelerate": ("transformers", "accelerate"),
 }
 
 
