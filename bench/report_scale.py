@@ -109,7 +109,8 @@ pages are shared by more workers).
 **Simulated members.** The coordinator's cost per tick grows about linearly with the members
 (one `multi_get` of every member's counters per tick); a silent member is declared lost within
 0.2 s of the failure timeout at up to 1,024 members, and so is the last of 512 members lost at
-once; a generation of 1,024 is published within 0.9 s of a wave of 256 joins. Telling a generation's members their control word and publishing it are two round trips
+once; a generation of 1,024 is published within 0.9 s of a wave of 256 joins. Telling a
+generation's members their control word and publishing it are two round trips
 whatever N (`multi_set`); before that, losing 512 of 1,024 members at once took 8.8 s beyond
 the timeout, for the coordinator told every member again at each loss.
 

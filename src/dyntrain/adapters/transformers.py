@@ -62,8 +62,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.protocol import ENV_COORDINATOR
+from dyntrain.elastic.step.validation import Validation
 from dyntrain.elastic.trainer import ElasticTrainer
-from dyntrain.elastic.validation import Validation
 from dyntrain.errors import ConfigError, install_excepthook
 from dyntrain.extras import needs_extra
 
