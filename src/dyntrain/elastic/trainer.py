@@ -21,10 +21,10 @@ from dyntrain.elastic.collective.comm import (
     CollectiveFailed,
     Group,
     create_group,
+    placement,
     run_abortable,
 )
 from dyntrain.elastic.collective.reach import probe_peers
-from dyntrain.elastic.collective.transfer import broadcast_state
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.numerics import apply, numerics_from_env, observe
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
@@ -36,12 +36,12 @@ from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment
     ENV_REATTACH,
     ENV_WORKER_ID,
 )
-from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint, read_ref
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
 from dyntrain.elastic.runs.folder import check_numerics_alone, check_run_folder, describe_setup
 from dyntrain.elastic.runs.progress import AloneOutput
 from dyntrain.elastic.runs.storage import RunStore, open_store
 from dyntrain.elastic.sharding.strategy import Replicated, Sharding, sharding_for
-from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
+from dyntrain.elastic.state import TrainingParts, restore_state
 from dyntrain.elastic.step.balance import ChunkBalancer
 from dyntrain.elastic.step.canary import job_canary
 from dyntrain.elastic.step.row import StepRows
@@ -49,6 +49,7 @@ from dyntrain.elastic.step.sampler import BatchOrder
 from dyntrain.elastic.step.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.step.validation import Validation
 from dyntrain.elastic.worker.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
+from dyntrain.elastic.worker.handover import hand_over_state
 from dyntrain.elastic.worker.rejoin import start_over
 from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
@@ -162,9 +163,7 @@ class ElasticTrainer:
         self.store: RunStore | None = (open_store(out, "out_dir" if out_dir else ENV_OUT)
                                        if out else None)
         self.config = config
-        self.device = torch.device(device) if device is not None else _default_device(config)
-        self.backend = config.backend if config.backend != "auto" else (
-            "nccl" if self.device.type == "cuda" else "gloo")
+        self.device, self.backend = placement(config.backend, device)
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
@@ -404,23 +403,12 @@ class ElasticTrainer:
                 group.close(abandoned=not clean)
 
     def _sync_state(self, gen: p.Generation, group: Group, aborted) -> None:
-        if gen.checkpoint is not None:  # sharded: only the state of its own tensors
-            keep = self.sharding.checkpoint_keys(gen, self.worker_id)
-            self.step = restore_state(self.parts, read_ref(gen.checkpoint, keep))
-            self.has_state = True
-        elif gen.receivers or gen.fresh:
-            began = time.perf_counter()
-            holders = [gen.rank_of(w) for w in gen.members if w not in gen.receivers]
-            holding = self.worker_id not in gen.receivers
-            state = (capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
-                     if holding else None)
-            if state is not None:
-                state = self.sharding.handover_state(state)
-            state = broadcast_state(group, state, gen.rank_of(gen.source), holders, aborted)
-            if not holding:
-                self.step = restore_state(self.parts, state)
-            self.has_state = True
-            self._state_sync_s = time.perf_counter() - began
+        handed = hand_over_state(gen, group, self.parts, self.sharding, self.worker_id,
+                                 self.step, self.stepper.steps_per_epoch, aborted)
+        if handed is not None:
+            self.step, self.has_state = handed.step, True
+            if handed.seconds is not None:
+                self._state_sync_s = handed.seconds
         if self.step != gen.start_step:
             raise RuntimeError(f"worker {self.worker_id} holds step {self.step}, generation "
                                f"{gen.number} starts at {gen.start_step}")
@@ -505,11 +493,4 @@ class _AbortCheck:
 
     def __call__(self) -> bool:
         return self.channel.ctl(self.generation) is p.Control.ABORT
-
-
-def _default_device(config: TrainConfig) -> torch.device:
-    if config.backend == "nccl" or (config.backend == "auto" and torch.cuda.is_available()):
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        return torch.device("cuda", local % max(1, torch.cuda.device_count()))
-    return torch.device("cpu")
 
