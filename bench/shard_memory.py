@@ -53,7 +53,7 @@ def worker(argv: list[str]) -> None:
     trainer = gpt.build(args)
     params = trainer.stepper.params
     whole = sum(q.numel() * q.element_size() for q in params)
-    units = getattr(trainer.sharding, "units", None)  # level 3's parameters
+    units = trainer.sharding.units  # level 3's parameters, None below
     between, peaks, peak = [], [], [whole]  # per step; the current step's most
     finish = trainer.stepper.finish
 

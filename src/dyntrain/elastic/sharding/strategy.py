@@ -51,6 +51,8 @@ class Sharding(Protocol):
     shares_checkpoints: bool
     #: the owned optimizer state and its plan (``zero.OptimizerShards``); None: nothing sharded
     shards: OptimizerShards | None
+    #: the parameters held and gathered per unit (level 3); None: every member holds them all
+    units: ParamUnits | None
 
     def before_handover(self) -> None:
         """A generation starts: make what the state hand-over reads whole."""
@@ -139,6 +141,7 @@ class Replicated:
     level = ShardLevel.NONE
     shares_checkpoints = False
     shards = None
+    units = None
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
@@ -193,6 +196,7 @@ class OptimizerSharding:
 
     level = ShardLevel.OPTIMIZER
     shares_checkpoints = True
+    units: ParamUnits | None = None
 
     def __init__(self, shards: OptimizerShards) -> None:
         self.shards = shards
@@ -251,7 +255,6 @@ class GradientSharding(OptimizerSharding):
     def __init__(self, shards: OptimizerShards, gradients: GradientShards) -> None:
         super().__init__(shards)
         self.gradients = gradients
-        self.units: ParamUnits | None = None
 
     def lay_out(self, offsets: list[int], rank: int, size: int) -> list[int]:
         return self.gradients.arrange(self.shards.owner_ranks, rank, size)
