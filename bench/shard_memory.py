@@ -53,7 +53,7 @@ def worker(argv: list[str]) -> None:
     trainer = gpt.build(args)
     params = trainer.stepper.params
     whole = sum(q.numel() * q.element_size() for q in params)
-    units = trainer.shards.units if trainer.shards is not None else None
+    units = trainer.sharding.units  # level 3's parameters, None below
     between, peaks, peak = [], [], [whole]  # per step; the current step's most
     finish = trainer.stepper.finish
 
@@ -76,12 +76,7 @@ def worker(argv: list[str]) -> None:
         units._gather = gather_and_measure
         peak[0] = 0
     trainer.fit()
-    opt = trainer.parts.optimizer
-    if trainer.shards is not None:
-        held = trainer.shards.owned_state_bytes()
-    else:
-        held = sum(v.numel() * v.element_size() for st in opt.state.values()
-                   for v in st.values() if isinstance(v, torch.Tensor))
+    held = trainer.sharding.owned_state_bytes()
     out = Path(os.environ["DYNTRAIN_OUT"])
     (out / f"member-{trainer.worker_id}.json").write_text(json.dumps({
         "worker": trainer.worker_id, "optimizer_state_bytes": held,

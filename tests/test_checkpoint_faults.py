@@ -19,6 +19,7 @@ from conftest import DYNTRAIN, ROOT, read_jsonl
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.runs.checkpoints import FOLDER, latest_valid_checkpoint, list_checkpoints
 from dyntrain.elastic.runs.storage import open_store
+from dyntrain.elastic.sharding.strategy import Replicated
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.testing.wait import wait_until
@@ -111,7 +112,7 @@ def test_a_forced_checkpoint_that_cannot_be_written_is_an_error_naming_the_step(
     model = torch.nn.Linear(3, 2)
     parts = TrainingParts(model, torch.optim.SGD(model.parameters(), lr=0.1))
     writer = RunWriter(open_store(str(out), "out"), TrainConfig(8, 2, checkpoint_every_steps=2),
-                       parts, steps_per_epoch=10)
+                       parts, steps_per_epoch=10, sharding=Replicated(parts.optimizer))
     writer.maybe_checkpoint(2)
     writable(False)
     writer.maybe_checkpoint(4)  # periodic: said, and nothing raised

@@ -13,7 +13,8 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.sharding.parameters import ParamUnits, check_level_3
-from dyntrain.elastic.sharding.zero import OptimizerShards, shards_for
+from dyntrain.elastic.sharding.strategy import sharding_for
+from dyntrain.elastic.sharding.zero import OptimizerShards
 from dyntrain.errors import ConfigError
 from test_gradshard import _run_members
 
@@ -179,9 +180,9 @@ def test_level_3_refuses_what_level_2_refuses_and_builds_its_units():
     model = _model()
     params = list(model.parameters())
     with pytest.raises(ConfigError, match="a loss scaler is not supported with shard_level 3"):
-        shards_for(TrainConfig(**base), model, torch.optim.AdamW(params), params,
-                   torch.amp.GradScaler("cpu"))
-    units = shards_for(TrainConfig(**base), model, torch.optim.AdamW(params), params).units
+        sharding_for(TrainConfig(**base), model, torch.optim.AdamW(params), params, [],
+                     torch.amp.GradScaler("cpu"))
+    units = sharding_for(TrainConfig(**base), model, torch.optim.AdamW(params), params, []).units
     assert [u.name for u in units.units] == ["", "blocks.0", "blocks.1", "blocks.2"]
     assert units.schedule == [("root", 0), ("forward", 1), ("forward", 2), ("forward", 3),
                               ("backward", 3), ("backward", 2), ("backward", 1)]

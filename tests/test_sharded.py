@@ -18,14 +18,19 @@ from conftest import SCRIPTS, read_jsonl, run_cli, static_run
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint, list_checkpoints
 from dyntrain.elastic.runs.storage import open_store
-from dyntrain.elastic.sharding.zero import (
-    OptimizerShards,
-    check_shardable,
-    shards_for,
-    without_tensor_state,
+from dyntrain.elastic.sharding.owners import ShardLevel
+from dyntrain.elastic.sharding.strategy import (
+    GradientSharding,
+    OptimizerSharding,
+    ParameterSharding,
+    Replicated,
+    sharding_for,
 )
+from dyntrain.elastic.sharding.zero import OptimizerShards, check_shardable, without_tensor_state
+from dyntrain.elastic.state import TrainingParts
+from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.errors import ConfigError
 from dyntrain.recipes import LARS
 from test_elastic_e2e import assert_exactly_once, world_sizes
@@ -227,12 +232,57 @@ def test_what_reads_the_whole_reduced_gradient_is_refused_at_level_2():
             TrainConfig(**base, **extra)
     model = torch.nn.Linear(3, 2)
     with pytest.raises(ConfigError, match="a loss scaler is not supported with shard_level 2"):
-        shards_for(TrainConfig(**base), model, torch.optim.AdamW(model.parameters()),
-                   list(model.parameters()), torch.amp.GradScaler("cpu"))
-    assert shards_for(TrainConfig(**{**base, "shard_level": 1}), model,
-                      torch.optim.AdamW(model.parameters()), list(model.parameters()),
-                      torch.amp.GradScaler("cpu")).level == 1
+        sharding_for(TrainConfig(**base), model, torch.optim.AdamW(model.parameters()),
+                     list(model.parameters()), [], torch.amp.GradScaler("cpu"))
+    assert sharding_for(TrainConfig(**{**base, "shard_level": 1}), model,
+                        torch.optim.AdamW(model.parameters()), list(model.parameters()), [],
+                        torch.amp.GradScaler("cpu")).level == 1
 
+
+
+def test_each_level_is_chosen_once_as_its_strategy():
+    """``sharding_for`` turns the level into the object the trainer and the stepper ask: what it
+    reduces chunk by chunk, what it hands over, what a checkpoint of it holds."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    params = list(model.parameters())
+    state = {"optimizer": {"state": {0: {"exp_avg": torch.ones(1)}}, "param_groups": []},
+             "step": 3}
+    kinds = []
+    for level in range(4):
+        config = TrainConfig(global_batch=4, chunk_size=2, shard_level=level)
+        sharding = sharding_for(config, model, torch.optim.AdamW(params), params, [])
+        kinds.append((type(sharding), sharding.level, sharding.shares_checkpoints,
+                      sharding.handover_state(state)["optimizer"]["state"] == {},
+                      sharding.settle_interrupted(),
+                      sharding.lay_out([7, 8, 9, 10], 0, 1) == [7, 8, 9, 10]))
+    assert kinds == [
+        (Replicated, ShardLevel.NONE, False, False, 0, True),
+        (OptimizerSharding, ShardLevel.OPTIMIZER, True, True, 0, True),
+        (GradientSharding, ShardLevel.GRADIENTS, True, True, 0, False),
+        (ParameterSharding, ShardLevel.PARAMETERS, True, True, 0, False)]
+
+
+def test_the_writer_checkpoints_as_the_strategy_says(tmp_path):
+    """Unsharded, the worker's own clock decides a checkpoint by time and a worker leaving
+    between generations keeps its state; sharded, the leader asks in the step's tail, only an
+    agreed checkpoint by time is written, and a leaver holds only a share (nothing written)."""
+    model = torch.nn.Linear(3, 2)
+    parts = TrainingParts(model, torch.optim.AdamW(model.parameters()))
+    config = TrainConfig(global_batch=4, chunk_size=2, checkpoint_every_seconds=1e-9,
+                         shard_level=1)
+    writers = {}
+    for name, sharding in (("replicated", Replicated(parts.optimizer)),
+                           ("sharded", sharding_for(config, model, parts.optimizer,
+                                                    list(model.parameters()), []))):
+        store = open_store(str(tmp_path / name), "out")
+        writer = writers[name] = RunWriter(store, config, parts, 10, sharding)
+        writer.maybe_checkpoint(1)  # by time: due by the clock, not agreed
+        writer.maybe_checkpoint(2, agreed=True)
+        writer.keep_before_leaving(3)
+        writers[name] = (writer.asks_checkpoint(True), writer.asks_checkpoint(False),
+                         [step for step, _ in list_checkpoints(store)])
+    assert writers == {"replicated": (False, False, [1, 2, 3]),
+                       "sharded": (True, False, [2])}
 
 @pytest.mark.slow
 def test_the_gpt_workload_at_level_3_clips_by_default(tmp_path):

@@ -32,7 +32,7 @@ def telling(build):
     """gpt's ``build`` that prints the sharding level of the trainer it built."""
     def make(args):
         trainer = build(args)
-        level = trainer.config.shard_level if trainer.shards is not None else 0
+        level = int(trainer.sharding.level)
         print(f"gpt_held: sharded at level {level}" if level else "gpt_held: unsharded",
               flush=True)
         return trainer

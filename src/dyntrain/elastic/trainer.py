@@ -21,10 +21,10 @@ from dyntrain.elastic.collective.comm import (
     CollectiveFailed,
     Group,
     create_group,
+    placement,
     run_abortable,
 )
 from dyntrain.elastic.collective.reach import probe_peers
-from dyntrain.elastic.collective.transfer import broadcast_state
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.numerics import apply, numerics_from_env, observe
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
@@ -36,12 +36,12 @@ from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment
     ENV_REATTACH,
     ENV_WORKER_ID,
 )
-from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint, read_ref
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
 from dyntrain.elastic.runs.folder import check_numerics_alone, check_run_folder, describe_setup
 from dyntrain.elastic.runs.progress import AloneOutput
 from dyntrain.elastic.runs.storage import RunStore, open_store
-from dyntrain.elastic.sharding.zero import shards_for, without_tensor_state
-from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
+from dyntrain.elastic.sharding.strategy import Replicated, Sharding, sharding_for
+from dyntrain.elastic.state import TrainingParts, restore_state
 from dyntrain.elastic.step.balance import ChunkBalancer
 from dyntrain.elastic.step.canary import job_canary
 from dyntrain.elastic.step.row import StepRows
@@ -49,6 +49,7 @@ from dyntrain.elastic.step.sampler import BatchOrder
 from dyntrain.elastic.step.stepper import ChunkStepper, LossFn, StepResult
 from dyntrain.elastic.step.validation import Validation
 from dyntrain.elastic.worker.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
+from dyntrain.elastic.worker.handover import hand_over_state
 from dyntrain.elastic.worker.rejoin import start_over
 from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
@@ -162,20 +163,24 @@ class ElasticTrainer:
         self.store: RunStore | None = (open_store(out, "out_dir" if out_dir else ENV_OUT)
                                        if out else None)
         self.config = config
-        self.device = torch.device(device) if device is not None else _default_device(config)
-        self.backend = config.backend if config.backend != "auto" else (
-            "nccl" if self.device.type == "cuda" else "gloo")
+        self.device, self.backend = placement(config.backend, device)
         self.parts = TrainingParts(model, optimizer, lr_scheduler, scaler)
         self.stepper = ChunkStepper(config, self.parts, dataset, loss_fn, self.device)
         self.total_steps = config.total_steps(len(dataset))
-        self.shards = shards_for(config, model, optimizer, self.stepper.params, scaler)  # ZeRO
+        # what is reduced, stepped, gathered, checkpointed and moved: chosen once, here (and
+        # refused here if the level cannot shard it). Alone, a world of one shards nothing
+        sharding = sharding_for(config, model, optimizer, self.stepper.params,
+                                self.stepper.buckets, scaler)
+        self.sharding: Sharding = sharding if self.coordinator else Replicated(optimizer)
+        self.stepper.sharding = self.sharding
         if loader is not None:  # a dyntrain.data.LoaderConfig: chunks from loader processes
             order = BatchOrder(config.seed, len(dataset), config.global_batch)
             self.stepper.loader = loader.build(dataset, order, config.chunk_size,
                                                self.total_steps, config.seed, self.device)
         self.rows = StepRows(config, model, self.total_steps, self.stepper.steps_per_epoch,
                              self.stepper.noise, validation)
-        self.writer = RunWriter(self.store, config, self.parts, self.stepper.steps_per_epoch)
+        self.writer = RunWriter(self.store, config, self.parts, self.stepper.steps_per_epoch,
+                                self.sharding)
         self.worker_id = worker_id or os.environ.get(ENV_WORKER_ID)
         self.collective_timeout = timedelta(seconds=collective_timeout)
         self.step = 0
@@ -340,11 +345,8 @@ class ElasticTrainer:
                     raise SystemExit(0) from None
                 raise DyntrainError(f"the job {over.status}") from None
             if gen is None:  # asked to leave while waiting for a generation
-                # Its peers may be leaving too (Ctrl-C, a suspended job): keep the state it
-                # holds unless a checkpoint already does.
-                if (self.has_state and self.shards is None  # (sharded: it holds only a share)
-                        and self.step > self.writer.newest_checkpoint_step()):
-                    self.writer.maybe_checkpoint(self.step, force=True, generation=None)
+                if self.has_state:  # its peers may be leaving too: keep what it holds
+                    self.writer.keep_before_leaving(self.step)
                 ch.send(p.Left(after, self.step if self.has_state else None))
                 raise SystemExit(0)
             after = gen.number
@@ -376,24 +378,20 @@ class ElasticTrainer:
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
-            if self.shards is not None:  # level 3: the hand-over reads the whole model
-                self.shards.whole()
+            self.sharding.before_handover()
             self._sync_state(gen, group, aborted)
-            if self.shards is not None:
-                lost = self.shards.reshard(group, gen, self.worker_id, aborted)
-                if lost:  # say so, and resume from the newest checkpoint: nobody holds state
-                    clean = True  # the plan's all-reduce was the generation's last collective
-                    what = self.shards.give_up(lost, self.store, self.worker_id)
-                    self.has_state = False
-                    ch.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=what))
-                    return Outcome.REFORM
-                self.stepper.use_shards(self.shards, self.rank, gen.world_size)
+            lost = self.sharding.reshard(group, gen, self.worker_id, aborted, self.store)
+            if lost is not None:  # said: resume from the newest checkpoint, nobody holds state
+                clean = True  # the plan's all-reduce was the generation's last collective
+                self.has_state = False
+                ch.send(p.Ready(gen.number, None, p.ReadyReason.ERROR, error=lost))
+                return Outcome.REFORM
+            self.stepper.lay_out(self.rank, gen.world_size)
             outcome = self._train(gen, group, aborted)
             clean = True
             return outcome
         except (Aborted, CollectiveFailed) as exc:
-            if self.shards is not None:  # a step torn by the parameters' broadcast counts
-                self.step += self.shards.settle_interrupted()
+            self.step += self.sharding.settle_interrupted()  # a torn step that counts
             step = self.step if self.has_state else None
             ch.send(p.Ready(gen.number, step, p.ReadyReason.ABORT) if isinstance(exc, Aborted)
                     else p.Ready(gen.number, step, p.ReadyReason.ERROR, error=str(exc)))
@@ -405,23 +403,12 @@ class ElasticTrainer:
                 group.close(abandoned=not clean)
 
     def _sync_state(self, gen: p.Generation, group: Group, aborted) -> None:
-        if gen.checkpoint is not None:  # sharded: only the state of its own tensors
-            keep = self.shards and self.shards.checkpoint_keys(gen, self.worker_id)
-            self.step = restore_state(self.parts, read_ref(gen.checkpoint, keep))
-            self.has_state = True
-        elif gen.receivers or gen.fresh:
-            began = time.perf_counter()
-            holders = [gen.rank_of(w) for w in gen.members if w not in gen.receivers]
-            holding = self.worker_id not in gen.receivers
-            state = (capture_state(self.parts, self.step, self.stepper.steps_per_epoch)
-                     if holding else None)
-            if state is not None and self.shards is not None:
-                state = without_tensor_state(state)  # the holders' shards differ: re-sharded
-            state = broadcast_state(group, state, gen.rank_of(gen.source), holders, aborted)
-            if not holding:
-                self.step = restore_state(self.parts, state)
-            self.has_state = True
-            self._state_sync_s = time.perf_counter() - began
+        handed = hand_over_state(gen, group, self.parts, self.sharding, self.worker_id,
+                                 self.step, self.stepper.steps_per_epoch, aborted)
+        if handed is not None:
+            self.step, self.has_state = handed.step, True
+            if handed.seconds is not None:
+                self._state_sync_s = handed.seconds
         if self.step != gen.start_step:
             raise RuntimeError(f"worker {self.worker_id} holds step {self.step}, generation "
                                f"{gen.number} starts at {gen.start_step}")
@@ -445,17 +432,15 @@ class ElasticTrainer:
             result = self.last_result = stepper.finish(  # (a checkpoint by time: leader's clock)
                 red, reform=leave or word is p.Control.REFORM, leave=leave, should_abort=aborted,
                 slot=(self.rank, own) if self.balancer.slots else None,
-                checkpoint=self.shards is not None and self.is_leader and self.writer.time_due())
+                checkpoint=self.writer.asks_checkpoint(self.is_leader))
             self.balancer.observe(self.step, result.slots)
             self.step += 1
             ending = result.leavers == gen.world_size or self.step == self.total_steps
-            if self.shards is not None:  # every member writes its shard; the leader validates
-                self.writer.after_sharded_step(
-                    self.shards, group, gen.number, self.step, ending or result.checkpoint,
-                    self.rows.validation_due(self.step), aborted)
+            # every member writes its shard of a checkpoint (if shared); the leader validates
+            self.writer.after_step(group, gen.number, self.step, ending or result.checkpoint,
+                                   self.rows.validation_due(self.step), aborted)
             if self.is_leader:  # (before the step is reported: its checkpoint is on disk)
-                self.writer.maybe_checkpoint(self.step, ending, gen.number, result.checkpoint
-                                             if self.shards is not None else None)
+                self.writer.maybe_checkpoint(self.step, ending, gen.number, result.checkpoint)
                 now = time.perf_counter()
                 # the state hand-over's time is reported with the generation's first step
                 sync, self._state_sync_s = self._state_sync_s, None
@@ -467,8 +452,8 @@ class ElasticTrainer:
             if self.step == self.total_steps:
                 break
             if result.reform:
-                if self.shards is not None:  # the tensors only leavers hold, to those that stay
-                    self.shards.hand_over(group, self.worker_id, leave, result.leavers, aborted)
+                # what only leavers hold, to those that stay
+                self.sharding.hand_over(group, self.worker_id, leave, result.leavers, aborted)
                 if leave:
                     ch.send(p.Left(gen.number, self.step))
                     return Outcome.LEFT
@@ -508,11 +493,4 @@ class _AbortCheck:
 
     def __call__(self) -> bool:
         return self.channel.ctl(self.generation) is p.Control.ABORT
-
-
-def _default_device(config: TrainConfig) -> torch.device:
-    if config.backend == "nccl" or (config.backend == "auto" and torch.cuda.is_available()):
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        return torch.device("cuda", local % max(1, torch.cuda.device_count()))
-    return torch.device("cpu")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import os
 import sys
 import threading
 import time
@@ -79,6 +80,20 @@ def run_abortable(fn: Callable[[], object], should_abort: Callable[[], bool]) ->
 
     threading.Thread(target=target, daemon=True, name="dyntrain-abortable").start()
     return wait_future(fut, should_abort)
+
+
+def placement(backend: str, device: torch.device | str | None) -> tuple[torch.device, str]:
+    """Where a worker trains and the backend of its groups, from ``TrainConfig.backend``
+    (``auto``, ``gloo`` or ``nccl``) and the device asked for; None: ``cuda:LOCAL_RANK`` with
+    ``nccl``, or ``auto`` where CUDA is available, else the CPU. ``auto`` is ``nccl`` on CUDA."""
+    if device is None and (backend == "nccl" or (backend == "auto"
+                                                  and torch.cuda.is_available())):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    return device, backend
 
 
 class Group:

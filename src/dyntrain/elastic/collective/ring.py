@@ -62,29 +62,11 @@ def exact_ring_sum(pg: dist.ProcessGroup, rank: int, size: int, contrib: torch.T
     Raises ``Fenced`` before any hop once ``fenced`` is set. ``scratch``: the hops' buffers
     (None: new ones)."""
     n = contrib.numel()
-    bounds = [i * n // size for i in range(size + 1)]
-
-    def seg(i: int) -> slice:
-        i %= size
-        return slice(bounds[i], bounds[i + 1])
-
+    seg = _segments([i * n // size for i in range(size + 1)], size)
     nxt, prv = (rank + 1) % size, (rank - 1) % size
-    # reduce-scatter: at hop h, send the partial sum of segment rank - h, add to segment
-    # rank - h - 1; after size - 1 hops this rank holds the whole sum of segment rank + 1
-    outgoing = contrib[seg(rank)]
-    total = outgoing.to(torch.float64) if size == 1 else outgoing  # (replaced by hop 0)
-    for h in range(size - 1):
-        part = seg(rank - h - 1)
-        numel = part.stop - part.start
-        incoming = _buffer(scratch, "in", numel, contrib.dtype if h == 0 else torch.float64,
-                           contrib.device)
-        _exchange(pg, outgoing, nxt, incoming, prv, fenced)
-        # (the partial sum just sent is no longer needed: its buffer takes the next one)
-        total = _add64(contrib[part], incoming, _buffer(scratch, "sum", numel, torch.float64,
-                                                        contrib.device))
-        outgoing = total
-    _check(fenced)
-    out[seg(rank + 1)] = total
+    # reduce-scatter: this rank ends with the whole sum of segment rank + 1
+    out[seg(rank + 1)] = _reduce_scatter(pg, rank, size, rank + 1, contrib, seg, fenced,
+                                         scratch)
     # all-gather of the rounded sums
     for h in range(size - 1):
         _exchange(pg, out[seg(rank + 1 - h)], nxt, out[seg(rank - h)], prv, fenced)
@@ -99,28 +81,43 @@ def ring_reduce_scatter(pg: dist.ProcessGroup, rank: int, size: int, contrib: to
     ``bounds`` (``size + 1`` offsets, the same on every member) may cut uneven segments.
     Raises ``Fenced`` before any hop once ``fenced`` is set. With ``scratch`` (the hops'
     buffers) the sum returned is in it: read it before the ring's next job."""
+    return _reduce_scatter(pg, rank, size, rank, contrib, _segments(bounds, size), fenced,
+                           scratch)
+
+
+def _segments(bounds: Sequence[int], size: int) -> Callable[[int], slice]:
+    """Segment ``i`` (modulo ``size``) of a buffer cut at ``bounds``."""
 
     def seg(i: int) -> slice:
         i %= size
         return slice(bounds[i], bounds[i + 1])
 
-    nxt, prv = (rank + 1) % size, (rank - 1) % size
-    # as exact_ring_sum's reduce-scatter, shifted by one segment so that this rank ends with
-    # the sum of its own: at hop h send segment rank - 1 - h, add to segment rank - 2 - h
-    outgoing = contrib[seg(rank - 1)]
+    return seg
+
+
+def _reduce_scatter(pg: dist.ProcessGroup, rank: int, size: int, own: int,
+                    contrib: torch.Tensor, seg: Callable[[int], slice],
+                    fenced: threading.Event | None, scratch: Scratch | None) -> torch.Tensor:
+    """The ring's reduce-scatter, after which this rank holds the float64 sum of segment
+    ``own``: at hop h it sends the partial sum of segment ``own - 1 - h`` (its own
+    contribution at hop 0, as it is) and adds what it receives to its contribution of segment
+    ``own - 2 - h``, in float64. Returns the sum (in ``scratch`` where given)."""
     if size == 1:
-        return contrib[seg(rank)].to(torch.float64)
+        _check(fenced)
+        return contrib[seg(own)].to(torch.float64)
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    outgoing = contrib[seg(own - 1)]
     for h in range(size - 1):
-        part = seg(rank - h - 2)
+        part = seg(own - h - 2)
         numel = part.stop - part.start
         incoming = _buffer(scratch, "in", numel, contrib.dtype if h == 0 else torch.float64,
                            contrib.device)
         _exchange(pg, outgoing, nxt, incoming, prv, fenced)
-        total = _add64(contrib[part], incoming, _buffer(scratch, "sum", numel, torch.float64,
-                                                        contrib.device))
-        outgoing = total
+        # (the partial sum just sent is no longer needed: its buffer takes the next one)
+        outgoing = _add64(contrib[part], incoming, _buffer(scratch, "sum", numel,
+                                                           torch.float64, contrib.device))
     _check(fenced)
-    return total
+    return outgoing
 
 
 def exchange(pg: dist.ProcessGroup, sends: Sequence[tuple[torch.Tensor, int]],

@@ -4,8 +4,8 @@ It runs on a stable host (the launcher, or the job service) next to the TCPStore
 driven one ``tick()`` at a time, with the clock and the output sink injected, so tests can step
 it. It never touches training state: it only decides who takes part from which step.
 
-The loop is thin: it reads the store (``board.CoordinatorBoard``), hands each typed message
-(``protocol``) to its handler, which updates the membership's named sets
+The loop is thin: it reads the store (``intake.Intake`` over ``board.CoordinatorBoard``), hands
+each typed message (``protocol``) to its handler, which updates the membership's named sets
 (``members.Membership``) and the changes to report (``changes.ChangeLog``), and writes what
 the pure decisions (``members.decide_forming``, ``formation.Formation``) say.
 
@@ -27,6 +27,7 @@ from dyntrain.elastic.admission import Candidate, NumericsRecord, judge
 from dyntrain.elastic.membership.board import CoordinatorBoard
 from dyntrain.elastic.membership.changes import Change, ChangeLog, EventKind
 from dyntrain.elastic.membership.formation import Formation
+from dyntrain.elastic.membership.intake import Intake
 from dyntrain.elastic.membership.members import CoordinatorConfig, Membership, decide_forming
 from dyntrain.elastic.membership.phases import JobRecord, Phase, Sink
 
@@ -65,7 +66,7 @@ class Coordinator:
         self.job = JobRecord(numerics=numerics)
         self.started_at = clock()
         self.board = CoordinatorBoard(store)
-        self._last_poll, self._last_poll_known = 0.0, False  # for _own_stall
+        self.intake = Intake(self.board, self.membership, config, sink, clock)
         self._aborted: int | None = None  # the last generation whose members were told ABORT
         self._handlers: dict[type[p.Message], Callable] = {
             p.Hello: self._on_hello, p.Reattach: self._on_reattach, p.Ready: self._on_ready,
@@ -185,77 +186,26 @@ class Coordinator:
 
     def drain(self) -> None:
         """Read what workers sent after the job ended (final results, last metrics)."""
-        self._read_roster()
-        for worker, info in list(self.membership.known.items()):
-            count = self.board.inbox_count(worker)
-            if count is None:
-                continue
-            for seq in range(info.inbox_read, count):
-                self._receive(worker, self.board.message(worker, seq), (p.Result, p.Metrics))
-            info.inbox_read = count
+        for worker, msg in self.intake.leftovers():
+            if isinstance(msg, (p.Result, p.Metrics)):
+                self._handle(worker, msg)
 
     # ---- reading the store ----------------------------------------------------------------------
 
-    def _read_roster(self) -> None:
-        for worker in self.board.new_on_roster():
-            if self.membership.list_worker(worker, self.clock()):
-                self.board.watch(worker)
-
     def _poll_workers(self) -> None:
-        """One round trip for the roster count and every live worker's inbox count and
-        heartbeat (the steady state's only store traffic), then new messages. Workers of a
-        previous coordinator that have not re-attached yet have no keys here: they are only
-        timed out."""
-        m, timeout = self.membership, self.config.failure_timeout
-        while (polled := self.board.poll(watched := m.watched())) is None:
-            self._read_roster()  # newcomers: poll again with them
-        counts, beats = polled
-        now = self.clock()
-        self._own_stall(now)
-        for worker, counter in zip(watched, beats, strict=True):
-            silence = m.known[worker].beat(counter, now, timeout)
-            if silence is not None:
-                self.sink.log(f"worker {worker} was silent for {silence:.1f} s (lost after "
-                              f"{timeout:g} s)")
-        for worker, count in zip(watched, counts, strict=True):
-            self._read_inbox(worker, count)
-            if self.phase.is_terminal():
-                return
+        """One poll of the store (``intake.Intake``), then every new message, in order; a
+        live worker whose heartbeat stopped is declared dead."""
+        m = self.membership
+        now, counts = self.intake.poll()
+        for worker, count in counts:
+            for msg in self.intake.messages(worker, count):
+                self._handle(worker, msg)
+                if self.phase.is_terminal():
+                    return
         for worker in m.live():
-            limit = m.known[worker].overdue(now, timeout, REATTACH_WAIT)
+            limit = m.known[worker].overdue(now, self.config.failure_timeout, REATTACH_WAIT)
             if limit is not None:
                 self.mark_dead(worker, f"no heartbeat for {limit:g} s")
-
-    def _own_stall(self, now: float) -> None:
-        """A gap between two polls longer than ``stall_gap`` is the coordinator's own stall (a
-        frozen host): its workers' beats could not be seen then, so it is not their silence."""
-        gap, self._last_poll = now - self._last_poll, now
-        if self._last_poll_known and gap > self.config.own_stall():
-            self.membership.pause(gap)
-            self.sink.log(f"the coordinator did not run for {gap:.1f} s: its workers' silence "
-                          f"in that time is not counted")
-        self._last_poll_known = True
-
-    def _read_inbox(self, worker: str, count: int) -> None:
-        info = self.membership.known[worker]
-        if count <= info.inbox_read:
-            return
-        for seq, raw in self.board.take(worker, info.inbox_read, count):
-            info.inbox_read = seq + 1
-            self._receive(worker, raw)
-            if self.phase.is_terminal():
-                return
-
-    def _receive(self, worker: str, raw: bytes, only: tuple[type, ...] = (p.Message,)) -> None:
-        """Decode one message of ``worker``'s inbox and handle it if it is of the kinds
-        ``only``; a message the protocol does not know is refused, and logged."""
-        try:
-            msg = p.decode(raw, worker)
-        except p.ProtocolError as exc:
-            self.sink.log(f"refused a message from {worker}: {exc}")
-            return
-        if isinstance(msg, only):
-            self._handle(worker, msg)
 
     def _handle(self, worker: str, msg: p.Message) -> None:
         if worker in self.membership.dead:

@@ -46,7 +46,6 @@ import time
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import nn
 
 from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.collective.transfer import broadcast_state
@@ -84,37 +83,6 @@ def check_shardable(optimizer: torch.optim.Optimizer) -> None:
     if type(optimizer) not in (*SHARDABLE, *lars):
         raise ConfigError(f"optimizer {type(optimizer).__name__} cannot be sharded exactly; "
                           "shardable: SGD, Adam, AdamW, LARS; or shard_level 0")
-
-
-def shards_for(config: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-               params: Sequence[torch.Tensor], scaler=None) -> OptimizerShards | None:
-    """The member's ``OptimizerShards`` for ``config.shard_level`` 1 to 3, None at level 0.
-
-    Args:
-        config: The run's settings (``shard_level``, ``shard_redundancy``).
-        model: The model, for its parameters' names.
-        optimizer: The user's optimizer.
-        params: The trainable parameters in the stepper's order.
-        scaler: The run's loss scaler, if any (refused from level 2 on).
-
-    Raises:
-        ConfigError: The optimizer cannot be sharded exactly, a loss scaler from level 2 on,
-            or parameters that level 3 cannot gather (``parameters.check_level_3``).
-    """
-    if not config.shard_level:
-        return None
-    if config.shard_level >= 2 and scaler is not None:
-        raise ConfigError(f"a loss scaler is not supported with shard_level "
-                          f"{config.shard_level}: its overflow "
-                          "check needs the whole reduced gradient, which no member holds (an "
-                          "exact all-reduce of the check is not built); use shard_level 1, or "
-                          "bf16 without a scaler")
-    names = {id(q): n for n, q in model.named_parameters()}
-    shards = OptimizerShards(optimizer, params, [names[id(q)] for q in params],
-                             config.shard_redundancy, config.shard_level)
-    if config.shard_level >= 3:
-        shards.units = ParamUnits(model, params, [names[id(q)] for q in params], shards)
-    return shards
 
 
 def lost_message(lost: Sequence[str], redundancy: int, checkpoint_step: int | None) -> str:

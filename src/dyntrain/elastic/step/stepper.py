@@ -35,8 +35,8 @@ from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.collective.reducer import StepReduction, plan_buckets
 from dyntrain.elastic.collective.tail import SCALARS, TailLayout, set_flags
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.sharding.gradients import SUMS, GradientShards
-from dyntrain.elastic.sharding.zero import OptimizerShards
+from dyntrain.elastic.sharding.gradients import SUMS
+from dyntrain.elastic.sharding.strategy import Replicated, Sharding
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.step.buffers import BatchNormChunkStats
 from dyntrain.elastic.step.chunks import assign_chunks
@@ -122,11 +122,10 @@ class ChunkStepper:
                                            ema=config.noise_ema, population=self.dataset_size)
         parts.noise = self.noise  # so that its state travels with the training state
         self._pads: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        # ZeRO-1/2 (``TrainConfig.shard_level``, in a job): this member's share of the optimizer
-        # state, set by the trainer (``use_shards``); None steps everything. At level 2 also
-        # its share of the reduced gradient (``dyntrain.elastic.sharding.gradients``).
-        self.shards: OptimizerShards | None = None
-        self.grad_shards: GradientShards | None = None
+        # What this member reduces, steps and gathers (``TrainConfig.shard_level``, in a job):
+        # the strategy the trainer chose before its loop (``sharding.strategy.sharding_for``);
+        # re-laid out for each generation's plan (``lay_out``).
+        self.sharding: Sharding = Replicated(parts.optimizer)
 
     def batch_indices(self, step: int) -> torch.Tensor:
         """The sample indices of global step ``step`` (epochs run back to back)."""
@@ -145,15 +144,10 @@ class ChunkStepper:
         red = self.start(step, chunks, None)
         return torch.cat([*(contrib for contrib, _ in red.wires), red.meta])
 
-    def use_shards(self, shards: OptimizerShards, rank: int, size: int) -> None:
-        """Step only the tensors ``shards`` owns (its plan of this generation, in which this
-        member has rank ``rank`` of ``size``); at level 2 also lay the gradient buckets out by
-        primary owner, and sum each step's gradient only into its owners (``gradshard``)."""
-        self.shards = shards
-        if shards.level >= 2:
-            if self.grad_shards is None:
-                self.grad_shards = GradientShards(self.buckets, [q.numel() for q in self.params])
-            self.offsets = self.grad_shards.arrange(shards.owner_ranks, rank, size)
+    def lay_out(self, rank: int, size: int) -> None:
+        """A generation starts in which this member has rank ``rank`` of ``size``, its
+        sharding re-planned: lay the gradient buffer out as the sharding sums it."""
+        self.offsets = self.sharding.lay_out(self.offsets, rank, size)
 
     def gradient_bytes(self) -> int:
         """Bytes of the gradient buffers held: the flat one backward writes into, the float64
@@ -169,8 +163,9 @@ class ChunkStepper:
         chunk are summed over ``group`` as backward finishes them (``TrainConfig.overlap``);
         ``finish`` completes the step. ``most_chunks``: the most chunks any member computes in
         this step (1 lets the exact ring send single-chunk gradients as float32). ``slots``:
-        how many numbers the members add up besides (see ``finish``). ``should_abort``: at
-        level 2 the gradient is summed here, chunk by chunk (waits give up when it is true)."""
+        how many numbers the members add up besides (see ``finish``). ``should_abort``: where
+        the sharding sums the gradient chunk by chunk (``Sharding.step_rounds``), it is summed
+        here (waits give up when it is true)."""
         cfg, model, scaler = self.config, self.parts.model, self.parts.scaler
         model.train()
         self._bind(group.buffers if group is not None else self._spare)
@@ -186,16 +181,11 @@ class ChunkStepper:
         # there is no float64 copy at all.
         direct = len(chunks) <= 1 and group is not None and (
             group.size == 1 or (ring and most_chunks is not None and most_chunks <= 1))
-        # Level 2: each chunk's gradient is summed into its owners after its backward, in rounds,
-        # no float64 copy of the whole (``gradshard``); as level 1 where all own all (N <= r).
-        zero2 = (ring and self.grad_shards is not None and most_chunks is not None
-                 and not self.shards.replicated)
-        units = self.shards.units if zero2 else None  # level 3: parameters gathered per unit
-        if zero2:
-            self.grad_shards.begin(group, most_chunks)
+        # Sharded gradients: each chunk's gradient is summed into its owners after its
+        # backward, in rounds, no float64 copy of the whole (``Sharding.step_rounds``)
+        rounds = self.sharding.step_rounds(group, ring, most_chunks, should_abort or _never)
+        if rounds is not None:
             direct, measure = True, False  # noise_scale is refused at level 2 (TrainConfig)
-        if units is not None:
-            units.begin(group, should_abort or _never)
         # A chunk's own gradient is needed apart (float64 sum, or its norm for the noise scale):
         # backward writes it alone into the zeroed buffer, which is then added to ``total``. In
         # float32 that is the very addition backward would have done, so the sum is unchanged.
@@ -221,12 +211,12 @@ class ChunkStepper:
                 total[part] += self._grads[part]
             return total[part], self._grads[part]
 
-        # levels 2-3 with clipping: each tensor's primary sends its term of the global norm
-        squares = len(self.params) if zero2 and cfg.grad_clip_norm is not None else 0
+        # sharded gradients with clipping: each tensor's primary sends its term of the norm
+        squares = len(self.params) if rounds is not None and cfg.grad_clip_norm is not None else 0
         layout = TailLayout(self.bn.width * cfg.num_chunks, cfg.num_chunks if measure else 0,
                             slots, squares)
-        red = StepReduction(group, [] if zero2 else self.buckets, wire, overlap=cfg.overlap,
-                            ring=ring, layout=layout)
+        red = StepReduction(group, self.buckets if rounds is None else [], wire,
+                            overlap=cfg.overlap, ring=ring, layout=layout)
         if self.loader is not None:
             self.loader.expect(step, chunks)
         batch_idx = self.batch_indices(step)
@@ -241,13 +231,13 @@ class ChunkStepper:
                 self._seed(chunk_seed(cfg.seed, step, chunk))
                 batch = self.fetch(step, chunk, chunk_indices(batch_idx, chunk, cfg.chunk_size))
                 self.bn.before_chunk()
-                with units.round() if units is not None else contextlib.nullcontext():
+                with rounds.gathered() if rounds is not None else contextlib.nullcontext():
                     # the chunk's mean x chunk/global: summed over all chunks, the global mean
                     loss = self.loss_fn(model, batch) * (cfg.chunk_size / cfg.global_batch)
                     scaled = scaler.scale(loss) if scaler is not None else loss
-                    if last and cfg.overlap and not zero2:
+                    if last and cfg.overlap and rounds is None:
                         self._mark_unused(scaled, red)
-                    self._live = red if last and not zero2 else None
+                    self._live = red if last and rounds is None else None
                     try:
                         scaled.backward()
                     finally:
@@ -259,14 +249,10 @@ class ChunkStepper:
                 if separate and not last:
                     total += self._grads
                     self._grads.zero_()
-                if zero2:
-                    self.grad_shards.add_round(group, self._grads, should_abort or _never)
-            if zero2:
-                for _ in range(most_chunks - len(chunks)):  # zeros, as the busiest member's rounds
-                    if units is not None:
-                        units.phantom()  # and its gathers
-                    self.grad_shards.add_round(group, self._grads, should_abort or _never)
-                self.grad_shards.finish(group, self._grads, should_abort or _never)
+                if rounds is not None:
+                    rounds.add(self._grads)
+            if rounds is not None:
+                rounds.finish(self._grads, len(chunks))
         finally:  # BatchNorm's buffers as the step found them, also if it is abandoned halfway
             self.bn.before_chunk()
         red.launch_all()
@@ -280,7 +266,7 @@ class ChunkStepper:
             pieces.append(torch.zeros(slots, device=self.device, dtype=self.reduce_dtype))
         if squares:
             pieces.append(tensor_squares(self._grads, self.offsets, self._numels,
-                                         self.shards.primary_of(self.grad_shards.rank)))
+                                         rounds.primaries()))
         # only float64 parameters with a float32 reduction make the norms wider
         red.meta = torch.cat([*pieces, layout.scalars(loss_sum)]).to(self.reduce_dtype)
         return red
@@ -297,8 +283,7 @@ class ChunkStepper:
         meta = red.finish(red.meta, should_abort)
         self._attach_grads()
         result = self._apply_meta(meta, red.layout)
-        if self.shards is not None:
-            self.shards.after_step(red.group, should_abort)
+        self.sharding.after_step(red.group, should_abort)
         return result
 
     def _bucketed_norm(self, grads: torch.Tensor) -> torch.Tensor:
@@ -403,10 +388,7 @@ class ChunkStepper:
             grad_norm = global_norm(squares)  # (``gradnorm``: the same at every level)
             clip_to_norm_(self._grads, grad_norm, self.config.grad_clip_norm)
         lr = opt.param_groups[0].get("lr") if opt.param_groups else None
-        if self.shards is not None:
-            if scaler is not None and self.config.grad_clip_norm is None:
-                scaler.unscale_(opt)  # its overflow check must see the whole gradient
-            self.shards.before_step()
+        self.sharding.before_step(scaler, unscaled=self.config.grad_clip_norm is not None)
         if scaler is not None:
             scaler.step(opt)
             scaler.update()

@@ -1,9 +1,10 @@
 """A worker's writes to the run folder: checkpoints when due and the final model, made only
 while the coordinator confirms that the worker's generation still counts (see the fencing
-section of docs/architecture/elastic.md). At shard levels 1-3 every member writes its shard of
-a checkpoint in torch's DCP format (on an object store: into a local scratch folder, then
-uploaded) and the leader commits it (``dcpckpt``, ``ckptstore``); at level 0 the leader writes
-the whole state."""
+section of docs/architecture/elastic.md). What a checkpoint holds is the sharding's
+(``dyntrain.elastic.sharding.strategy``): where members share checkpoints (levels 1-3) every
+member writes its shard in torch's DCP format (on an object store: into a local scratch folder,
+then uploaded) and the leader commits it (``runs.dcp``, ``runs.checkpoints``); at level 0 the
+leader writes the whole state."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from dyntrain.elastic.runs.checkpoints import (
     upload_shard,
 )
 from dyntrain.elastic.runs.storage import RunStore, StorageError
+from dyntrain.elastic.sharding.strategy import Sharding
 from dyntrain.elastic.sharding.zero import checkpoint_due
 from dyntrain.elastic.state import TrainingParts, capture_state
 from dyntrain.elastic.worker.channel import WorkerChannel
@@ -47,11 +49,15 @@ class RunWriter:
         config: When checkpoints are due and how many are kept.
         parts: What a checkpoint holds.
         steps_per_epoch: For the checkpoint's position in the epoch.
+        sharding: The member's sharding (``sharding.strategy.sharding_for``): whether members
+            write their shares of a checkpoint, agreed in a step's tail, or the leader the
+            whole state, by its own clock.
     """
 
     def __init__(self, store: RunStore | None, config: TrainConfig, parts: TrainingParts,
-                 steps_per_epoch: int) -> None:
+                 steps_per_epoch: int, sharding: Sharding) -> None:
         self.store, self.config, self.parts = store, config, parts
+        self.sharding = sharding
         self.steps_per_epoch = steps_per_epoch
         self.channel: WorkerChannel | None = None  # in a job: see confirm_with
         self.worker: str | None = None
@@ -71,16 +77,21 @@ class RunWriter:
         every = self.config.checkpoint_every_seconds
         return every is not None and time.monotonic() - self._last_checkpoint >= every
 
+    def asks_checkpoint(self, leader: bool) -> bool:
+        """Whether this member asks the others in a step's tail for a checkpoint by time: the
+        leader, where members share checkpoints, once its clock says one is due."""
+        return self.sharding.shares_checkpoints and leader and self.time_due()
+
     def maybe_checkpoint(self, step: int, force: bool = False, generation: int | None = None,
-                         agreed: bool | None = None) -> None:
+                         agreed: bool = False) -> None:
         """Write a checkpoint of ``step`` if one is due (or ``force``); in a job, only while
         the coordinator confirms that ``generation`` (None: the worker, between generations)
-        still counts. ``agreed``: at sharding levels 1-3, whether the members agreed in the
-        step's tail that one by time is due (the leader's clock); None: this worker's clock
-        decides (``time_due``)."""
+        still counts. A checkpoint by time is due where members share checkpoints when they
+        ``agreed`` in the step's tail that it is (``asks_checkpoint``), else when this
+        worker's clock says so (``time_due``)."""
         cfg = self.config
         due = force or (cfg.checkpoint_every_steps and step % cfg.checkpoint_every_steps == 0)
-        due = due or (self.time_due() if agreed is None else agreed)
+        due = due or (agreed if self.sharding.shares_checkpoints else self.time_due())
         staged, self._staged = self._staged, None
         try:
             self._checkpoint(step, force, generation, due, staged)
@@ -122,26 +133,33 @@ class RunWriter:
         if self.channel is not None:
             self.channel.send(p.Checkpoint(generation, step, "", error=what))
 
-    def after_sharded_step(self, shards, group: Group, generation: int, step: int,
-                           force: bool, validate: bool,
-                           should_abort: Callable[[], bool]) -> None:
-        """Every member, after an applied step at shard levels 1-3 (``shards``: its
-        ``OptimizerShards``; ``force``: the last step, every member leaves after it, or the
-        members agreed on a checkpoint by time (``StepResult.checkpoint``);
-        ``validate``: the leader validates after it): when a checkpoint is due
-        (``checkpoint_due``, as every member can tell), write this member's shard of it
-        into the step's staging folder (on an object store: into a scratch folder of its own,
-        then uploaded into the generation's folder of the step) and exchange the reports (the
-        leader commits it in ``maybe_checkpoint``). Then the shards' own work after a step
-        (``OptimizerShards.after_applied``)."""
-        due = force or checkpoint_due(self.config, step, -1, False)
+    def keep_before_leaving(self, step: int) -> None:
+        """A worker that holds the state of ``step`` leaves between generations (its peers may
+        be leaving too: Ctrl-C, a suspended job): checkpoint it unless a checkpoint already
+        holds it, or the worker holds only its share of it."""
+        if not self.sharding.shares_checkpoints and step > self.newest_checkpoint_step():
+            self.maybe_checkpoint(step, force=True, generation=None)
+
+    def after_step(self, group: Group, generation: int, step: int, force: bool,
+                   validate: bool, should_abort: Callable[[], bool]) -> None:
+        """Every member, after an applied step of a job (``force``: the last step, every
+        member leaves after it, or the members agreed on a checkpoint by time
+        (``StepResult.checkpoint``); ``validate``: the leader validates after it). Where
+        members share checkpoints and one is due (``checkpoint_due``, as every member can
+        tell), write this member's shard of it into the step's staging folder (on an object
+        store: into a scratch folder of its own, then uploaded into the generation's folder of
+        the step) and exchange the reports (the leader commits it in ``maybe_checkpoint``).
+        Then the sharding's own work after a step (``Sharding.after_applied``)."""
+        due = self.sharding.shares_checkpoints and (
+            force or checkpoint_due(self.config, step, -1, False))
         sharded = due and self.store is not None
         if sharded:
-            self._write_shard(shards, group, generation, step, should_abort)
-        shards.after_applied(group, due and not sharded, validate, should_abort)
+            self._write_shard(group, generation, step, should_abort)
+        self.sharding.after_applied(group, due and not sharded, validate, should_abort)
 
-    def _write_shard(self, shards, group: Group, generation: int, step: int,
+    def _write_shard(self, group: Group, generation: int, step: int,
                      should_abort: Callable[[], bool]) -> None:
+        shards = self.sharding.shards
         local = self.store.local
         staging = (dcp.staging_folder(local / FOLDER, step, generation) if local is not None
                    else Path(tempfile.mkdtemp(prefix=f"dyntrain-dcp-{step:09d}-")))
