@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dyntrain.elastic.storage import LocalStore
 from dyntrain.lab import Measurement, Study, Trial, write_study
+from dyntrain.service.assembly import build_service
 from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
@@ -30,7 +31,8 @@ from dyntrain.service.core.model import (
     Resources,
 )
 from dyntrain.service.core.model import JobStatus as S
-from dyntrain.service.server import Service, ServiceConfig, create_app
+from dyntrain.service.engine.service import ServiceConfig
+from dyntrain.service.server import create_app
 from dyntrain.service.store import WORKER_EXITED, WORKER_LEAVING, WORKER_RUNNING, WorkerRecord
 from dyntrain.service.web import auth
 from dyntrain.service.web.capacity import CapacityHistory, Sample
@@ -59,7 +61,7 @@ def membership_event(kind, workers, before, after, t0, requested, first, **extra
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("web")
-    service = Service(ServiceConfig(state_dir=tmp / "state", token=TOKEN))
+    service = build_service(ServiceConfig(state_dir=tmp / "state", token=TOKEN))
     store = service.store
     store.create_compute_environment(ComputeEnvironmentSpec(
         "spot", CapacityType.SPOT, 0.35, SMALL, 0, 2, 4))

@@ -3,10 +3,8 @@
 The front ends (``api``, ``aws``, ``web``) import only downward and never each other; this module,
 above all three, puts them together: ``create_app`` is the REST API with the dashboard mounted on
 it (the dashboard's session cookie counting as the API's token, the lab's reports on its lab
-page), ``create_server_app`` puts the AWS wire protocols in front of that.
-
-``Service``, ``ServiceConfig``, ``is_loopback`` and ``DEFAULT_PORT`` live in
-``dyntrain.service.engine.service``; they are importable from here as before.
+page), ``create_server_app`` puts the AWS wire protocols in front of that. The service itself
+is built by ``dyntrain.service.assembly``.
 """
 
 from __future__ import annotations
@@ -20,13 +18,10 @@ from starlette.types import ASGIApp
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api.app import create_api
 from dyntrain.service.aws.app import with_aws
-from dyntrain.service.engine.service import DEFAULT_PORT, Service, ServiceConfig, is_loopback
+from dyntrain.service.engine.service import Service
 from dyntrain.service.web import auth as web_auth
 from dyntrain.service.web.lab import LabReport
 from dyntrain.service.web.mount import mount_dashboard
-
-__all__ = ["DEFAULT_PORT", "Service", "ServiceConfig", "create_app", "create_server_app",
-           "is_loopback", "lab_report"]
 
 
 def lab_report(root: Path) -> dict[str, Any]:

@@ -193,7 +193,7 @@ class Controller:
                 self.stopper.stop_all(attempt, reason)
                 # until its workers are gone it stays RUNNING: say that it is on its way out
                 if attempt.host is not None:
-                    attempt.host.sink.stopping = True  # membership news no longer says why
+                    attempt.host.mark_stopping()  # membership news no longer says why
                 self.store.update_job(attempt.job_id, status_reason=terminating(reason))
 
     # ---- capacity and the scheduler --------------------------------------------------------------
@@ -253,7 +253,7 @@ class Controller:
             if job.elastic is None:  # a plain or multi-node job never grows back
                 lo = hi = max(1, sum(running.get(job.id, {}).values()))
             status = JobStatus.RUNNING if attempt.workers else JobStatus.STARTING
-            profile = (attempt.host.sink.speedup.profile() if attempt.host is not None
+            profile = (attempt.host.speedup_profile() if attempt.host is not None
                        and self.config.policy.reallocates else None)
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),

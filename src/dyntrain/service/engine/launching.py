@@ -176,7 +176,7 @@ class Launcher:
             self.store.add_worker(record)
             self.attempts.own(record.id, attempt.job_id)
         specs = self._specs([attempt])
-        asked = attempt.host.coordinator.clock() if attempt.host is not None else None
+        asked = attempt.host.clock() if attempt.host is not None else None
         answers = dict(zip((s.worker_id for s in specs), self.executor.start_many(specs),
                            strict=True))
         handles, error = self._results([attempt], answers)[attempt.job_id]
@@ -187,8 +187,7 @@ class Launcher:
                                  self._drop_unstarted(attempt), {})
         if attempt.host is not None and first > 0 and handles:
             # workers added together join together: the group re-forms once
-            attempt.host.coordinator.expect_joiners(list(handles), within=60.0,
-                                                    requested_at=asked)
+            attempt.host.expect_joiners(list(handles), within=60.0, requested_at=asked)
         self.stopper.count_workers(attempt)
         if error is not None:
             if not isinstance(error, StartError):  # no more room: grow again once there is

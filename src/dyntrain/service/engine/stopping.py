@@ -75,7 +75,7 @@ class Stopper:
 
     def _record_leave(self, attempt: Attempt, w: WorkerRecord, reason: str) -> None:
         if attempt.host is not None:
-            attempt.host.coordinator.note_request(w.id)
+            attempt.host.note_request(w.id)
         now = self.clock()
         self.store.update_worker(w.id, state=WORKER_LEAVING, leave_reason=reason, leave_at=now)
         attempt.leaving(w, reason, now)
