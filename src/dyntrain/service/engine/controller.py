@@ -43,7 +43,7 @@ from dyntrain.elastic.storage import RunStore
 from dyntrain.service.core.capacity import parse_trace
 from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.placement import still_held
 from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
 from dyntrain.service.core.scheduler import schedule
@@ -57,7 +57,7 @@ from dyntrain.service.engine.recovery import Recovery
 from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
 from dyntrain.service.engine.settling import Settler
 from dyntrain.service.engine.stopping import Stopper
-from dyntrain.service.store import WORKER_RUNNING, ComputeEnvironment, Job, Store
+from dyntrain.service.store import ComputeEnvironment, Job, Store
 
 
 class Controller:
@@ -227,7 +227,7 @@ class Controller:
         in_use: dict[str, int] = defaultdict(int)
         for attempt in self.attempts.values():
             for w in attempt.workers.values():
-                if w.state == WORKER_RUNNING:
+                if w.state == WorkerState.RUNNING:
                     running[w.job_id][w.compute_environment] += 1
                     in_use[w.compute_environment] += 1
                 else:

@@ -21,7 +21,7 @@ from dyntrain.service.core.executor import (
     WorkerSpec,
 )
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.placement import Refusal, refusal, with_released
 from dyntrain.service.core.plan import Start
 from dyntrain.service.core.submitter import job_numerics, pinned_kernels
@@ -32,7 +32,7 @@ from dyntrain.service.engine.jobindex import JobIndex, job_view
 from dyntrain.service.engine.logtail import LogPump
 from dyntrain.service.engine.runfolders import ElasticHosts, RunFolders
 from dyntrain.service.engine.stopping import Stopper
-from dyntrain.service.store import WORKER_RUNNING, ComputeEnvironment, Job, Store, WorkerRecord
+from dyntrain.service.store import ComputeEnvironment, Job, Store, WorkerRecord
 
 MAIN_NODE_ADDRESS = "127.0.0.1"  # every worker of the local executor runs on this host
 
@@ -238,7 +238,7 @@ class Launcher:
                 attempt.workers_started += 1
                 records.append(WorkerRecord(wid, attempt.job_id, attempt.number, env_name,
                                             ce.spec.capacity_type.value,
-                                            ce.spec.price_per_slot_hour, None, WORKER_RUNNING,
+                                            ce.spec.price_per_slot_hour, None, WorkerState.RUNNING,
                                             now))
         attempt.workers.update((r.id, r) for r in records)
         return records

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.plan import JobView
 from dyntrain.service.core.torchrun import ExitAction, after_worker_exit
 from dyntrain.service.engine.attempts import (
@@ -22,7 +22,7 @@ from dyntrain.service.engine.logtail import LogPump
 from dyntrain.service.engine.runfolders import RunFolders
 from dyntrain.service.engine.stopping import Stopper
 from dyntrain.service.engine.worker_log import read_error_line, read_result
-from dyntrain.service.store import WORKER_RUNNING, Job, Store
+from dyntrain.service.store import Job, Store
 from dyntrain.service.store.scheduling import AttemptEnd, UsageRow, WorkerExitRow
 
 
@@ -97,17 +97,18 @@ class Settler:
                                         w.capacity_type, amount, w.price_per_slot_hour, lost,
                                         now))
         attempt.last_exit = exit_
-        if code is not None and code > 0 and w.state == WORKER_RUNNING and not attempt.first_error:
+        if (code is not None and code > 0 and w.state == WorkerState.RUNNING
+                and not attempt.first_error):
             line = read_error_line(self.folders.log_path(w.job_id, w.id))
             who = f"{w.id.rsplit('-', 1)[-1]} " if attempt.host is not None else ""
             attempt.first_error = f"{who}{line}" if line else None
-        if attempt.host is not None and code not in (0, None) and w.state == WORKER_RUNNING:
+        if attempt.host is not None and code not in (0, None) and w.state == WorkerState.RUNNING:
             self._failed_untrained(attempt)
         if exit_.lost and not attempt.job.torchrun and (
                 attempt.host is None or not attempt.workers):
             attempt.claim(Ending(EndKind.PREEMPTED))  # its node went away: capacity taken back
         if attempt.host is not None:
-            attempt.host.worker_exited(w.id, failed=w.state == WORKER_RUNNING and code != 0,
+            attempt.host.worker_exited(w.id, failed=w.state == WorkerState.RUNNING and code != 0,
                                        reason=f"exit code {code}")
         if attempt.job.torchrun:
             self._torchrun_exit(attempt, w.id, exit_, code)

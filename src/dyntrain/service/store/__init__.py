@@ -28,9 +28,6 @@ from dyntrain.service.store.records import (
     ACTIVE,
     INACTIVE,
     MUTABLE_JOB_FIELDS,
-    WORKER_EXITED,
-    WORKER_LEAVING,
-    WORKER_RUNNING,
     AttemptRecord,
     ComputeEnvironment,
     Event,
@@ -56,7 +53,7 @@ class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, Worker
 
 
 __all__ = [
-    "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "WORKER_EXITED", "WORKER_LEAVING",
-    "WORKER_RUNNING", "AttemptRecord", "ComputeEnvironment", "Event", "Job", "JobDefinition",
+    "ACTIVE", "INACTIVE", "MUTABLE_JOB_FIELDS", "AttemptRecord", "ComputeEnvironment", "Event",
+    "Job", "JobDefinition",
     "JobEntry", "JobQueue", "LogLine", "LogStream", "Store", "Usage", "WorkerRecord", "metadata",
 ]

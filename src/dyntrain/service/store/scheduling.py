@@ -15,12 +15,11 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy import bindparam
 
-from dyntrain.service.core.model import JobStatus, Resources, ValidationError
+from dyntrain.service.core.model import JobStatus, Resources, ValidationError, WorkerState
 from dyntrain.service.store.base import _TERMINAL, StoreBase, _enum
 from dyntrain.service.store.jobs import _deps_of, _job_from_row
 from dyntrain.service.store.records import (
     MUTABLE_JOB_FIELDS,
-    WORKER_EXITED,
     Job,
     JobEntry,
     WorkerRecord,
@@ -171,7 +170,7 @@ class SchedulingStore(StoreBase):
         with self._tx() as conn:
             if exits:
                 conn.execute(workers.update().where(workers.c.id == bindparam("b_id")).values(
-                    state=WORKER_EXITED, exit_code=bindparam("b_code"),
+                    state=WorkerState.EXITED.value, exit_code=bindparam("b_code"),
                     stopped_at=bindparam("b_at"),
                     leave_reason=sa.func.coalesce(workers.c.leave_reason, bindparam("b_why"))),
                     [e._asdict() for e in exits])
@@ -247,7 +246,7 @@ class SchedulingStore(StoreBase):
                              [{"b_id": k, "b_handle": v} for k, v in handles.items()])
             if never_started:
                 conn.execute(workers.update().where(workers.c.id.in_(list(never_started)))
-                             .values(state=WORKER_EXITED, stopped_at=now,
+                             .values(state=WorkerState.EXITED.value, stopped_at=now,
                                      leave_reason="never started"))
             if running:
                 conn.execute(jobs.update().where(
@@ -270,7 +269,8 @@ def _job_changes(to_status: JobStatus | str, reason: str | None, changes: dict,
 def _worker_row(w: WorkerRecord) -> dict[str, Any]:
     return {"id": w.id, "job_id": w.job_id, "attempt_no": w.attempt_no,
             "compute_environment": w.compute_environment, "capacity_type": w.capacity_type,
-            "price_per_slot_hour": w.price_per_slot_hour, "handle": w.handle, "state": w.state,
-            "started_at": w.started_at, "leave_reason": w.leave_reason,
-            "exit_code": w.exit_code, "leave_at": w.leave_at, "stopped_at": w.stopped_at}
+            "price_per_slot_hour": w.price_per_slot_hour, "handle": w.handle,
+            "state": WorkerState(w.state).value, "started_at": w.started_at,
+            "leave_reason": w.leave_reason, "exit_code": w.exit_code, "leave_at": w.leave_at,
+            "stopped_at": w.stopped_at}
 

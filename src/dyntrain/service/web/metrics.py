@@ -15,9 +15,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.engine.service import Service
-from dyntrain.service.store import WORKER_RUNNING
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.context import environments
 
@@ -96,7 +95,7 @@ class ServiceCollector(Collector):
             labels=labels)
         store, controller = self.service.store, self.service.controller
         running = Counter(w.job_id for w in store.list_workers(active=True)
-                          if w.state == WORKER_RUNNING)
+                          if w.state == WorkerState.RUNNING)
         for job in store.list_jobs(status=[JobStatus.RUNNING], limit=10_000):
             if job.elastic is None:
                 continue
