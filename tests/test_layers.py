@@ -104,7 +104,7 @@ def test_the_service_check_sees_each_kind_of_violation(tmp_path):
         "def get(name):\n    import importlib\n")
     (tmp_path / "service" / "web" / "b.py").write_text(
         "from ..api import views\nfrom dyntrain.service.engine import reads\n"
-        "def f():\n    import dyntrain.lab.report\n")
+        "def f():\n    import dyntrain.lab.analysis\n")
     (tmp_path / "service" / "engine" / "c.py").write_text(
         "from dyntrain.service.executors.local import LocalExecutor\n")
     assert violations(tmp_path, "service/core", SERVICE_FORBIDDEN["service/core"]) == [
@@ -112,7 +112,7 @@ def test_the_service_check_sees_each_kind_of_violation(tmp_path):
         "service/core/a.py:6 imports importlib"]
     assert violations(tmp_path, "service/web", SERVICE_FORBIDDEN["service/web"]) == [
         "service/web/b.py:1 imports dyntrain.service.api",
-        "service/web/b.py:4 imports dyntrain.lab.report"]
+        "service/web/b.py:4 imports dyntrain.lab.analysis"]
     assert violations(tmp_path, "service/engine", SERVICE_FORBIDDEN["service/engine"]) == [
         "service/engine/c.py:1 imports dyntrain.service.executors.local"]
     allowed = frozenset({("service/engine/c.py", "dyntrain.service.executors.local")})

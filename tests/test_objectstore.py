@@ -18,7 +18,7 @@ from dyntrain.elastic.checkpoint import encode_checkpoint
 from dyntrain.elastic.runfolder import RunFolderMismatch
 from dyntrain.elastic.runlog import read_metrics
 from dyntrain.elastic.storage import StorageError, open_store
-from dyntrain.lab.report import load_noise
+from dyntrain.lab.noise import load_noise
 from dyntrain.testing.wait import wait_until
 from objectstore import start_s3_server
 

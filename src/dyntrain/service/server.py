@@ -28,7 +28,8 @@ def lab_report(root: Path) -> dict[str, Any]:
     """The lab's report of the sweep folder ``root`` as JSON (``{"error": ...}`` when it has
     none yet): the dashboard's lab page. The lab is imported only now: it sits above the
     service."""
-    from dyntrain.lab.report import analyse, to_json
+    from dyntrain.lab.analysis import analyse
+    from dyntrain.lab.render import to_json
     from dyntrain.lab.results import read_studies
 
     try:

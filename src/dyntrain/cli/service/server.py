@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from dyntrain.cli.service.common import DEFAULT_PORT, one_line
+from dyntrain.cli.service.common import one_line
 from dyntrain.errors import DyntrainError
+from dyntrain.service.core.model import DEFAULT_PORT
 
 
 def _bind(host: str, port: int) -> socket.socket:
