@@ -149,14 +149,34 @@ def test_only_an_adapter_may_import_a_training_framework():
 
 
 MAX_LINES = 500  # the house rule: small modules
-KEPT_SMALL = ("service",)  # packages whose every module this checks
+# Modules still over the cap, each to be split along its seams (not to fit) as ``elastic/`` is
+# reorganised into sub-packages; this set only ever shrinks, and a module that meets the cap
+# must leave it (the test says so).
+OVER_500_LINES_UNTIL_SPLIT = frozenset({
+    "elastic/coordinator.py",
+    "elastic/stepper.py",
+    "elastic/trainer.py",
+})
 
 
-@pytest.mark.parametrize("package", KEPT_SMALL)
-def test_no_module_is_over_500_lines(package):
-    long = {str(p.relative_to(SRC)): n for p in sorted((SRC / package).rglob("*.py"))
+def long_modules(root: Path) -> dict[str, int]:
+    """Every module under ``root`` over ``MAX_LINES`` lines, with its length."""
+    return {p.relative_to(root).as_posix(): n for p in sorted(root.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
+
+
+def test_no_module_is_over_500_lines():
+    long = long_modules(SRC)
+    assert {m: n for m, n in long.items() if m not in OVER_500_LINES_UNTIL_SPLIT} == {}
+    assert sorted(OVER_500_LINES_UNTIL_SPLIT - set(long)) == [], \
+        "now within the cap: remove from OVER_500_LINES_UNTIL_SPLIT"
+
+
+def test_the_size_check_counts_lines_of_every_module(tmp_path):
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "pkg" / "ok.py").write_text("x = 1\n" * MAX_LINES)
+    assert long_modules(tmp_path) == {"pkg/sub/big.py": MAX_LINES + 1}
 
 
 def test_the_service_and_the_cli_start_without_torch():

@@ -22,7 +22,7 @@ from dyntrain.elastic.runfolder import read_numerics
 from dyntrain.elastic.runlog import last_step
 from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
 from dyntrain.errors import ConfigError
-from dyntrain.launch.runner import RunSink
+from dyntrain.launch.sink import RunSink
 from dyntrain.service.core.jobtext import short_worker
 from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.speedup import JobProfile, SpeedupTracker

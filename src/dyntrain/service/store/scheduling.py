@@ -17,7 +17,8 @@ from sqlalchemy import bindparam
 
 from dyntrain.service.core.model import JobStatus, Resources, ValidationError, WorkerState
 from dyntrain.service.store.base import _TERMINAL, StoreBase, _enum
-from dyntrain.service.store.jobs import _deps_of, _job_from_row
+from dyntrain.service.store.dependencies import deps_of
+from dyntrain.service.store.jobs import _job_from_row
 from dyntrain.service.store.records import (
     MUTABLE_JOB_FIELDS,
     Job,
@@ -87,7 +88,7 @@ class SchedulingStore(StoreBase):
         q = q.order_by(jobs.c.created_at, jobs.c.id).limit(limit)
         with self._tx(write=False) as conn:
             rows = conn.execute(q).all()
-            deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+            deps = deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
         return [JobEntry(r.id, r.queue, JobStatus(r.status), r.status_reason, r.created_at,
                          Resources(r.cpus, r.gpus, r.memory_mib), r.min_workers, r.max_workers,
                          r.array_parent_id, r.array_index, r.array_size, deps.get(r.id, ()),
@@ -100,7 +101,7 @@ class SchedulingStore(StoreBase):
         with self._tx(write=False) as conn:
             for part in _chunks(list(ids)):
                 rows = conn.execute(sa.select(jobs).where(jobs.c.id.in_(part))).all()
-                deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+                deps = deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
                 out.update((r.id, _job_from_row(r._mapping, deps.get(r.id, ()))) for r in rows)
         return out
 
