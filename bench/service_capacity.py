@@ -71,9 +71,10 @@ from dyntrain.service.core.model import (  # noqa: E402
     ComputeEnvironmentSpec,
     JobQueueSpec,
     Resources,
-    WorkerState,  # noqa: E402
+    WorkerState,
 )
-from dyntrain.service.engine.controller import Controller, ControllerConfig  # noqa: E402
+from dyntrain.service.engine.config import ControllerConfig  # noqa: E402
+from dyntrain.service.engine.controller import Controller  # noqa: E402
 from dyntrain.service.executors.local import LocalExecutor  # noqa: E402
 from dyntrain.service.store import Store  # noqa: E402
 

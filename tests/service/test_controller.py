@@ -28,7 +28,8 @@ from dyntrain.service.core.model import (
     Resources,
     WorkerState,
 )
-from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.controller import Controller
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store, WorkerRecord
 

@@ -28,8 +28,9 @@ from dyntrain.elastic.address import machine_addresses
 from dyntrain.service.client import Client
 from dyntrain.service.core.executor import ExecutorError, StartError, WorkerSpec
 from dyntrain.service.core.model import Resources
-from dyntrain.service.executors.ray import RayExecutor, import_ray
+from dyntrain.service.executors.ray import RayExecutor
 from dyntrain.service.executors.ray_address import coordinator_address
+from dyntrain.service.executors.ray_nodes import import_ray
 from dyntrain.testing.jobs import pinned_env
 from dyntrain.testing.wait import wait_until
 

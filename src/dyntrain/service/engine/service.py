@@ -13,7 +13,8 @@ from dyntrain.errors import DyntrainError
 from dyntrain.service.core.allocation import policy_by_name
 from dyntrain.service.core.executor import Executor
 from dyntrain.service.core.model import DEFAULT_PORT, ComputeEnvironmentSpec, JobQueueSpec
-from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.controller import Controller
 from dyntrain.service.engine.statelock import StateDirLock
 from dyntrain.service.store import Store
 
