@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-from dyntrain.elastic.runlog import read_records
+from dyntrain.elastic.runs.log import read_records
 from dyntrain.procstat import all_pids, read_stat
 
 
@@ -113,7 +113,7 @@ class LineReader:
 
 def read_jsonl(path: Path) -> list[dict]:
     """The JSON objects of a line file (none when there is none), read as dyntrain reads its
-    run files (``dyntrain.elastic.runlog``: a line still being written waits)."""
+    run files (``dyntrain.elastic.runs.log``: a line still being written waits)."""
     return [record.data for record in read_records(path.parent, path.name).records]
 
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from _common import machine_info, write_result
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

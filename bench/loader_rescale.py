@@ -31,7 +31,7 @@ from _common import (  # bench/ is sys.path[0] when run as a script
     write_result,
 )
 from dyntrain.data import pack
-from dyntrain.elastic.runlog import RunLogError, read_metrics
+from dyntrain.elastic.runs.log import RunLogError, read_metrics
 from dyntrain.procstat import read_stat
 from dyntrain.workloads.digits_images import write_digits_images
 from rescale_latency import _count_kinds, dyntrain_schedule

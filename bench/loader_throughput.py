@@ -48,7 +48,7 @@ from _common import (  # bench/ is sys.path[0] when run as a script
 from dyntrain.data import ChunkLoader, ImageDataset, ImageTransform, LoaderConfig, pack
 from dyntrain.data import images as im
 from dyntrain.data.sources import ImageFolder
-from dyntrain.elastic.sampler import BatchOrder
+from dyntrain.elastic.step.sampler import BatchOrder
 
 
 def write_crops(root: Path, count: int, seed: int = 0) -> None:

@@ -46,9 +46,9 @@ import torch
 
 from _common import machine_info, write_result  # bench/ is sys.path[0] when run as a script
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 from dyntrain.elastic.state import TrainingParts
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.step.stepper import ChunkStepper
 from dyntrain.workloads.digits import build_model, cross_entropy, load_digits_split
 
 BENCH = Path(__file__).resolve().parent

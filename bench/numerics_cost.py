@@ -71,7 +71,7 @@ from dyntrain.elastic.numerics import (
     default_kernels,
     host_levels,
 )
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 from dyntrain.workloads.digits_images import write_digits_images
 
 BENCH = Path(__file__).resolve().parent

@@ -52,7 +52,7 @@ import torch
 
 import ddp_worker  # bench/ is sys.path[0] when run as a script
 from _common import write_result
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 from dyntrain.lab.machine import cpu_accounts, other_load
 from dyntrain.procstat import read_stat
 

@@ -32,11 +32,11 @@ from ddp_worker import (  # bench/ is sys.path[0] when run as a script
     make_model,
     make_optimizer,
 )
-from dyntrain.elastic import stepper as stepper_module
-from dyntrain.elastic.buffers import BatchNormChunkStats
-from dyntrain.elastic.channel import WorkerChannel
-from dyntrain.elastic.reducer import StepReduction
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.collective.reducer import StepReduction
+from dyntrain.elastic.step import stepper as stepper_module
+from dyntrain.elastic.step.buffers import BatchNormChunkStats
+from dyntrain.elastic.step.stepper import ChunkStepper
+from dyntrain.elastic.worker.channel import WorkerChannel
 
 
 class PartTimer:

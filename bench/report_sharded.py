@@ -16,7 +16,7 @@ AFTER_NOTE = """
 The re-shard runs alone (`--setups ''`), written elsewhere and copied here, on the 2-core
 machine shared with other test runs (a run of `tests/test_sharded.py` on 2 processes
 alongside): 1-minute load 12.5 at the start, 12.5-20 during the 100M run. Each moving tensor's
-AdamW state goes from one holder to its new owner alone (`dyntrain.elastic.moves`), and no
+AdamW state goes from one holder to its new owner alone (`dyntrain.elastic.sharding.moves`), and no
 parameter is sent again (none of these changes interrupted a step in the parameters'
 broadcast).
 """

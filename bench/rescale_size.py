@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from _common import free_port, machine_info, read_jsonl, write_result
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 
 BENCH = Path(__file__).resolve().parent
 WORKER = BENCH / "rescale_size_worker.py"

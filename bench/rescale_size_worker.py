@@ -22,10 +22,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import dyntrain
-from dyntrain.elastic.checkpoint import dumps, loads
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.collective.comm import Group
+from dyntrain.elastic.collective.transfer import broadcast_state, state_bytes
+from dyntrain.elastic.runs.checkpoint_file import dumps, loads
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
-from dyntrain.elastic.transfer import broadcast_state, state_bytes
 
 
 def make_model(params: int, layers: int = 4) -> nn.Module:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from _common import free_port, machine_info, median, write_result
-from dyntrain.elastic.ring import Scratch, exact_ring_sum
+from dyntrain.elastic.collective.ring import Scratch, exact_ring_sum
 
 KINDS = ("fresh buffers", "reused buffers", "gloo float32 all-reduce")
 

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from _common import free_port, machine_info, median, read_jsonl, write_result
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent

@@ -9,7 +9,7 @@ for every re-sharding (level >= 1) its seconds (and per part: ``OptimizerShards.
 bytes of optimizer state and parameters it received and sent (``moves.MoveStats``) and the
 bytes of the state of the tensors it became a new owner of (what the ownership change
 requires). The probes wrap ``OptimizerShards.reshard`` and the ``diff_plans`` that
-``dyntrain.elastic.sharded`` calls, in this process only.
+``dyntrain.elastic.sharding.zero`` calls, in this process only.
 
 ``baseline ddp|fsdp2 RANK WORLD PORT OUT GPT-ARGS``: one rank of a plain torch loop (gloo on
 127.0.0.1, no agent) over the same model, corpus windows, AdamW groups, clipping and global
@@ -82,11 +82,11 @@ class ReshardProbe:
     """Records each re-sharding of this member into ``reshard-<id>.jsonl`` of the run folder."""
 
     def __init__(self, out: Path) -> None:
-        from dyntrain.elastic import sharded
+        from dyntrain.elastic.sharding import zero
 
-        self.sharded, self.out = sharded, out
+        self.sharded, self.out = zero, out
         self.diff = None
-        reshard, diff_plans = sharded.OptimizerShards.reshard, sharded.diff_plans
+        reshard, diff_plans = zero.OptimizerShards.reshard, zero.diff_plans
 
         def timed_reshard(shards, group, gen, me, should_abort):
             self.diff = None
@@ -117,8 +117,8 @@ class ReshardProbe:
             self.diff = diff_plans(old, new, senders)
             return self.diff
 
-        sharded.OptimizerShards.reshard = timed_reshard
-        sharded.diff_plans = recorded_diff
+        zero.OptimizerShards.reshard = timed_reshard
+        zero.diff_plans = recorded_diff
 
 
 def dyntrain_member(argv: list[str]) -> None:

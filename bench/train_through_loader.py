@@ -33,9 +33,9 @@ from _common import (  # bench/ is sys.path[0] when run as a script
     write_result,
 )
 from dyntrain.data import ImageDataset, LoaderConfig, pack
-from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.step.sampler import BatchOrder
+from dyntrain.elastic.step.stepper import ChunkStepper
 from dyntrain.recipes import get_recipe
 from dyntrain.workloads.digits_images import write_digits_images
 

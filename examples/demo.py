@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dyntrain.elastic.runlog import read_events
+from dyntrain.elastic.runs.log import read_events
 
 WORKLOAD = ["-m", "dyntrain.workloads.digits", "--epochs", "20", "--global-batch", "64",
             "--chunk-size", "8"]

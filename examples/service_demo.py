@@ -32,7 +32,7 @@ from typing import NoReturn
 import torch
 import uvicorn
 
-from dyntrain.elastic.runlog import read_events
+from dyntrain.elastic.runs.log import read_events
 from dyntrain.errors import DyntrainError
 from dyntrain.outdir import make_out_dir
 from dyntrain.service.assembly import build_service

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dyntrain.elastic.runlog import read_records
+from dyntrain.elastic.runs.log import read_records
 from dyntrain.testing.jobs import pinned_env
 from dyntrain.testing.wait import wait_until
 
@@ -100,7 +100,7 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 def read_jsonl(path: Path) -> list[dict]:
     """The JSON objects of a line file, read as the product reads its run files
-    (``dyntrain.elastic.runlog``): a line still being written waits, a bad line fails."""
+    (``dyntrain.elastic.runs.log``): a line still being written waits, a bad line fails."""
     return [record.data for record in read_records(path.parent, path.name).records]
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from dyntrain.elastic.balance import ChunkBalancer
-from dyntrain.elastic.plan import balance_counts, blocks, step_seconds
+from dyntrain.elastic.step.balance import ChunkBalancer
+from dyntrain.elastic.step.chunks import balance_counts, blocks, step_seconds
 
 
 def test_a_twice_slower_rank_gets_a_third_of_the_chunks():

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from dyntrain.elastic.buffers import BatchNormChunkStats
-from dyntrain.elastic.plan import assign_chunks
+from dyntrain.elastic.step.buffers import BatchNormChunkStats
+from dyntrain.elastic.step.chunks import assign_chunks
 
 CHUNK = 4
 

@@ -19,12 +19,12 @@ import torch.distributed as dist
 
 from conftest import DYNTRAIN, SCRIPTS
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.channel import JobOver, WorkerChannel
+from dyntrain.elastic.worker.channel import JobOver, WorkerChannel
 
 WORKER = """
 import sys
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.channel import WorkerChannel
+from dyntrain.elastic.worker.channel import WorkerChannel
 # no pause between polls: the watcher is inside a store call nearly all the time
 ch = WorkerChannel(sys.argv[1], "w0", heartbeat_interval=0.0, watch_interval=0.0)
 ch.watch(0)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from dyntrain.elastic.checkpoint import (
+from dyntrain.elastic.runs.checkpoint_file import (
     MAGIC,
     CorruptCheckpoint,
     atomic_write_bytes,

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from conftest import DYNTRAIN, ROOT, read_jsonl
-from dyntrain.elastic.ckptstore import FOLDER, latest_valid_checkpoint, list_checkpoints
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.runs.checkpoints import FOLDER, latest_valid_checkpoint, list_checkpoints
+from dyntrain.elastic.runs.storage import open_store
 from dyntrain.elastic.state import TrainingParts
-from dyntrain.elastic.storage import open_store
-from dyntrain.elastic.writer import RunWriter
+from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.testing.wait import wait_until
 from test_gpt_workload import SMALL
 from test_sharded import _same_final, _static_run

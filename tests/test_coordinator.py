@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.admission import CanaryDigest
-from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig, Phase
 
 T0 = 1000.0
 # what every fake worker says it computes with, and its canary: all the same

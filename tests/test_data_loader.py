@@ -16,9 +16,9 @@ from dyntrain.data import (
     LoaderConfig,
     sample_seed,
 )
-from dyntrain.elastic.sampler import BatchOrder
 from dyntrain.elastic.state import TrainingParts
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.step.sampler import BatchOrder
+from dyntrain.elastic.step.stepper import ChunkStepper
 from dyntrain.testing.wait import wait_until
 from dyntrain.workloads.digits_images import write_digits_images
 

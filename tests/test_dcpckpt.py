@@ -13,9 +13,9 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from conftest import run_cli
-from dyntrain.elastic.ckptstore import latest_valid_checkpoint
-from dyntrain.elastic.dcpckpt import read_dcp, split_writes
-from dyntrain.elastic.storage import open_store
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
+from dyntrain.elastic.runs.dcp import read_dcp, split_writes
+from dyntrain.elastic.runs.storage import open_store
 from test_gpt_workload import SMALL
 from test_sharded import _same_final, _static_run
 

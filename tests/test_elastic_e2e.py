@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
 from dyntrain.cli.compare import state_distance
-from dyntrain.elastic.sampler import epoch_permutation
+from dyntrain.elastic.step.sampler import epoch_permutation
 from dyntrain.testing.jobs import Output
 from dyntrain.testing.wait import wait_until
 

@@ -24,11 +24,11 @@ import torch.distributed as dist
 
 from conftest import ROOT, SCRIPTS
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.channel import Fenced, WorkerChannel
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.rejoin import next_worker_id
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.step.stepper import ChunkStepper
+from dyntrain.elastic.worker.channel import Fenced, WorkerChannel
+from dyntrain.elastic.worker.rejoin import next_worker_id
 from test_stepper import dataset, loss_fn, make_worker
 
 CPU = torch.device("cpu")
@@ -114,7 +114,7 @@ def test_a_worker_asks_the_coordinator_before_it_writes_and_learns_it_was_declar
 def test_a_worker_declared_dead_starts_over_under_a_new_id_or_says_why_not():
     assert [next_worker_id(w) for w in ("w3", "w3.r1", "ip-10-0-0-7.r9", "a.r")] == [
         "w3.r1", "w3.r2", "ip-10-0-0-7.r10", "a.r.r1"]
-    code = ("from dyntrain.elastic.rejoin import start_over; "
+    code = ("from dyntrain.elastic.worker.rejoin import start_over; "
             "start_over('w3', 'declared dead (no heartbeat for 2 s)')")
     env = {k: v for k, v in os.environ.items() if k != p.ENV_WORKER_ARGV}
     alone = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
@@ -139,7 +139,7 @@ def test_a_slow_close_says_so_with_every_threads_stack(capfd):
     300 s re-shard stall had no trace); one that ends in time says nothing."""
     import threading
 
-    from dyntrain.elastic.comm import watch_slow
+    from dyntrain.elastic.collective.comm import watch_slow
 
     stuck = threading.Event()
 
@@ -173,7 +173,7 @@ def test_an_abandoned_group_whose_destructor_waits_does_not_hold_up_the_next_gen
 
     import torch
 
-    from dyntrain.elastic.comm import Group, wait_for_drops
+    from dyntrain.elastic.collective.comm import Group, wait_for_drops
 
     released, destroyed = threading.Event(), threading.Event()
 

@@ -49,7 +49,7 @@ def test_a_steps_chunks_reach_the_gpu_without_waiting_for_it():
 
     from dyntrain.elastic.config import TrainConfig
     from dyntrain.elastic.state import TrainingParts
-    from dyntrain.elastic.stepper import ChunkStepper
+    from dyntrain.elastic.step.stepper import ChunkStepper
     from dyntrain.workloads.gpt import next_byte_loss
     from dyntrain.workloads.gpt_model import GPT, GPTConfig
 
@@ -73,7 +73,7 @@ def test_a_steps_chunks_reach_the_gpu_without_waiting_for_it():
 @cuda
 def test_grad_scaler_on_cuda_trains():
     from dyntrain.elastic.config import TrainConfig
-    from dyntrain.elastic.stepper import ChunkStepper
+    from dyntrain.elastic.step.stepper import ChunkStepper
     from test_stepper import dataset, loss_fn, make_worker
 
     parts = make_worker()
@@ -171,8 +171,8 @@ def test_a_worker_on_a_gpu_observes_its_architecture_and_runs_its_canary_there()
     on another GPU type is refused), and its canary is computed on the device, repeatably."""
     from torch import nn
 
-    from dyntrain.elastic.canary import canary_digest
     from dyntrain.elastic.numerics import observe
+    from dyntrain.elastic.step.canary import canary_digest
 
     seen = observe("cuda")
     assert seen["gpu_arch"].startswith("sm_") and seen["cuda"] == torch.version.cuda

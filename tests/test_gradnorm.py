@@ -1,5 +1,5 @@
-"""The global norm of clipping (``dyntrain.elastic.gradnorm``): per-tensor float64 terms that do
-not depend on where a gradient lies in the flat buffer, summed exactly in any order, and a clip
+"""The global norm of clipping (``dyntrain.elastic.step.gradnorm``): per-tensor float64 terms that
+do not depend on where a gradient lies in the flat buffer, summed exactly in any order, and a clip
 whose bits do not depend on how the buffer is cut."""
 
 import itertools
@@ -8,7 +8,7 @@ import random
 
 import torch
 
-from dyntrain.elastic.gradnorm import (
+from dyntrain.elastic.step.gradnorm import (
     clip_to_norm_,
     global_norm,
     sum_of_squares,

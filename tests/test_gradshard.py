@@ -1,5 +1,5 @@
-"""ZeRO-2's gradient reduction (``dyntrain.elastic.gradshard``) on real gloo groups: every owner
-of a tensor ends with the bits of its float64 sum rounded once, over uneven segments, in one
+"""ZeRO-2's gradient reduction (``dyntrain.elastic.sharding.gradients``) on real gloo groups: every
+owner of a tensor ends with the bits of its float64 sum rounded once, over uneven segments, in one
 round or several (members with fewer chunks adding zeros), and no member is sent the sums of
 tensors it does not own."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dyntrain.elastic.comm import create_group
-from dyntrain.elastic.gradshard import SUMS, GradientShards
-from dyntrain.elastic.reducer import plan_buckets
-from dyntrain.elastic.ring import ring_reduce_scatter
+from dyntrain.elastic.collective.comm import create_group
+from dyntrain.elastic.collective.reducer import plan_buckets
+from dyntrain.elastic.collective.ring import ring_reduce_scatter
+from dyntrain.elastic.sharding.gradients import SUMS, GradientShards
 
 NUMELS = [5, 1, 7, 33, 4099, 2, 64, 3, 130]
 # rank 0 is primary of nothing in some buckets, a bucket's one tensor has one primary

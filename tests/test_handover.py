@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.paramshard import ParamUnits
-from dyntrain.elastic.sharded import OptimizerShards
+from dyntrain.elastic.sharding.parameters import ParamUnits
+from dyntrain.elastic.sharding.zero import OptimizerShards
 from test_gradshard import _run_members
 from test_paramshard import Tiny, _loss
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from dyntrain import ElasticTrainer, TrainConfig
-from dyntrain.elastic.stepper import clip_flat_
-from dyntrain.elastic.validation import Validation
+from dyntrain.elastic.step.gradnorm import clip_flat_
+from dyntrain.elastic.step.validation import Validation
 from dyntrain.errors import ConfigError
 from test_stepper import assert_same, dataset, loss_fn, make_worker, train
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyntrain.elastic.membership import next_generation
+from dyntrain.elastic.membership.members import next_generation
 from dyntrain.elastic.protocol import Generation
 
 POOL = [f"w{i}" for i in range(10)]

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.changes import Change, ChangeLog
-from dyntrain.elastic.membership import (
+from dyntrain.elastic.membership.changes import Change, ChangeLog
+from dyntrain.elastic.membership.members import (
     CoordinatorConfig,
     Membership,
     WorkerInfo,
     decide_forming,
 )
-from dyntrain.elastic.runrows import EventKind
+from dyntrain.elastic.runs.rows import EventKind
 
 GEN0 = p.Generation(0, ("a", "b"), 0, source="a", receivers=("b",), fresh=True)
 

@@ -1,5 +1,5 @@
-"""Re-sharding's point-to-point moves (``dyntrain.elastic.moves``) on real gloo groups: a join
-moves exactly the state of the tensors the plans' diff gives the joiner, to the joiner alone,
+"""Re-sharding's point-to-point moves (``dyntrain.elastic.sharding.moves``) on real gloo groups: a
+join moves exactly the state of the tensors the plans' diff gives the joiner, to the joiner alone,
 bit for bit, and no parameter (every member holds them already); a member whose parameters
 are stale (a torn step) gets them all again; and a transfer of a generation given up midway
 installs nothing, while the late sends of a cut-off peer fail on the severed group."""
@@ -13,10 +13,10 @@ import torch.distributed as dist
 from torch import nn
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.comm import Aborted, CollectiveFailed, create_group
-from dyntrain.elastic.moves import send_moves
-from dyntrain.elastic.sharded import OptimizerShards
-from dyntrain.elastic.shardplan import Move, ShardPlan, diff_plans, plan_ownership
+from dyntrain.elastic.collective.comm import Aborted, CollectiveFailed, create_group
+from dyntrain.elastic.sharding.moves import send_moves
+from dyntrain.elastic.sharding.owners import Move, ShardPlan, diff_plans, plan_ownership
+from dyntrain.elastic.sharding.zero import OptimizerShards
 from test_gradshard import _run_members
 
 MEMBERS = ("a", "b", "c")

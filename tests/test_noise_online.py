@@ -19,12 +19,12 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from conftest import read_jsonl, run_cli
-from dyntrain.elastic.checkpoint import dumps, loads, read_checkpoint, save_checkpoint
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.noise import noise_estimates
+from dyntrain.elastic.runs.checkpoint_file import dumps, loads, read_checkpoint, save_checkpoint
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
-from dyntrain.elastic.stepper import TAIL, ChunkStepper, StepResult
-from dyntrain.elastic.steprow import metric, noise_fields
+from dyntrain.elastic.step.noise import noise_estimates
+from dyntrain.elastic.step.row import metric, noise_fields
+from dyntrain.elastic.step.stepper import TAIL, ChunkStepper, StepResult
 from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.errors import ConfigError
 from dyntrain.workloads import digits
@@ -140,7 +140,7 @@ def test_smoothed_estimates_converge_to_the_full_data_set_values():
     mean = g.mean(0)
     g2_true = float(mean.pow(2).sum())
     # Batches come from epoch permutations (no replacement): trace_sigma then estimates the
-    # covariance with denominator N - 1, and population=N makes g2 unbiased (elastic/noise.py).
+    # covariance with denominator N - 1, and population=N makes g2 unbiased (elastic/step/noise.py).
     trace_true = float((g - mean).pow(2).sum(1).mean()) * N / (N - 1)
     config = TrainConfig(global_batch=128, chunk_size=8, epochs=200, noise_scale=True,
                          noise_ema=0.995, noise_every=1)

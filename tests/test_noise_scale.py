@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from dyntrain.elastic.noise import (
+from dyntrain.elastic.step.noise import (
     NoiseScaleTracker,
     chunk_gradient_sq_norms,
     noise_estimates,

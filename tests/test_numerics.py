@@ -14,7 +14,6 @@ from torch import nn
 
 from conftest import ROOT
 from dyntrain.elastic.admission import CanaryDigest, Candidate, NumericsRecord, judge
-from dyntrain.elastic.canary import canary_digest
 from dyntrain.elastic.numerics import (
     KernelLevel,
     Numerics,
@@ -24,6 +23,7 @@ from dyntrain.elastic.numerics import (
     numerics_from_env,
     pin_differences,
 )
+from dyntrain.elastic.step.canary import canary_digest
 from dyntrain.errors import ConfigError
 
 FLAGS_AVX512 = {"fma", "avx2", "avx512f", "avx512vl", "avx512bw", "avx512dq"}
@@ -165,7 +165,7 @@ def test_the_canary_is_repeatable_and_leaves_the_model_as_it_found_it():
 CANARY_SCRIPT = """
 import json, torch
 from torch import nn
-from dyntrain.elastic.canary import canary_digest
+from dyntrain.elastic.step.canary import canary_digest
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 10))
 g = torch.Generator().manual_seed(1)

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from conftest import ROOT
-from dyntrain.elastic import ckptstore, linelog
-from dyntrain.elastic.checkpoint import encode_checkpoint
-from dyntrain.elastic.runfolder import RunFolderMismatch
-from dyntrain.elastic.runlog import read_metrics
-from dyntrain.elastic.storage import StorageError, open_store
+from dyntrain.elastic.runs import checkpoints, linefile
+from dyntrain.elastic.runs.checkpoint_file import encode_checkpoint
+from dyntrain.elastic.runs.folder import RunFolderMismatch
+from dyntrain.elastic.runs.log import read_metrics
+from dyntrain.elastic.runs.storage import StorageError, open_store
 from dyntrain.lab.noise import load_noise
 from dyntrain.testing.wait import wait_until
 from objectstore import start_s3_server
@@ -63,29 +63,29 @@ def test_files_are_put_listed_read_and_deleted(s3, kind, tmp_path):
 
 def test_line_files_are_segments_read_back_in_order_across_writers(s3):
     store = open_store(f"s3://{s3.bucket('lines')}/run")
-    first = linelog.open_lines(store, "metrics.jsonl", flush_seconds=60, segment_bytes=100)
+    first = linefile.open_lines(store, "metrics.jsonl", flush_seconds=60, segment_bytes=100)
     for step in range(1, 11):
         first.write(json.dumps({"step": step, "b_simple": 10.0 * step}))
     first.flush()  # what a reader sees before the writer closes
-    assert [json.loads(x)["step"] for x in linelog.read_lines(store, "metrics.jsonl")] == \
+    assert [json.loads(x)["step"] for x in linefile.read_lines(store, "metrics.jsonl")] == \
         list(range(1, 11))
     first.write(json.dumps({"step": 11, "b_simple": 110.0}))
     first.close()
-    second = linelog.open_lines(store, "metrics.jsonl")  # a resumed run: segments after those
+    second = linefile.open_lines(store, "metrics.jsonl")  # a resumed run: segments after those
     second.write(json.dumps({"step": 12, "b_simple": 120.0}), urgent=True)
-    wait_until(lambda: len(linelog.read_lines(store, "metrics.jsonl")) == 12,
+    wait_until(lambda: len(linefile.read_lines(store, "metrics.jsonl")) == 12,
                "the urgent line to be uploaded by the writer's thread", 30)
     second.close()
-    rows = [json.loads(x) for x in linelog.read_lines(store, "metrics.jsonl")]
+    rows = [json.loads(x) for x in linefile.read_lines(store, "metrics.jsonl")]
     assert [r["step"] for r in rows] == list(range(1, 13))
     # segments closed at 100 bytes or more (4 rows of 30 bytes); the second writer's own
     keys = s3.keys("lines", "run/")
     assert sorted(keys) == [f"run/metrics.jsonl.d/{n:08d}.jsonl" for n in (1, 2, 3, 4)]
     assert keys["run/metrics.jsonl.d/00000004.jsonl"] == len(json.dumps(rows[-1])) + 1
     # byte offsets run across the segments as if they were one file
-    whole = linelog.read_bytes(store, "metrics.jsonl")
-    assert linelog.read_bytes(store, "metrics.jsonl", 150, 100) == whole[150:250]
-    assert linelog.size(store, "metrics.jsonl") == len(whole)
+    whole = linefile.read_bytes(store, "metrics.jsonl")
+    assert linefile.read_bytes(store, "metrics.jsonl", 150, 100) == whole[150:250]
+    assert linefile.size(store, "metrics.jsonl") == len(whole)
     # the lab reads the run folder's metrics by URL
     noise = load_noise("s3://lines/run")
     assert noise.steps == list(range(1, 13)) and noise.name == "run"
@@ -97,7 +97,7 @@ def test_lines_refused_by_the_store_are_kept_and_written_once_it_accepts(s3):
     them all at a later flush."""
     store = open_store("s3://late-bucket/run")
     told = []
-    lines = linelog.open_lines(store, "events.jsonl", flush_seconds=60, on_error=told.append)
+    lines = linefile.open_lines(store, "events.jsonl", flush_seconds=60, on_error=told.append)
     lines.write('{"n": 1}')
     lines.flush()
     lines.write('{"n": 2}')
@@ -107,7 +107,7 @@ def test_lines_refused_by_the_store_are_kept_and_written_once_it_accepts(s3):
     s3.bucket("late-bucket")
     lines.close()
     assert told[1:] == ["events.jsonl is written again"]
-    assert linelog.read_lines(store, "events.jsonl") == ['{"n": 1}', '{"n": 2}']
+    assert linefile.read_lines(store, "events.jsonl") == ['{"n": 1}', '{"n": 2}']
 
 
 def state_of(size: int, value: float) -> dict:
@@ -117,19 +117,19 @@ def state_of(size: int, value: float) -> dict:
 def test_only_committed_checkpoints_are_seen_and_a_damaged_one_is_skipped(s3):
     store = open_store(f"s3://{s3.bucket('ckpts')}/run")
     for step in (1, 2, 3):
-        where = ckptstore.save_checkpoint(store, step, state_of(1000, float(step)), keep=2,
+        where = checkpoints.save_checkpoint(store, step, state_of(1000, float(step)), keep=2,
                                           part_bytes=1500)
     assert where == "s3://ckpts/run/checkpoints/ckpt-000000003.commit"
-    assert [s for s, _ in ckptstore.list_checkpoints(store)] == [2, 3]  # pruned as on disk
+    assert [s for s, _ in checkpoints.list_checkpoints(store)] == [2, 3]  # pruned as on disk
     parts = sorted(k for k in s3.keys("ckpts", "run/checkpoints/") if ".part" in k)
     per_step = -(-len(encode_checkpoint(state_of(1000, 1.0))) // 1500)
     assert per_step > 1 and len(parts) == 2 * per_step
     assert all("ckpt-000000001" not in k for k in parts)  # pruned with its record
-    assert torch.equal(ckptstore.read_ref(where)["w"], torch.full((1000,), 3.0))
+    assert torch.equal(checkpoints.read_ref(where)["w"], torch.full((1000,), 3.0))
     damaged = next(k for k in parts if "ckpt-000000003" in k)
     s3.client().put_object(Bucket="ckpts", Key=damaged, Body=b"x" * 1500)
     skipped = []
-    step, found, state = ckptstore.latest_valid_checkpoint(store, lambda *a: skipped.append(a))
+    step, found, state = checkpoints.latest_valid_checkpoint(store, lambda *a: skipped.append(a))
     assert (step, found) == (2, "s3://ckpts/run/checkpoints/ckpt-000000002.commit")
     assert torch.equal(state["w"], torch.full((1000,), 2.0))
     assert skipped == [(where, f"part {damaged.rpartition('/')[2]}: checksum mismatch")]
@@ -139,14 +139,14 @@ def test_only_committed_checkpoints_are_seen_and_a_damaged_one_is_skipped(s3):
 
 def _skip_reason(store) -> str:
     skipped = []
-    ckptstore.latest_valid_checkpoint(store, lambda *a: skipped.append(a[1]))
+    checkpoints.latest_valid_checkpoint(store, lambda *a: skipped.append(a[1]))
     return skipped[0]
 
 
 SAVE = """
 import sys, torch
-from dyntrain.elastic.ckptstore import save_checkpoint
-from dyntrain.elastic.storage import open_store
+from dyntrain.elastic.runs.checkpoints import save_checkpoint
+from dyntrain.elastic.runs.storage import open_store
 save_checkpoint(open_store(sys.argv[1]), int(sys.argv[2]),
                 {"w": torch.full((5_000_000,), 2.0)}, part_bytes=64 << 10)
 """
@@ -155,7 +155,7 @@ save_checkpoint(open_store(sys.argv[1]), int(sys.argv[2]),
 def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint_newest(s3, tmp_path):
     url = f"s3://{s3.bucket('killed')}/run"
     store = open_store(url)
-    ckptstore.save_checkpoint(store, 1, state_of(10, 1.0))
+    checkpoints.save_checkpoint(store, 1, state_of(10, 1.0))
     # 20 MB in 64 KiB parts: about 300 uploads, killed once the first has landed
     writer = subprocess.Popen([sys.executable, "-c", SAVE, url, "2"], cwd=ROOT,
                               env=s3.env(), start_new_session=True)
@@ -172,10 +172,10 @@ def test_a_writer_killed_mid_upload_leaves_the_previous_checkpoint_newest(s3, tm
     assert "run/checkpoints/ckpt-000000002.commit" not in keys
     orphans = [k for k in keys if "ckpt-000000002" in k]
     assert orphans and all(".part" in k for k in orphans)
-    step, where, state = ckptstore.latest_valid_checkpoint(store)
+    step, where, state = checkpoints.latest_valid_checkpoint(store)
     assert (step, where) == (1, f"{url}/checkpoints/ckpt-000000001.commit")
-    assert ckptstore.newest_step(store) == 1
-    ckptstore.save_checkpoint(store, 3, state_of(10, 3.0))  # the next save removes the orphans
+    assert checkpoints.newest_step(store) == 1
+    checkpoints.save_checkpoint(store, 3, state_of(10, 3.0))  # the next save removes the orphans
     assert not [k for k in s3.keys("killed", "run/checkpoints/") if "ckpt-000000002" in k]
 
 
@@ -275,7 +275,7 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
         stop_server(server)
     store = open_store(url)
     assert json.loads(store.get("result.json"))["steps"] == 44
-    assert [s for s, _ in ckptstore.list_checkpoints(store)] == [20, 40, 44]
+    assert [s for s, _ in checkpoints.list_checkpoints(store)] == [20, 40, 44]
     assert json.loads(store.get("coordinator.json"))["job"] == f"{job['id']}/attempt-1"
     assert torch.load(__import__("io").BytesIO(store.get("final.pt")), weights_only=True)
     assert [r.step for r in read_metrics(store)] == list(range(1, 45))
@@ -294,7 +294,7 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
 def _dcp_folders(store) -> dict[int, str]:
     """The committed DCP checkpoints: step -> the folder of their files, from the records."""
     return {step: json.loads(store.get(name))["folder"]
-            for step, name in ckptstore.list_checkpoints(store)}
+            for step, name in checkpoints.list_checkpoints(store)}
 
 
 @pytest.mark.slow
@@ -336,7 +336,7 @@ def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsew
     got: dict = {}
     _load_state_dict(got, storage_reader=FsspecReader(f"{url}/checkpoints/{folders[20]}"),
                      planner=_EmptyStateDictLoadPlanner(), no_dist=True)
-    _, _, ref = ckptstore.latest_valid_checkpoint(open_store(str(static)))
+    _, _, ref = checkpoints.latest_valid_checkpoint(open_store(str(static)))
     assert got["step"] == ref["step"] == 20
     assert all(torch.equal(got["model"][k], v) for k, v in ref["model"].items())
     for k, v in ref["optimizer"]["state"].items():
@@ -348,7 +348,7 @@ def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsew
     size = len(data := store.get(damaged))
     store.put(damaged, data[:-100])
     skipped = []
-    step, where, _ = ckptstore.latest_valid_checkpoint(
+    step, where, _ = checkpoints.latest_valid_checkpoint(
         store, on_skip=lambda w, why: skipped.append((w, why)))
     assert step == 12 and where == f"{url}/checkpoints/ckpt-000000012.dcp"
     assert skipped == [(f"{url}/checkpoints/ckpt-000000016.dcp",
@@ -371,7 +371,7 @@ def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsew
     names = {n.rpartition("/")[2] for n in store.list(f"checkpoints/{folders[20]}")}
     assert names == {".metadata", "__0_0.distcp", "__1_0.distcp"}  # the 2 left after the kill
     # as `dyntrain` and the dashboard list them: each the bytes of all its files
-    listed = ckptstore.describe_checkpoints(store)
+    listed = checkpoints.describe_checkpoints(store)
     assert [(c.step, c.name) for c in listed] == [
         (s, f"ckpt-{s:09d}.dcp") for s in (20, 16, 12)]
     assert listed[0].size_bytes == sum(store.list(f"checkpoints/{folders[20]}").values())
@@ -389,7 +389,7 @@ def test_a_dcp_commit_record_that_does_not_check_out_is_skipped_with_its_reason(
         {"format": 1, "folder": "ckpt-000000016.g1.ab.dcp",
          "files": {"../x": {"size": 1, "sha256": "0"}}}).encode())
     skipped = []
-    assert ckptstore.latest_valid_checkpoint(
+    assert checkpoints.latest_valid_checkpoint(
         store, on_skip=lambda where, why: skipped.append(why)) is None
     assert skipped[0] == "not a commit record (bad file entry '../x')"
     assert skipped[1] == ("not a commit record (folder 'ckpt-000000008.g1.ab.dcp' is not this "

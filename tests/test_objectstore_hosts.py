@@ -19,8 +19,8 @@ import sys
 import pytest
 
 from conftest import DYNTRAIN, ROOT, OutputLines
-from dyntrain.elastic.runlog import read_events
-from dyntrain.elastic.storage import open_store
+from dyntrain.elastic.runs.log import read_events
+from dyntrain.elastic.runs.storage import open_store
 from dyntrain.testing.jobs import pinned_env
 from dyntrain.testing.wait import wait_until
 from objectstore import start_s3_server

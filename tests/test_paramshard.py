@@ -1,8 +1,8 @@
-"""ZeRO-3's parameters (``dyntrain.elastic.paramshard``) on a real gloo group of three: between uses
-a member holds only its owned tensors' parameters (the others' storage is freed), a unit's
-gathered parameters are its primary's bits, the other blocks stay freed while a block computes, a
-chunk's gradients are the unsharded model's bit for bit, a member without a chunk joins the
-busiest member's gathers, and a model that uses a unit out of the fixed order is refused."""
+"""ZeRO-3's parameters (``dyntrain.elastic.sharding.parameters``) on a real gloo group of three:
+between uses a member holds only its owned tensors' parameters (the others' storage is freed), a
+unit's gathered parameters are its primary's bits, the other blocks stay freed while a block
+computes, a chunk's gradients are the unsharded model's bit for bit, a member without a chunk joins
+the busiest member's gathers, and a model that uses a unit out of the fixed order is refused."""
 
 import pytest
 import torch
@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.paramshard import ParamUnits, check_level_3
-from dyntrain.elastic.sharded import OptimizerShards, shards_for
+from dyntrain.elastic.sharding.parameters import ParamUnits, check_level_3
+from dyntrain.elastic.sharding.zero import OptimizerShards, shards_for
 from dyntrain.errors import ConfigError
 from test_gradshard import _run_members
 

@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dyntrain.elastic.plan import assign_chunks
-from dyntrain.elastic.sampler import (
+from dyntrain.elastic.step.chunks import assign_chunks
+from dyntrain.elastic.step.sampler import (
     chunk_indices,
     chunk_seed,
     derive_seed,
@@ -185,7 +185,7 @@ def test_chunk_seed_range_and_determinism() -> None:
 
 _SUBPROCESS_SCRIPT = """
 import json
-from dyntrain.elastic.sampler import chunk_seed, derive_seed, epoch_permutation
+from dyntrain.elastic.step.sampler import chunk_seed, derive_seed, epoch_permutation
 print(json.dumps({
     "chunk": [chunk_seed(s, t, c) for s in (0, 7) for t in range(5) for c in range(4)],
     "derive": derive_seed(3, "epoch", 11),

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.reach import Unreachable
+from dyntrain.elastic.protocol import Unreachable
 
 GEN = p.Generation(3, ("a", "b"), 12, source="a", receivers=("b",), probes=("h:1", "h:2"))
 

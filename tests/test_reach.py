@@ -12,15 +12,15 @@ import pytest
 
 from conftest import SCRIPTS, run_cli
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.address import advertise_address, check_bindable, interface_address
-from dyntrain.elastic.coordinator import Phase
-from dyntrain.elastic.formation import ATTEMPTS
-from dyntrain.elastic.reach import (
+from dyntrain.elastic.collective.reach import (
     ProbeListener,
     Unreachable,
     probe_peers,
     unreachable_members,
 )
+from dyntrain.elastic.membership.coordinator import Phase
+from dyntrain.elastic.membership.formation import ATTEMPTS
+from dyntrain.elastic.worker.address import advertise_address, check_bindable, interface_address
 from dyntrain.errors import DyntrainError
 from test_coordinator import (  # noqa: F401 (the fixture)
     CANARY,

@@ -19,12 +19,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dyntrain.elastic import channel
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.channel import CoordinatorGone, WorkerChannel
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.coordinator import REATTACH_WAIT, Phase
+from dyntrain.elastic.membership.coordinator import REATTACH_WAIT, Phase
+from dyntrain.elastic.runs.coordinator_file import write_coordinator_file
 from dyntrain.elastic.trainer import ENV_REATTACH, ElasticTrainer
+from dyntrain.elastic.worker import channel
+from dyntrain.elastic.worker.channel import CoordinatorGone, WorkerChannel
 from dyntrain.testing.wait import wait_until
 from test_coordinator import CANARY, SETTINGS, FakeWorker, Job
 
@@ -164,7 +165,7 @@ def test_channel_trains_on_and_reattaches_to_its_own_job_only(tmp_path, monkeypa
                "store twice", 30, until=lambda looks: looks >= 2)
     assert not stranger.check([p.inbox_count_key("a")]) and ch.lost
     again = serve(tmp_path, "job-1")  # the restarted host, on another port: its file says so
-    p.write_coordinator_file(tmp_path, f"127.0.0.1:{again.port}", "job-1")
+    write_coordinator_file(tmp_path, f"127.0.0.1:{again.port}", "job-1")
     msgs = wait_until(lambda: (m := inbox(again, "a")) and len(m) >= 3 and m, what="re-attach")
     first, replay, backlog = msgs[:3]
     assert first.kind == "reattach" and first.hello.fingerprint == "fp"

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.collective.comm import Group
+from dyntrain.elastic.collective.reducer import Bucket, plan_buckets
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.reducer import Bucket, plan_buckets
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.step.stepper import ChunkStepper
 from test_stepper import assert_same, dataset, loss_fn, make_worker
 
 CPU = torch.device("cpu")
@@ -142,7 +142,7 @@ def test_the_exact_ring_adds_float32_terms_in_float64(size, reuse):
     the float64 sum of the float32 terms rounded once, which float32 additions along the ring
     would miss (terms of very different sizes); with the ring thread's reused hop buffers
     (``Scratch``) as with fresh ones, over several buckets of different sizes."""
-    from dyntrain.elastic.ring import Scratch, exact_ring_sum
+    from dyntrain.elastic.collective.ring import Scratch, exact_ring_sum
     from test_gradshard import _run_members
 
     def term(rank: int, n: int) -> torch.Tensor:

@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 
 from conftest import read_jsonl
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.runfolder import RunFolderMismatch
+from dyntrain.elastic.runs.folder import RunFolderMismatch
 from dyntrain.elastic.trainer import ElasticTrainer
 
 DATA = TensorDataset(torch.randn(64, 4, generator=torch.Generator().manual_seed(1)),

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from dyntrain.elastic import linelog
-from dyntrain.elastic.runlog import (
+from dyntrain.elastic.runs import linefile
+from dyntrain.elastic.runs.log import (
     EventKind,
     EventRow,
     MetricsRow,
@@ -25,7 +25,7 @@ from dyntrain.elastic.runlog import (
     run_file,
     tail_records,
 )
-from dyntrain.elastic.storage import LocalStore, open_store
+from dyntrain.elastic.runs.storage import LocalStore, open_store
 
 # a row as the coordinator hands it to the launcher: every field the runtime writes
 LEADER_ROW = {"gen": 2, "chunks": [3, 5], "state_sync_s": 0.25, "step": 7, "epoch": 1,
@@ -165,7 +165,7 @@ def test_segments_on_an_object_store_read_as_one_file():
     second = open_metrics(store)  # a resumed run: a segment after the first one
     second.write(MetricsRow(step=4, loss=0.25))
     second.close()
-    assert len(linelog.pieces(store, "metrics.jsonl")) == 2
+    assert len(linefile.pieces(store, "metrics.jsonl")) == 2
     assert [r.step for r in read_metrics(url)] == [1, 2, 3, 4]
     assert [r.step for r in read_metrics(f"{url}/metrics.jsonl")] == [1, 2, 3, 4]
     assert run_file(f"{url}/metrics.jsonl").shown == f"{url}/metrics.jsonl"

@@ -16,16 +16,16 @@ import torch
 
 from conftest import SCRIPTS, read_jsonl, run_cli, static_run
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.ckptstore import latest_valid_checkpoint
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.sharded import (
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
+from dyntrain.elastic.runs.storage import open_store
+from dyntrain.elastic.sharding.zero import (
     OptimizerShards,
     check_shardable,
     shards_for,
     without_tensor_state,
 )
-from dyntrain.elastic.storage import open_store
 from dyntrain.errors import ConfigError
 from dyntrain.recipes import LARS
 from test_elastic_e2e import assert_exactly_once, world_sizes
@@ -297,7 +297,7 @@ def test_a_resume_loads_only_the_optimizer_state_a_member_will_own():
     """``checkpoint_keys``: of a checkpoint's keys, each of three members keeps the optimizer
     state of the tensors the generation's plan gives it, and everything else; together they
     hold every tensor's state ``r`` times, none of them the whole of it."""
-    from dyntrain.elastic.shardplan import plan_ownership
+    from dyntrain.elastic.sharding.owners import plan_ownership
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(6, 6) for _ in range(4)])  # 8 tensors

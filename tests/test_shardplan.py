@@ -4,7 +4,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from dyntrain.elastic.shardplan import (
+from dyntrain.elastic.sharding.owners import (
     ShardLevel,
     ShardPlan,
     TensorSpec,

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from dyntrain.elastic.checkpoint import dumps, loads
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.runs.checkpoint_file import dumps, loads
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
-from dyntrain.elastic.stepper import ChunkStepper
+from dyntrain.elastic.step.stepper import ChunkStepper
 
 
 class BNDropNet(nn.Module):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from dyntrain.elastic.comm import Group
+from dyntrain.elastic.collective.comm import Group
+from dyntrain.elastic.collective.tail import SCALARS, TailLayout, set_flags
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.stepper import TAIL, ChunkStepper
-from dyntrain.elastic.tail import SCALARS, TailLayout, set_flags
+from dyntrain.elastic.step.stepper import TAIL, ChunkStepper
 from test_stepper import dataset, loss_fn, make_worker
 
 CPU = torch.device("cpu")

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from conftest import ROOT, SCRIPTS, read_jsonl, run_cli
-from dyntrain.elastic import tensorboard
-from dyntrain.elastic.runrows import EventKind, EventRow, MetricsRow, NoiseScale
-from dyntrain.elastic.storage import LocalStore, open_store
+from dyntrain.elastic.runs import tensorboard
+from dyntrain.elastic.runs.rows import EventKind, EventRow, MetricsRow, NoiseScale
+from dyntrain.elastic.runs.storage import LocalStore, open_store
 from dyntrain.extras import MissingExtra
 
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")

@@ -6,9 +6,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dyntrain.elastic import transfer
-from dyntrain.elastic.comm import Group
-from dyntrain.elastic.transfer import broadcast_state, join_state, split_state, state_bytes
+from dyntrain.elastic.collective import transfer
+from dyntrain.elastic.collective.comm import Group
+from dyntrain.elastic.collective.transfer import (
+    broadcast_state,
+    join_state,
+    split_state,
+    state_bytes,
+)
 
 
 def sample_state() -> dict:

@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group
+from dyntrain.elastic.collective.comm import Aborted, CollectiveFailed, Group
 
 N = 1 << 16  # elements per sum: several socket buffers, so a late sender has much to deliver
 ROUNDS = 20  # generation 1 sums while the late member delivers

@@ -16,7 +16,7 @@ import torch
 
 from conftest import read_jsonl
 from dyntrain.elastic.numerics import KernelLevel
-from dyntrain.elastic.sampler import epoch_permutation
+from dyntrain.elastic.step.sampler import epoch_permutation
 from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import (
     CapacityType,

@@ -24,7 +24,7 @@ import torch
 
 from conftest import start_server, stop_server
 from dyntrain.cli.main import main
-from dyntrain.elastic.address import machine_addresses
+from dyntrain.elastic.worker.address import machine_addresses
 from dyntrain.service.client import Client
 from dyntrain.service.core.executor import ExecutorError, StartError, WorkerSpec
 from dyntrain.service.core.model import Resources

@@ -216,7 +216,7 @@ def test_a_gang_on_several_hosts_is_told_its_main_node_and_each_worker_is_a_node
 
 
 def test_the_interface_of_an_address_is_found_and_a_route_names_one():
-    from dyntrain.elastic.address import interface_of
+    from dyntrain.elastic.worker.address import interface_of
     from dyntrain.service.executors.main_node import local_interface
 
     assert interface_of("127.0.0.1") == "lo"

@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from dyntrain.elastic.storage import LocalStore
+from dyntrain.elastic.runs.storage import LocalStore
 from dyntrain.lab import Measurement, Study, Trial, write_study
 from dyntrain.service.assembly import build_service
 from dyntrain.service.core.model import (

@@ -42,7 +42,7 @@ def load_state(path: str) -> dict:
 
     import torch
 
-    from dyntrain.elastic.storage import is_url, open_store
+    from dyntrain.elastic.runs.storage import is_url, open_store
 
     if is_url(path):
         root, _, last = path.rstrip("/").rpartition("/")
@@ -104,8 +104,8 @@ def numerics_differences(run_a: str, run_b: str) -> list[str] | None:
     either is not a run folder or neither records numerics; a phrase for one that records
     none."""
     from dyntrain.elastic.numerics import shown
-    from dyntrain.elastic.runfolder import read_numerics
-    from dyntrain.elastic.storage import StorageError, is_url, open_store
+    from dyntrain.elastic.runs.folder import read_numerics
+    from dyntrain.elastic.runs.storage import StorageError, is_url, open_store
 
     records = []
     for run in (run_a, run_b):

@@ -78,13 +78,13 @@ def run(workers, nproc, standby, events, chaos, out_dir, host, port, failure_tim
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
     """
-    from dyntrain.elastic.storage import open_store
+    from dyntrain.elastic.runs.storage import open_store
 
     low, high = parse_workers(workers)
     command = _script_command(script, args)
     # a folder that cannot be one or a bucket that is not there: said before torch is imported
     open_store(out_dir, "--out").check()
-    from dyntrain.elastic.tensorboard import wanted
+    from dyntrain.elastic.runs.tensorboard import wanted
 
     tensorboard = wanted(tensorboard, "--tensorboard")  # asked for but not installed: one line
 
@@ -120,11 +120,16 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
     Should the job declare it dead while it is cut off (frozen, or behind a network partition
     that heals later), it starts over as a new worker and is re-admitted with the state handed
     over afresh."""
-    from dyntrain.elastic import address
-    from dyntrain.elastic.channel import connect_store, parse_address, wait_job_info
     from dyntrain.elastic.numerics import Numerics, host_refusal
-    from dyntrain.elastic.protocol import ENV_WORKER_ARGV
-    from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
+    from dyntrain.elastic.protocol import (
+        ENV_ADVERTISE,
+        ENV_COORDINATOR,
+        ENV_IFACE,
+        ENV_OUT,
+        ENV_WORKER_ARGV,
+    )
+    from dyntrain.elastic.worker import address
+    from dyntrain.elastic.worker.channel import connect_store, parse_address, wait_job_info
 
     command = _script_command(script, args)
     if advertise_address and iface:

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from dyntrain.elastic.sampler import BatchOrder, derive_seed
-from dyntrain.elastic.stepper import _to_device
+from dyntrain.elastic.step.sampler import BatchOrder, derive_seed
+from dyntrain.elastic.step.stepper import _to_device
 from dyntrain.errors import ConfigError, DataError
 from dyntrain.lifeline import die_with_parent
 
@@ -90,7 +90,7 @@ class LoaderConfig:
 
         Args:
             dataset: The training set.
-            order: The run's data order (``dyntrain.elastic.sampler.BatchOrder``).
+            order: The run's data order (``dyntrain.elastic.step.sampler.BatchOrder``).
             chunk_size: Samples per chunk.
             total_steps: Steps of the whole run.
             seed: The run's seed.

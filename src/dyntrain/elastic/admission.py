@@ -2,7 +2,7 @@
 judgement of each worker's hello against it.
 
 The first worker that runs the job's pinned numerics defines the job's bits: its observed
-settings and canary digests (``dyntrain.elastic.numerics``, ``dyntrain.elastic.canary``) become
+settings and canary digests (``dyntrain.elastic.numerics``, ``dyntrain.elastic.step.canary``) become
 the job's ``NumericsRecord``, which the run folder keeps (``numerics.json``) so that a resumed
 run, or a restarted coordinator, holds every later worker to the same bits. A worker whose
 settings or digests differ is refused with what differs, or, where the user allows mixed
@@ -21,7 +21,7 @@ from dyntrain.errors import ConfigError
 
 @dataclass(frozen=True)
 class CanaryDigest:
-    """What a worker's canary computed (``dyntrain.elastic.canary``): the digest of the chunk
+    """What a worker's canary computed (``dyntrain.elastic.step.canary``): the digest of the chunk
     it read (``data``) and of the loss and gradients it computed from it (``compute``)."""
 
     data: str = ""

@@ -25,16 +25,16 @@ class TrainConfig:
     runs agree only up to float32 summation order, which training can amplify over many steps.
 
     ``exact_ring`` (with ``exact_reduction``, on gloo) sums with a ring that adds in float64 but
-    sends float32 where that loses nothing (``dyntrain.elastic.ring``): DDP's bytes at two
-    workers with one chunk each. Off, one float64 all-reduce per bucket (the earlier way, kept
+    sends float32 where that loses nothing (``dyntrain.elastic.collective.ring``): DDP's bytes at
+    two workers with one chunk each. Off, one float64 all-reduce per bucket (the earlier way, kept
     to compare). The sums are the same.
 
     ``balance`` gives faster members more chunks, from their measured chunk times
-    (``dyntrain.elastic.balance``); off, every member gets an even share. Same result.
+    (``dyntrain.elastic.step.balance``); off, every member gets an even share. Same result.
 
     ``overlap`` sums gradient buckets of about ``bucket_mb`` MiB while backward of a worker's
-    last chunk still runs (``dyntrain.elastic.reducer``); off, the same buckets are summed after
-    backward. Either way the result is the same.
+    last chunk still runs (``dyntrain.elastic.collective.reducer``); off, the same buckets are
+    summed after backward. Either way the result is the same.
 
     ``noise_scale`` turns on the online gradient noise scale B_simple (McCandlish et al. 2018,
     App. A.1), estimated every ``noise_every`` steps from the chunk gradients (b_small =
@@ -42,24 +42,24 @@ class TrainConfig:
     exponential moving averages of factor ``noise_ema`` (per estimate); it needs at least two
     chunks per step. Measuring every 4th step (the default) keeps the cost under 1% of step
     time for the digits models (``bench/noise_overhead.py``). See
-    ``dyntrain.elastic.stepper``.
+    ``dyntrain.elastic.step.stepper``.
 
     ``shard_level`` 1 shards the optimizer state by whole tensors (ZeRO-1,
-    ``dyntrain.elastic.sharded``): each tensor's state is held by ``shard_redundancy`` members,
-    who alone step it; the result is the same as with 0 (nothing sharded, the default).
-    ``shard_level`` 2 shards the reduced gradients too (ZeRO-2, ``dyntrain.elastic.gradshard``):
-    each tensor's sum goes only to its owners. It needs the exact ring (``exact_reduction``,
-    ``exact_ring``) and refuses ``noise_scale`` and a loss scaler, which read the whole reduced
-    gradient that no member holds at level 2 (clipping by the global norm works at every level:
-    ``dyntrain.elastic.gradnorm``).
-    ``shard_level`` 3 shards the parameters too (ZeRO-3, ``dyntrain.elastic.paramshard``): a
-    member keeps only its owned tensors' parameters between uses and gathers each unit (the
+    ``dyntrain.elastic.sharding.zero``): each tensor's state is held by ``shard_redundancy``
+    members, who alone step it; the result is the same as with 0 (nothing sharded, the default).
+    ``shard_level`` 2 shards the reduced gradients too (ZeRO-2,
+    ``dyntrain.elastic.sharding.gradients``): each tensor's sum goes only to its owners. It needs
+    the exact ring (``exact_reduction``, ``exact_ring``) and refuses ``noise_scale`` and a loss
+    scaler, which read the whole reduced gradient that no member holds at level 2 (clipping by the
+    global norm works at every level: ``dyntrain.elastic.step.gradnorm``).
+    ``shard_level`` 3 shards the parameters too (ZeRO-3, ``dyntrain.elastic.sharding.parameters``):
+    a member keeps only its owned tensors' parameters between uses and gathers each unit (the
     GPT: a transformer block) for its forward and its backward; what level 2 refuses it refuses.
 
     ``grad_clip_norm`` clips the gradient by its global L2 norm after the all-reduce, on the
     reduced (and, with a loss scaler, unscaled) gradient: the same on every worker, so clipping
     does not depend on the world size nor on the sharding level (the norm is taken from
-    float64 per-tensor terms, ``dyntrain.elastic.gradnorm``).
+    float64 per-tensor terms, ``dyntrain.elastic.step.gradnorm``).
 
     Args:
         global_batch: Samples per optimizer step, whatever the world size.

@@ -21,7 +21,7 @@ and applies them in every worker before the script runs, wherever it runs and wh
 
 What the job cannot choose (the torch build, the CPU architecture, on GPUs the device's
 architecture and the CUDA libraries) is observed (``observe``) and must be the same on every
-worker; a canary computation (``dyntrain.elastic.canary``) proves the rest. ``judge`` is the
+worker; a canary computation (``dyntrain.elastic.step.canary``) proves the rest. ``judge`` is the
 pure admission policy the coordinator applies to each worker's hello.
 
 This module does not import torch at import time: the CLI and the service use ``Numerics``

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 from dyntrain.elastic.admission import CanaryDigest
-from dyntrain.elastic.reach import Unreachable
 from dyntrain.elastic.wire import WireError, from_wire, to_wire
 from dyntrain.errors import DyntrainError
 
@@ -45,7 +42,7 @@ ENV_REATTACH = "DYNTRAIN_REATTACH_SECONDS"
 ENV_WORKER_ARGV = "DYNTRAIN_WORKER_ARGV"
 # The address a worker binds and gives its peers, or the interface to take it from (set by
 # ``dyntrain worker --advertise-address/--iface``); by default the one it reaches the
-# coordinator from (``dyntrain.elastic.address``).
+# coordinator from (``dyntrain.elastic.worker.address``).
 ENV_ADVERTISE = "DYNTRAIN_ADVERTISE_ADDRESS"
 ENV_IFACE = "DYNTRAIN_IFACE"
 #: a job's coordinator secret: every key of its store lives under it, so a client without it
@@ -63,7 +60,6 @@ ROSTER_COUNT = "roster/n"  # bumped after each roster entry: one number to poll,
 GEN_LATEST = "gen/latest"
 JOB_STATE = "job/state"
 JOB_INFO = "job/info"  # {"out_dir": run folder, "job": who hosts it (same across restarts)}
-COORDINATOR_FILE = "coordinator.json"  # in the run folder: {"address", "job"}
 
 
 def gen_key(number: int) -> str:
@@ -182,14 +178,27 @@ class JobVerdict:
 
 
 @dataclass(frozen=True)
+class Unreachable:
+    """A peer that a member could not connect to, at the address the peer advertised."""
+
+    worker: str
+    endpoint: str
+    error: str
+
+    def to_dict(self) -> dict:
+        return {"worker": self.worker, "endpoint": self.endpoint, "error": self.error}
+
+
+@dataclass(frozen=True)
 class Generation:
     """One membership of the job: who takes part, from which step, and where state comes from.
 
     ``source`` is the member whose state everyone adopts (``receivers`` get it by broadcast);
     ``checkpoint`` is set instead when no member holds state and the job resumes from disk;
     ``fresh`` marks a brand-new run whose rank-0 initial state is broadcast to all.
-    ``probes``: each member's probe endpoint ("address:port", ``dyntrain.elastic.reach``), in
-    the order of ``members`` ("" for one that did not give one).
+    ``probes``: each member's probe endpoint ("address:port",
+    ``dyntrain.elastic.collective.reach``), in the order of ``members`` ("" for one that did not
+    give one).
     """
 
     number: int
@@ -251,10 +260,10 @@ class Hello(Message):
     config: dict = field(default_factory=dict)  # the numbers a refusal shows
     host: str = ""
     pid: int = 0
-    address: str = ""  # what its process groups bind (dyntrain.elastic.address)
-    probe: str = ""  # "address:port" of its probe listener (dyntrain.elastic.reach)
+    address: str = ""  # what its process groups bind (dyntrain.elastic.worker.address)
+    probe: str = ""  # "address:port" of its probe listener (dyntrain.elastic.collective.reach)
     numerics: dict = field(default_factory=dict)  # dyntrain.elastic.numerics.observe()
-    canary: CanaryDigest = field(default_factory=CanaryDigest)  # dyntrain.elastic.canary
+    canary: CanaryDigest = field(default_factory=CanaryDigest)  # dyntrain.elastic.step.canary
 
 
 @dataclass(frozen=True)
@@ -404,24 +413,3 @@ def _head(raw: str | bytes) -> str:
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
     return repr(text[:60])
 
-
-# ---- the run folder's record of the coordinator -------------------------------------------------
-
-
-def write_coordinator_file(run_dir: Path, address: str, job: str) -> None:
-    """Record where the job's coordinator listens, for workers that lost it (atomic replace)."""
-    tmp = run_dir / f"{COORDINATOR_FILE}.tmp"
-    tmp.write_text(json.dumps({"address": address, "job": job}) + "\n")
-    os.replace(tmp, run_dir / COORDINATOR_FILE)
-
-
-def read_coordinator_file(run_dir: str | Path) -> dict:
-    """What ``write_coordinator_file`` left in ``run_dir`` (a folder or an object-store URL);
-    {} when there is nothing readable."""
-    from dyntrain.elastic.storage import StorageError, open_store
-
-    try:
-        record = json.loads(open_store(run_dir).get(COORDINATOR_FILE))
-    except (OSError, ValueError, StorageError):
-        return {}
-    return record if isinstance(record, dict) else {}

@@ -16,14 +16,17 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.balance import ChunkBalancer
-from dyntrain.elastic.canary import job_canary
-from dyntrain.elastic.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
-from dyntrain.elastic.ckptstore import latest_valid_checkpoint, read_ref
-from dyntrain.elastic.comm import Aborted, CollectiveFailed, Group, create_group, run_abortable
+from dyntrain.elastic.collective.comm import (
+    Aborted,
+    CollectiveFailed,
+    Group,
+    create_group,
+    run_abortable,
+)
+from dyntrain.elastic.collective.reach import probe_peers
+from dyntrain.elastic.collective.transfer import broadcast_state
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.numerics import apply, numerics_from_env, observe
-from dyntrain.elastic.progress import AloneOutput
 from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
     ENV_ADVERTISE,
     ENV_CONNECT_TIMEOUT,
@@ -33,18 +36,21 @@ from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment
     ENV_REATTACH,
     ENV_WORKER_ID,
 )
-from dyntrain.elastic.reach import probe_peers
-from dyntrain.elastic.rejoin import start_over
-from dyntrain.elastic.runfolder import check_numerics_alone, check_run_folder, describe_setup
-from dyntrain.elastic.sampler import BatchOrder
-from dyntrain.elastic.sharded import shards_for, without_tensor_state
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint, read_ref
+from dyntrain.elastic.runs.folder import check_numerics_alone, check_run_folder, describe_setup
+from dyntrain.elastic.runs.progress import AloneOutput
+from dyntrain.elastic.runs.storage import RunStore, open_store
+from dyntrain.elastic.sharding.zero import shards_for, without_tensor_state
 from dyntrain.elastic.state import TrainingParts, capture_state, restore_state
-from dyntrain.elastic.stepper import ChunkStepper, LossFn, StepResult
-from dyntrain.elastic.steprow import StepRows
-from dyntrain.elastic.storage import RunStore, open_store
-from dyntrain.elastic.transfer import broadcast_state
-from dyntrain.elastic.validation import Validation
-from dyntrain.elastic.writer import RunWriter
+from dyntrain.elastic.step.balance import ChunkBalancer
+from dyntrain.elastic.step.canary import job_canary
+from dyntrain.elastic.step.row import StepRows
+from dyntrain.elastic.step.sampler import BatchOrder
+from dyntrain.elastic.step.stepper import ChunkStepper, LossFn, StepResult
+from dyntrain.elastic.step.validation import Validation
+from dyntrain.elastic.worker.channel import CoordinatorGone, Fenced, JobOver, WorkerChannel
+from dyntrain.elastic.worker.rejoin import start_over
+from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.errors import DataError, DyntrainError, install_excepthook
 
 END_POLL_SECONDS = 0.02  # how often a member that finished waits for the leader's end
@@ -65,10 +71,10 @@ class ElasticTrainer:
     address comes from the environment. Without one, ``fit`` trains alone as a world of one, with
     exactly the same math: it prints a progress line every second and what ``report()`` gets;
     given an output folder (``out_dir``, or ``DYNTRAIN_OUT`` in the environment: a local folder
-    or an object-store URL, ``dyntrain.elastic.storage``) it also writes ``metrics.jsonl``,
+    or an object-store URL, ``dyntrain.elastic.runs.storage``) it also writes ``metrics.jsonl``,
     checkpoints, ``final.pt`` and ``result.json`` as ``dyntrain run`` does, and resumes from the
     folder's newest checkpoint. Either way, an output folder that holds a
-    run started with other settings is refused (``dyntrain.elastic.runfolder``).
+    run started with other settings is refused (``dyntrain.elastic.runs.folder``).
 
     With ``TrainConfig.noise_scale`` on, the leader's row of ``metrics.jsonl`` for every step also
     holds the gradient noise scale: ``b_simple`` (smoothed; null while the smoothed |G|^2 is not
@@ -115,7 +121,7 @@ class ElasticTrainer:
         validation: A ``Validation``: evaluate the model (on the leader) every N steps or epochs
             and at the end, without changing training. None: no validation.
         tensorboard: Alone with an output folder: also write TensorBoard event files to its
-            ``tensorboard/`` (``dyntrain.elastic.tensorboard``). None: when the tensorboard
+            ``tensorboard/`` (``dyntrain.elastic.runs.tensorboard``). None: when the tensorboard
             package is installed; True without it raises ``MissingExtra``. Inside a job the
             launcher writes them (``dyntrain run --tensorboard/--no-tensorboard``).
 
@@ -206,7 +212,7 @@ class ElasticTrainer:
         """Train to the end. A worker that leaves the job (preemption notice, drain, or not needed
         at the end) raises ``SystemExit(0)`` once its part is handed over. A worker that the
         coordinator declared dead while it was cut off starts over as a new worker, or exits
-        (``dyntrain.elastic.rejoin``). The loader processes (if any) stop when it returns."""
+        (``dyntrain.elastic.worker.rejoin``). The loader processes (if any) stop when it returns."""
         fenced = None
         try:
             self._fit()

@@ -3,7 +3,7 @@ report.
 
 The rows that count are those with a ``b_simple`` field (a number or null; the trainer writes
 one per step with ``TrainConfig.noise_scale`` on), read through the run files' schema
-(:mod:`dyntrain.elastic.runlog`); other rows are passed over. The mean is taken over the second
+(:mod:`dyntrain.elastic.runs.log`); other rows are passed over. The mean is taken over the second
 half of the logged steps (the steps from the midpoint of the first and last step carrying
 ``b_simple`` onwards), where the estimate has settled, and compared with each workload's fitted
 ``B_crit``: McCandlish et al. (2018) predict ``B_crit`` to be close to ``B_simple``.
@@ -17,15 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dyntrain.elastic.runlog import (
-    MetricsRow,
-    RowError,
-    RunFile,
-    RunLogError,
-    read_records,
-    run_file,
-)
-from dyntrain.elastic.storage import LocalStore, StorageError, is_url
+from dyntrain.elastic.runs.log import RunFile, RunLogError, read_records, run_file
+from dyntrain.elastic.runs.rows import MetricsRow, RowError
+from dyntrain.elastic.runs.storage import LocalStore, StorageError, is_url
 from dyntrain.lab.analysis import WorkloadReport
 from dyntrain.lab.results import LabError
 
@@ -109,7 +103,7 @@ def load_noise(path: str | Path, name: str | None = None) -> NoiseSeries:
 
     Rows without a ``b_simple`` field are passed over. Raises :class:`LabError` naming the file
     and line for a line that is not a JSON object (one still being written at the end is left
-    out, see :mod:`dyntrain.elastic.runlog`), and for a row with ``b_simple`` that is not a
+    out, see :mod:`dyntrain.elastic.runs.log`), and for a row with ``b_simple`` that is not a
     valid metrics row (a ``b_simple`` that is neither a number nor null, no integer ``step``);
     and when the file has no ``b_simple`` rows at all. A later row for the same step replaces
     the earlier one; a null, NaN or infinite ``b_simple`` is a step without an estimate.

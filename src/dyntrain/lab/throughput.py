@@ -42,7 +42,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from dyntrain.elastic.runlog import read_metrics
+from dyntrain.elastic.runs.log import read_metrics
 from dyntrain.errors import DyntrainError
 from dyntrain.lab.machine import cpu_accounts, hardware, other_load, oversubscribed
 from dyntrain.lab.scaling import (

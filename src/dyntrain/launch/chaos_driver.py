@@ -6,9 +6,10 @@ import json
 import os
 import time
 
-from dyntrain.elastic.coordinator import Coordinator, Phase
-from dyntrain.elastic.linelog import open_lines
-from dyntrain.elastic.storage import RunStore
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.phases import Phase
+from dyntrain.elastic.runs.linefile import open_lines
+from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.launch.chaos import Chaos, Situation, Strike
 from dyntrain.launch.local import LocalWorkers
 

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from dyntrain.elastic.coordinator import Coordinator
+from dyntrain.elastic.membership.coordinator import Coordinator
 from dyntrain.launch.local import LocalWorkers
 
 POLL_SECONDS = 0.02

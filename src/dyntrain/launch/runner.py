@@ -17,12 +17,14 @@ from typing import TextIO
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.address import is_wildcard, machine_addresses
-from dyntrain.elastic.ckptstore import latest_valid_checkpoint
-from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.members import CoordinatorConfig
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics, host_refusal, merge_pin
-from dyntrain.elastic.runfolder import read_numerics
-from dyntrain.elastic.storage import RunStore, StorageError, open_store
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
+from dyntrain.elastic.runs.folder import read_numerics
+from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
+from dyntrain.elastic.worker.address import is_wildcard, machine_addresses
 from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
 from dyntrain.launch import forkserver
 from dyntrain.launch.chaos import Chaos

@@ -9,13 +9,13 @@ import time
 from typing import TextIO
 
 from dyntrain.elastic.admission import NumericsRecord
-from dyntrain.elastic.linelog import open_lines
-from dyntrain.elastic.progress import progress_line, result_line, write_result
-from dyntrain.elastic.runfolder import write_numerics
-from dyntrain.elastic.runlog import open_events, open_metrics, read_records
-from dyntrain.elastic.runrows import EventRow, MetricsRow
-from dyntrain.elastic.storage import RunStore
-from dyntrain.elastic.tensorboard import TensorBoardMirror, wanted
+from dyntrain.elastic.runs.folder import write_numerics
+from dyntrain.elastic.runs.linefile import open_lines
+from dyntrain.elastic.runs.log import open_events, open_metrics, read_records
+from dyntrain.elastic.runs.progress import progress_line, result_line, write_result
+from dyntrain.elastic.runs.rows import EventRow, MetricsRow
+from dyntrain.elastic.runs.storage import RunStore
+from dyntrain.elastic.runs.tensorboard import TensorBoardMirror, wanted
 from dyntrain.launch.events import Event
 
 # Each injected event as it fires (one JSON line), so that a resumed run skips those.
@@ -33,7 +33,7 @@ class RunSink:
         quiet: print only how the run ended.
         every: seconds between two progress lines.
         tensorboard: mirror the rows into TensorBoard event files
-            (``dyntrain.elastic.tensorboard``): True, False, or None (when it is installed).
+            (``dyntrain.elastic.runs.tensorboard``): True, False, or None (when it is installed).
     """
 
     def __init__(self, store: RunStore, total_hint: str, stream: TextIO, quiet: bool,

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from dyntrain.elastic.runlog import read_events, read_metrics
+from dyntrain.elastic.runs.log import read_events, read_metrics
 from dyntrain.testing.hosts import Host
 from dyntrain.testing.wait import wait_until
 
@@ -76,7 +76,7 @@ class RunRows:
 
     def events(self) -> list[dict]:
         """The rows of the run's events.jsonl so far, as JSON objects (read and checked as
-        ``dyntrain.elastic.runlog`` reads them: a line still being written waits)."""
+        ``dyntrain.elastic.runs.log`` reads them: a line still being written waits)."""
         return [row.to_json() for row in read_events(self.out)]
 
     def metrics(self) -> list[dict]:

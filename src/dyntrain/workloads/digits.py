@@ -19,8 +19,8 @@ from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
 from dyntrain.elastic.config import TrainConfig
+from dyntrain.elastic.step.validation import Validation
 from dyntrain.elastic.trainer import ElasticTrainer
-from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DyntrainError
 from dyntrain.extras import needs_extra
 

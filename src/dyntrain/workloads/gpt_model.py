@@ -4,7 +4,7 @@ positions, tied input and output embeddings; and its AdamW groups and LR schedul
 The sizes come from ``PRESETS`` (``tiny`` for tests, ``small`` for CPU runs, ``25m`` and
 ``100m`` for benchmarks) or from explicit numbers. The parameter names put every transformer
 block under ``blocks.<i>.``, the unit that sharded training gathers together
-(``dyntrain.elastic.shardplan.group_units``).
+(``dyntrain.elastic.sharding.owners.group_units``).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ import time
 import torch
 from torch.utils.data import DataLoader
 
+from dyntrain.elastic.step.validation import Validation
 from dyntrain.elastic.trainer import ElasticTrainer
-from dyntrain.elastic.validation import Validation
 from dyntrain.errors import DyntrainError, install_excepthook
 from dyntrain.extras import needs_extra
 

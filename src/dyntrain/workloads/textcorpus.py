@@ -8,7 +8,7 @@ depend on which other files exist. Each split is one byte stream, the files back
 
 A training sample is a window of ``seq_len + 1`` bytes (inputs and next-byte targets) at offset
 ``i * seq_len`` of the training stream: sample ``i`` is the same on every worker, as the elastic
-trainer's data set contract requires (``dyntrain.elastic.sampler`` picks the indices). The
+trainer's data set contract requires (``dyntrain.elastic.step.sampler`` picks the indices). The
 windows are views into the stream, so the data set costs the stream's bytes and nothing more.
 
 Every worker of a job must read the same corpus: the same Python version on every host (or the

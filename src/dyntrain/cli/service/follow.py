@@ -22,7 +22,7 @@ from dyntrain.cli.service.common import (
     resolve_job,
 )
 from dyntrain.cli.service.output import list_items, reason_text, short_id
-from dyntrain.elastic.runrows import EventRow, RowError
+from dyntrain.elastic.runs.rows import EventRow, RowError
 from dyntrain.service.core.jobtext import attempt_text, progress_text
 from dyntrain.service.core.model import TERMINAL_STATUSES, JobStatus
 

@@ -31,7 +31,7 @@ from dyntrain.elastic.numerics import (
     numerics_from_env,
     parse_switch,
 )
-from dyntrain.elastic.storage import StorageError, is_url, open_store
+from dyntrain.elastic.runs.storage import StorageError, is_url, open_store
 from dyntrain.errors import ConfigError
 from dyntrain.service.core.model import ValidationError
 

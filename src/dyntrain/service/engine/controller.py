@@ -39,7 +39,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dyntrain.elastic.storage import RunStore
+from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.service.core.capacity import parse_trace
 from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind

@@ -13,14 +13,21 @@ from pathlib import Path
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.channel import parse_address
-from dyntrain.elastic.ckptstore import latest_valid_checkpoint
-from dyntrain.elastic.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.members import CoordinatorConfig
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import Numerics
-from dyntrain.elastic.progress import result_line
-from dyntrain.elastic.runfolder import read_numerics
-from dyntrain.elastic.runlog import last_step
-from dyntrain.elastic.storage import LocalStore, RunStore, StorageError
+from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
+from dyntrain.elastic.runs.coordinator_file import (
+    COORDINATOR_FILE,
+    read_coordinator_file,
+    write_coordinator_file,
+)
+from dyntrain.elastic.runs.folder import read_numerics
+from dyntrain.elastic.runs.log import last_step
+from dyntrain.elastic.runs.progress import result_line
+from dyntrain.elastic.runs.storage import LocalStore, RunStore, StorageError
+from dyntrain.elastic.worker.channel import parse_address
 from dyntrain.errors import ConfigError
 from dyntrain.launch.sink import RunSink
 from dyntrain.service.core.jobtext import short_worker
@@ -118,7 +125,7 @@ class ElasticHost:
         self.run_dir = run_dir
         self.files = files or LocalStore(run_dir)
         self.identity = f"{job_id}/attempt-{attempt}"
-        previous = p.read_coordinator_file(run_dir) if recovering is not None else {}
+        previous = read_coordinator_file(run_dir) if recovering is not None else {}
         same = previous.get("job") == self.identity
         port = parse_address(previous["address"])[1] if same and "address" in previous else 0
         self.secret = _secret(run_dir, self.identity, reuse=recovering is not None)
@@ -129,7 +136,7 @@ class ElasticHost:
         self.numerics = numerics or Numerics()  # what every worker gets in its environment
         jobstore.set(p.JOB_INFO, json.dumps({"out_dir": out, "job": self.identity,
                                              "numerics": self.numerics.to_json()}))
-        p.write_coordinator_file(run_dir, self.address, self.identity)
+        write_coordinator_file(run_dir, self.address, self.identity)
         self.sink = ServiceSink(store, job_id, self.files, attempt)
         try:
             recorded = read_numerics(self.files)
@@ -139,7 +146,7 @@ class ElasticHost:
             recorded = None
         if self.files.local is None:
             try:
-                self.files.put(p.COORDINATOR_FILE, (run_dir / p.COORDINATOR_FILE).read_bytes())
+                self.files.put(COORDINATOR_FILE, (run_dir / COORDINATOR_FILE).read_bytes())
             except StorageError as exc:  # its workers fail on it too, and say so
                 self.sink.log(f"cannot record the coordinator's address: {exc}")
         self.coordinator = Coordinator(

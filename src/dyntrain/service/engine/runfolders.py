@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dyntrain.elastic.protocol import ENV_OUT
-from dyntrain.elastic.storage import LocalStore, RunStore, open_store
+from dyntrain.elastic.runs.storage import LocalStore, RunStore, open_store
 from dyntrain.service.core.executor import Executor
 from dyntrain.service.core.submitter import job_numerics
 from dyntrain.service.engine.config import ControllerConfig

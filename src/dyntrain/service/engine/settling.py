@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
 from dyntrain.service.core.model import JobStatus, WorkerState
@@ -149,8 +150,6 @@ class Settler:
 
     def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
         if attempt.host is not None:
-            from dyntrain.elastic.coordinator import Phase  # torch: only with elastic jobs
-
             host = attempt.host
             phase = host.tick()
             self._price_crashes(attempt)
@@ -192,8 +191,6 @@ class Settler:
         self.attempts.remove(attempt.job_id)
         coordinator = None
         if attempt.host is not None:
-            from dyntrain.elastic.coordinator import Phase
-
             phase = attempt.host.phase
             attempt.host.close()
             coordinator = CoordinatorEnd(phase is Phase.DONE, phase is Phase.FAILED,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping
 
-from dyntrain.elastic.address import interface_of, route_address
+from dyntrain.elastic.worker.address import interface_of, route_address
 from dyntrain.errors import DyntrainError
 
 #: the variables that hold the main node's address, and the one that holds its port

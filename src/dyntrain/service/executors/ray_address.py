@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-from dyntrain.elastic.address import route_address
+from dyntrain.elastic.worker.address import route_address
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.executor import ExecutorError
 

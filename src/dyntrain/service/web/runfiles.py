@@ -6,15 +6,15 @@ from __future__ import annotations
 # imports torch, so the app loads it at start. Loaded lazily instead, torch would first load when
 # the controller launches an elastic job, under the service's lock: API calls waited for the import
 # (a 10 s client timeout ran out in make demo on a loaded machine).
-from dyntrain.elastic.ckptstore import CheckpointInfo, describe_checkpoints
-from dyntrain.elastic.runlog import (
+from dyntrain.elastic.runs.checkpoints import CheckpointInfo, describe_checkpoints
+from dyntrain.elastic.runs.log import (
     METRICS_FILE,
     TAIL_BYTES,
     RunLogError,
     read_records,
     tail_records,
 )
-from dyntrain.elastic.storage import RunStore, StorageError
+from dyntrain.elastic.runs.storage import RunStore, StorageError
 
 # the per-step fields the dashboard plots (a row may carry more: validation, gradient norm, ...)
 SERIES_FIELDS = ("step", "time", "world_size", "loss", "samples_per_s", "b_simple")
@@ -30,7 +30,7 @@ def read_rows(files: RunStore, offset: int, max_bytes: int = MAX_CHUNK_BYTES,
               name: str = METRICS_FILE) -> tuple[list[dict], int]:
     """Whole JSON lines of a run's metrics from byte ``offset`` on (at most about
     ``max_bytes``), and the offset after the last whole line read, read as
-    :mod:`dyntrain.elastic.runlog` reads (a line still being written is left for the next call;
+    :mod:`dyntrain.elastic.runs.log` reads (a line still being written is left for the next call;
     one that is not a JSON object is skipped). A run folder that cannot be read now has no new
     rows."""
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dyntrain.elastic.storage import RunStore
+from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.service.core.speedup import profile_from_rows
 from dyntrain.service.web import runfiles
 
