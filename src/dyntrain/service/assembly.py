@@ -1,9 +1,9 @@
 """Which executor runs the service's workers, and how it is built: the one place that knows the
 implementations (``executors/local.py``, ``executors/ray.py``) and their options.
 
-The engine's ``Service`` is handed an ``ExecutorSetup`` (one of the two below) and calls it once
-the state directory is its own; it never imports an executor. ``dyntrain server`` chooses one
-with ``--executor``.
+The engine's ``Service`` is handed an ``ExecutorSetup`` (one of the two below) and builds the
+executor with it once the state directory is its own; it never imports an executor.
+``dyntrain server`` chooses one with ``--executor``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from dyntrain.service.core.executor import Executor
 from dyntrain.service.core.model import CapacityType, ComputeEnvironmentSpec, Resources
-from dyntrain.service.engine.service import Service, ServiceConfig
+from dyntrain.service.engine.service import ExecutorSetup, Service, ServiceConfig
 from dyntrain.service.engine.statelock import StateDirLock
 
 #: the one slot of a default compute environment: a core and 1 GiB
@@ -80,9 +80,6 @@ class RayExecutorSetup:
         """``ray``: its slots are what the nodes carrying ``dyntrain_ce_ray`` offer."""
         return ComputeEnvironmentSpec("ray", CapacityType.ON_DEMAND, 0.0, DEFAULT_SLOT, 0, 0,
                                       10_000)
-
-
-ExecutorSetup = LocalExecutorSetup | RayExecutorSetup
 
 
 def build_service(config: ServiceConfig, executor: ExecutorSetup = LocalExecutorSetup(),
