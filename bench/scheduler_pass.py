@@ -34,7 +34,8 @@ from pathlib import Path
 
 from _common import machine_info  # bench/ is sys.path[0] when run as a script
 from dyntrain.service.core.model import CapacityType, JobStatus, Resources
-from dyntrain.service.core.scheduler import EnvView, JobView, QueueView, Snapshot, schedule
+from dyntrain.service.core.plan import EnvView, JobView, QueueView, Snapshot
+from dyntrain.service.core.scheduler import schedule
 
 BENCH = Path(__file__).resolve().parent
 GOAL_MS = 100.0

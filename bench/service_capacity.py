@@ -71,9 +71,10 @@ from dyntrain.service.core.model import (  # noqa: E402
     ComputeEnvironmentSpec,
     JobQueueSpec,
     Resources,
+    WorkerState,
 )
-from dyntrain.service.core.records import WORKER_EXITED  # noqa: E402
-from dyntrain.service.engine.controller import Controller, ControllerConfig  # noqa: E402
+from dyntrain.service.engine.config import ControllerConfig  # noqa: E402
+from dyntrain.service.engine.controller import Controller  # noqa: E402, ControllerConfig  # noqa: E402
 from dyntrain.service.executors.local import LocalExecutor  # noqa: E402
 from dyntrain.service.store import Store  # noqa: E402
 
@@ -261,7 +262,7 @@ class Bench:
         row = self.drive(lambda: self.first_row(1, t_cap), "a step at world 1")
         event = self.drive(lambda: self.new_event("membership.leave"), "the leave event")
         gone = self.drive(lambda: [w for w in self.workers()
-                                   if w.id == leaving.id and w.state == WORKER_EXITED],
+                                   if w.id == leaving.id and w.state == WorkerState.EXITED],
                           "the leaving process to exit")[0]
         t0 = self.coordinator_t0()
         reformed = t0 + event.payload["reformed_at"]

@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import machine_info, write_result  # noqa: E402
-from dyntrain.lab.throughput import ThroughputConfig, run_throughput  # noqa: E402
+from dyntrain.lab.scaling import ThroughputConfig
+from dyntrain.lab.throughput import run_throughput
 from dyntrain.service.core.trace_files import parse_json_trace, scale_time, to_csv  # noqa: E402
 from dyntrain.sim.jobs import load_jobs  # noqa: E402
 from dyntrain.sim.live import LiveJob, LiveSetup, compare_jobs, run_live, simulate  # noqa: E402

@@ -36,7 +36,8 @@ from dyntrain.service.core.model import (
     JobQueueSpec,
     Resources,
 )
-from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.controller import Controller
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
 from rescale_torchrun import TORCHRUN_CONFIGS, TorchrunJob

@@ -35,9 +35,11 @@ import uvicorn
 from dyntrain.elastic.runs.log import read_events
 from dyntrain.errors import DyntrainError
 from dyntrain.outdir import make_out_dir
+from dyntrain.service.assembly import build_service
 from dyntrain.service.client import Client
 from dyntrain.service.core.jobtext import live_workers
-from dyntrain.service.server import Service, ServiceConfig, create_app
+from dyntrain.service.engine.service import Service, ServiceConfig
+from dyntrain.service.server import create_app
 
 HERE = Path(__file__).resolve().parent
 SLOT = {"cpus": 0.25, "gpus": 0, "memory_mib": 512}
@@ -57,7 +59,7 @@ def free_port() -> int:
 
 def start_service(state: Path) -> tuple[Service, uvicorn.Server, str]:
     port = free_port()
-    service = Service(ServiceConfig(state_dir=state, port=port, grace_seconds=30))
+    service = build_service(ServiceConfig(state_dir=state, port=port, grace_seconds=30))
     service.start()
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port,
                                            log_level="warning"))

@@ -67,7 +67,7 @@ def _finished_job(store: dist.TCPStore, tmp_path) -> str:
     """The store of a coordinator whose job has just finished (what a late joiner finds)."""
     store.set(p.JOB_INFO, json.dumps({"out_dir": str(tmp_path / "run"), "job": "j1"}))
     store.set(p.GEN_LATEST, "3")
-    store.set(p.JOB_STATE, p.JobStatus(p.JobState.DONE).encode())
+    store.set(p.JOB_STATE, p.JobVerdict(p.JobState.DONE).encode())
     return f"127.0.0.1:{store.port}"
 
 
@@ -90,11 +90,11 @@ def test_the_channel_tells_a_late_joiner_from_a_waiting_member(store, tmp_path):
         assert late.value.at_join and late.value.status.state is p.JobState.DONE
     finally:
         ch.close()
-    store.set(p.JOB_STATE, p.JobStatus(p.JobState.RUNNING).encode())
+    store.set(p.JOB_STATE, p.JobVerdict(p.JobState.RUNNING).encode())
     ch = WorkerChannel(address, "w-waiting", heartbeat_interval=0.0)
     try:
         assert ch._scan(3) == 3  # running: it waits for a generation
-        store.set(p.JOB_STATE, p.JobStatus(p.JobState.DONE).encode())
+        store.set(p.JOB_STATE, p.JobVerdict(p.JobState.DONE).encode())
         with pytest.raises(JobOver) as waited:
             ch.wait_generation(3, lambda: False)
         assert not waited.value.at_join

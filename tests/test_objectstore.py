@@ -18,7 +18,7 @@ from dyntrain.elastic.runs.checkpoint_file import encode_checkpoint
 from dyntrain.elastic.runs.folder import RunFolderMismatch
 from dyntrain.elastic.runs.log import read_metrics
 from dyntrain.elastic.runs.storage import StorageError, open_store
-from dyntrain.lab.report import load_noise
+from dyntrain.lab.noise import load_noise
 from dyntrain.testing.wait import wait_until
 from objectstore import start_s3_server
 

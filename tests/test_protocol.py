@@ -83,13 +83,13 @@ def test_replies_and_job_states_keep_their_words_on_the_store():
         "dead:no heartbeat for 3 s"
     assert p.Reply.decode(b"reject:its peers: a:1") == \
         p.Reply(p.ReplyKind.REJECT, "its peers: a:1")
-    assert p.JobStatus.decode(b"failed:the group: never") == \
-        p.JobStatus(p.JobState.FAILED, "the group: never")
-    assert str(p.JobStatus(p.JobState.DONE)) == "done"
+    assert p.JobVerdict.decode(b"failed:the group: never") == \
+        p.JobVerdict(p.JobState.FAILED, "the group: never")
+    assert str(p.JobVerdict(p.JobState.DONE)) == "done"
     with pytest.raises(p.ProtocolError, match="unknown reply 'goodbye'"):
         p.Reply.decode("goodbye")
     with pytest.raises(p.ProtocolError, match="unknown job state 'paused'"):
-        p.JobStatus.decode("paused")
+        p.JobVerdict.decode("paused")
     assert [w.value for w in p.Control] == ["run", "reform", "drain", "abort"]
 
 

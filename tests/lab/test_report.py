@@ -13,17 +13,10 @@ import pytest
 from conftest import ROOT, run_cli
 from dyntrain.cli.main import main
 from dyntrain.lab import LabError, Measurement, Study, Trial, read_studies, write_study
+from dyntrain.lab.analysis import REGIME_RULE, analyse, find_hyperparameter
 from dyntrain.lab.fit import DIMINISHING, MAXIMAL, NOT_REACHED, PERFECT
-from dyntrain.lab.report import (
-    REGIME_RULE,
-    analyse,
-    find_hyperparameter,
-    fmt,
-    load_noise,
-    parse_noise_spec,
-    to_json,
-    to_markdown,
-)
+from dyntrain.lab.noise import load_noise, parse_noise_spec
+from dyntrain.lab.render import fmt, to_json, to_markdown
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BATCH_SCIENCE = FIXTURES / "batch_science"
@@ -167,7 +160,7 @@ def test_fewer_than_three_reached_points_give_no_fit(tmp_path):
     ({}, None),
 ])
 def test_learning_rate_lookup_is_lenient(hparams, lr):
-    from dyntrain.lab.report import LR_KEYS
+    from dyntrain.lab.analysis import LR_KEYS
 
     assert find_hyperparameter(hparams, LR_KEYS, positive=True) == lr
 
@@ -444,7 +437,8 @@ def test_report_command_does_not_import_torch(tmp_path):
 
 def test_report_states_the_evaluation_interval(tmp_path):
     """The report says how often the metric was evaluated (k), from study.json's eval_every."""
-    from dyntrain.lab.report import analyse, to_json, to_markdown
+    from dyntrain.lab.analysis import analyse
+    from dyntrain.lab.render import to_json, to_markdown
 
     studies = []
     for b, s in ((8, 400), (32, 120), (128, 60)):

@@ -25,18 +25,15 @@ from dyntrain.lab.search import (
     sobol_points,
     trial_points,
 )
-from dyntrain.lab.sweep import (
+from dyntrain.lab.sweep import describe, run_sweep
+from dyntrain.lab.sweep_files import prepare, read_outcome, write_trial
+from dyntrain.lab.sweep_plan import (
     SweepConfig,
     TrialTask,
     config_from,
-    describe,
     geometric_grid,
     parse_batch_sizes,
     plan,
-    prepare,
-    read_outcome,
-    run_sweep,
-    write_trial,
 )
 from dyntrain.lab.trial import TrialSpec, run_trial
 from dyntrain.lab.workload import LabWorkload, load_workload

@@ -6,16 +6,16 @@ import pytest
 
 from conftest import run_cli
 from dyntrain.errors import DyntrainError
-from dyntrain.lab.throughput import (
+from dyntrain.lab.scaling import (
     RunMeasurement,
     ThroughputConfig,
     efficiency_table,
-    markdown_table,
     measure_metrics,
     parse_worker_counts,
-    run_throughput,
     workload_argv,
 )
+from dyntrain.lab.throughput import run_throughput
+from dyntrain.lab.throughput_output import markdown_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HW = {"cpu_model": "Test CPU", "cpu_cores": 2, "cpu_count": 2, "gpu": None, "gpu_count": 0,

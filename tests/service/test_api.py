@@ -16,8 +16,10 @@ import uvicorn
 
 from dyntrain.elastic.numerics import KernelLevel
 from dyntrain.errors import DyntrainError
+from dyntrain.service.assembly import LocalExecutorSetup, build_service
 from dyntrain.service.client import ApiError, Client
-from dyntrain.service.server import Service, ServiceConfig, create_app
+from dyntrain.service.engine.service import Service, ServiceConfig
+from dyntrain.service.server import create_app
 from dyntrain.testing.wait import wait_until
 
 PY = sys.executable
@@ -36,8 +38,9 @@ def serve(state_dir: Path, token: str | None = None, scheduler: bool = True,
     """A Service behind uvicorn on 127.0.0.1; ``scheduler=False``: its controller never steps,
     so submitted jobs stay queued and nothing runs."""
     port = free_port()
-    service = Service(ServiceConfig(state_dir=state_dir, port=port, token=token,
-                                    grace_seconds=5, warm_workers=warm_workers))
+    service = build_service(ServiceConfig(state_dir=state_dir, port=port, token=token,
+                                          grace_seconds=5),
+                            LocalExecutorSetup(warm_workers=warm_workers))
     if scheduler:
         service.start()
     server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port,

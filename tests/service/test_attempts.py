@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dyntrain.service.core.executor import WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.records import WORKER_RUNNING, WorkerRecord
+from dyntrain.service.core.model import WorkerState
+from dyntrain.service.core.records import WorkerRecord
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, CoordinatorEnd
 
 
@@ -63,7 +64,7 @@ def test_the_table_knows_which_attempt_a_worker_belongs_to():
     table = AttemptTable()
     a = attempt()
     a.workers["w0"] = WorkerRecord("w0", "job", 1, "local", "ON_DEMAND", 0.0, None,
-                                   WORKER_RUNNING, 100.0)
+                                   WorkerState.RUNNING, 100.0)
     table.add(a)
     table.own("w1", "job")
     assert table.of_worker("w0") is a and table.of_worker("w1") is a

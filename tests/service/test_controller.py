@@ -26,9 +26,11 @@ from dyntrain.service.core.model import (
     JobQueueSpec,
     JobStatus,
     Resources,
+    WorkerState,
 )
-from dyntrain.service.core.records import WORKER_EXITED, WorkerRecord
-from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.core.records import WorkerRecord
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.controller import Controller
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
 
@@ -107,7 +109,7 @@ def test_plain_jobs_succeed_fail_and_retry(store, tmp_path):
     assert "attempt 2 of 2" in bad.status_reason
     assert [a.exit_code for a in store.list_attempts(bad.id)] == [3, 3]
     assert any("hello from a job" in line.line for line in store.read_log(ok.id)[0])
-    assert all(w.state == WORKER_EXITED for w in store.list_workers(active=False))
+    assert all(w.state == WorkerState.EXITED for w in store.list_workers(active=False))
 
 
 def test_a_plain_job_computes_with_its_numerics_not_the_hosts(store, tmp_path):
@@ -492,7 +494,7 @@ def test_a_multinode_job_starts_its_nodes_together_and_ends_with_its_main_node(t
     job = store.get_job(job.id)
     assert (job.status, job.exit_code, job.attempts) == (JobStatus.FAILED, 5, 1)  # node 0's
     workers = store.list_workers(job.id, active=False)
-    assert len(workers) == 3 and all(w.state == WORKER_EXITED for w in workers)
+    assert len(workers) == 3 and all(w.state == WorkerState.EXITED for w in workers)
     assert sorted(w.leave_reason or "" for w in workers) == [
         "exited with code 5", "the main node exited", "the main node exited"]
     assert sorted(x.line for x in store.read_log(job.id)[0]) == [

@@ -9,15 +9,8 @@ from hypothesis import strategies as st
 from dyntrain.service.core.allocation import FIFO, AllocationPolicy, Move, policy_by_name
 from dyntrain.service.core.goodput import FairShare, Goodput, GoodputConfig
 from dyntrain.service.core.model import CapacityType, JobStatus, Resources, ValidationError
-from dyntrain.service.core.scheduler import (
-    EnvView,
-    Grow,
-    JobView,
-    QueueView,
-    Shrink,
-    Snapshot,
-    schedule,
-)
+from dyntrain.service.core.plan import EnvView, Grow, JobView, QueueView, Shrink, Snapshot
+from dyntrain.service.core.scheduler import schedule
 from dyntrain.service.core.speedup import JobProfile, SpeedupModel, ThroughputPoint
 
 SLOT = Resources(cpus=1, gpus=0, memory_mib=1024)

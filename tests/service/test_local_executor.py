@@ -20,15 +20,15 @@ import pytest
 
 from dyntrain.elastic.numerics import KernelLevel, host_levels
 from dyntrain.procstat import read_stat
-from dyntrain.service.core.model import Resources
-from dyntrain.service.executors import (
+from dyntrain.service.assembly import LocalExecutorSetup
+from dyntrain.service.core.executor import (
     ExecutorError,
     StartError,
     WorkerExit,
     WorkerHandle,
     WorkerSpec,
-    get_executor,
 )
+from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.testing.wait import wait_until
 
@@ -446,11 +446,16 @@ def test_defaults_come_from_this_machine(state):
     assert cap.memory_mib > 0 and cap.gpus >= 0
 
 
-def test_registry(state):
-    ex = get_executor("local", state_dir=state, cpus=1, gpus=[], memory_mib=128)
-    assert isinstance(ex, LocalExecutor) and ex.name == "local"
-    with pytest.raises(ExecutorError, match="local"):
-        get_executor("nope")
+def test_the_assembly_builds_the_local_executor_with_its_options(state):
+    setup = LocalExecutorSetup(warm_workers=0, coordinator_host="10.0.0.5")
+    ex = setup.build(state)
+    try:
+        assert isinstance(ex, LocalExecutor) and ex.name == "local"
+        assert ex.coordinator_host == "10.0.0.5"
+    finally:
+        ex.shutdown()
+    default = setup.default_environment()
+    assert default.name == "local" and default.desired_slots == default.max_slots == os.cpu_count()
 
 
 def test_term_kills_a_worker_that_does_not_trap_it(executor, tmp_path):

@@ -28,8 +28,9 @@ from dyntrain.elastic.worker.address import machine_addresses
 from dyntrain.service.client import Client
 from dyntrain.service.core.executor import ExecutorError, StartError, WorkerSpec
 from dyntrain.service.core.model import Resources
-from dyntrain.service.executors.ray import RayExecutor, import_ray
+from dyntrain.service.executors.ray import RayExecutor
 from dyntrain.service.executors.ray_address import coordinator_address
+from dyntrain.service.executors.ray_nodes import import_ray
 from dyntrain.testing.jobs import pinned_env
 from dyntrain.testing.wait import wait_until
 
@@ -79,7 +80,7 @@ def exits_of(ex: RayExecutor, ids: set[str], timeout: float = 60.0,
 
 
 def named(ex: RayExecutor) -> set[str]:
-    return {n.rsplit(":", 1)[-1] for n in ex._named()}
+    return {n.rsplit(":", 1)[-1] for n in ex.actors.names()}
 
 
 @pytest.fixture
@@ -156,7 +157,7 @@ def test_a_restarted_executor_adopts_reads_missed_exits_and_ends_actors_nobody_o
     second = RayExecutor(tmp_path / "state", ray_cluster.address)
     try:
         wait_until(lambda: second.find("w-ends") is not None and
-                   second._status(handles["w-ends"].ref)[1].get("exit_code") is not None,
+                   second.actors.status(handles["w-ends"].ref)[1].get("exit_code") is not None,
                    "w-ends to have ended", 120)
         assert second.adopt(handles["w-runs"], specs["w-runs"]) is True
         assert second.adopt(handles["w-ends"], specs["w-ends"]) is False  # ended meanwhile

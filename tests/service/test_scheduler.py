@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dyntrain.service.core.model import CapacityType, JobStatus, Resources, State, ValidationError
-from dyntrain.service.core.scheduler import (
+from dyntrain.service.core.plan import (
     EnvView,
     Grow,
     JobView,
@@ -20,8 +20,8 @@ from dyntrain.service.core.scheduler import (
     Start,
     Suspend,
     WaitInfo,
-    schedule,
 )
+from dyntrain.service.core.scheduler import schedule
 
 SMALL = Resources(cpus=1, gpus=0, memory_mib=1024)
 GPU = Resources(cpus=4, gpus=1, memory_mib=8192)

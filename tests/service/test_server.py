@@ -6,13 +6,14 @@ import pytest
 
 from conftest import run_cli, start_server
 from dyntrain.errors import DyntrainError
-from dyntrain.service.engine.service import Service, ServiceConfig, is_loopback
+from dyntrain.service.assembly import build_service
+from dyntrain.service.engine.service import ServiceConfig, is_loopback
 from dyntrain.service.engine.statelock import StateDirLocked
 from dyntrain.testing.wait import wait_until
 
 
 def test_embedded_default_has_a_local_environment_and_queue(tmp_path):
-    service = Service(ServiceConfig(state_dir=tmp_path))
+    service = build_service(ServiceConfig(state_dir=tmp_path))
     try:
         ce = service.store.get_compute_environment("local")
         assert ce.spec.desired_slots >= 1
@@ -22,7 +23,7 @@ def test_embedded_default_has_a_local_environment_and_queue(tmp_path):
 
 
 def test_a_failing_step_is_recorded_and_the_loop_goes_on(tmp_path):
-    service = Service(ServiceConfig(state_dir=tmp_path))
+    service = build_service(ServiceConfig(state_dir=tmp_path))
     calls = []
     real_step = service.controller.step
 
@@ -70,9 +71,9 @@ def test_a_second_service_on_a_state_directory_is_refused_until_the_first_is_gon
             f"dyntrain: error: another dyntrain service (pid {first.pid}, {url}) runs on the "
             f"state directory {state}: stop it first"), second.stderr
         with pytest.raises(StateDirLocked, match=f"pid {first.pid}, {url}"):
-            Service(ServiceConfig(state_dir=state))
+            build_service(ServiceConfig(state_dir=state))
     finally:
         first.kill()  # a crash: no clean-up ran
         first.wait()
-    Service(ServiceConfig(state_dir=state)).stop()
-    Service(ServiceConfig(state_dir=state)).stop()  # stop() let go of it too
+    build_service(ServiceConfig(state_dir=state)).stop()
+    build_service(ServiceConfig(state_dir=state)).stop()  # stop() let go of it too

@@ -30,6 +30,7 @@ from dyntrain.service.core.model import (
     RetryStrategy,
     State,
     ValidationError,
+    WorkerState,
 )
 from dyntrain.service.core.records import INACTIVE, WorkerRecord
 from dyntrain.service.store import Store, metadata
@@ -696,6 +697,10 @@ def test_bulk_transitions_and_claims_are_compare_and_set(store):
         [kids[0]]
     assert store.get_job(kids[0]).status is S.STARTING and store.list_attempts(kids[1]) == []
     assert [w.id for w in store.list_workers(kids[0])] == [worker.id]
+    # the table keeps the state as text ("RUNNING"), read back as the enum
+    assert store.list_workers(kids[0])[0].state is WorkerState.RUNNING
+    with pytest.raises(ValidationError, match="unknown worker state 'GONE'"):
+        store.update_worker(worker.id, state="GONE")
     assert store.last_attempt_numbers(kids) == {kids[0]: 1}
     store.record_launch({worker.id: {"ref": "1:2"}}, [], {kids[0]: 1})
     assert store.get_job(kids[0]).status is S.RUNNING
@@ -706,7 +711,7 @@ def test_bulk_transitions_and_claims_are_compare_and_set(store):
     job = store.get_job(kids[0])
     assert (job.status, job.attempts, job.exit_code, job.stopped_at) == (S.SUCCEEDED, 1, 0, 9.0)
     assert store.list_attempts(kids[0])[0].stopped_at == 9.0
-    assert store.list_workers(kids[0], active=False)[0].state == "EXITED"
+    assert store.list_workers(kids[0], active=False)[0].state is WorkerState.EXITED
     assert [u.worker_seconds for u in store.job_usage(kids[0])] == [4.0]
     assert [e.payload["status"] for e in store.list_events(kids[0])] == ["SUCCEEDED"]
 

@@ -17,7 +17,8 @@ from dyntrain.service.core.model import (
     JobStatus,
     Resources,
 )
-from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.controller import Controller
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
 

@@ -23,20 +23,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dyntrain.elastic.runs.storage import LocalStore
 from dyntrain.lab import Measurement, Study, Trial, write_study
+from dyntrain.service.assembly import build_service
 from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
     JobQueueSpec,
     Resources,
+    WorkerState,
 )
 from dyntrain.service.core.model import JobStatus as S
-from dyntrain.service.core.records import (
-    WORKER_EXITED,
-    WORKER_LEAVING,
-    WORKER_RUNNING,
-    WorkerRecord,
-)
-from dyntrain.service.server import Service, ServiceConfig, create_app
+from dyntrain.service.core.records import WorkerRecord
+from dyntrain.service.engine.service import ServiceConfig
+from dyntrain.service.server import create_app
 from dyntrain.service.web import auth
 from dyntrain.service.web.capacity import CapacityHistory, Sample
 from dyntrain.service.web.context import membership_change, world_timeline
@@ -64,7 +62,7 @@ def membership_event(kind, workers, before, after, t0, requested, first, **extra
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("web")
-    service = Service(ServiceConfig(state_dir=tmp / "state", token=TOKEN))
+    service = build_service(ServiceConfig(state_dir=tmp / "state", token=TOKEN))
     store = service.store
     store.create_compute_environment(ComputeEnvironmentSpec(
         "spot", CapacityType.SPOT, 0.35, SMALL, 0, 2, 4))
@@ -93,9 +91,9 @@ def seeded(tmp_path_factory):
                                          **extra), at=first)
     store.add_event(elastic.id, "coordinator", {"message": "generation 2: 1 worker(s)"})
     store.add_worker(WorkerRecord(w[0], elastic.id, 1, "spot", "SPOT", 0.35, None,
-                                  WORKER_RUNNING, now - 59))
+                                  WorkerState.RUNNING, now - 59))
     store.add_worker(WorkerRecord(w[1], elastic.id, 1, "spot", "SPOT", 0.35, None,
-                                  WORKER_EXITED, now - 41, leave_reason="lost: no heartbeat",
+                                  WorkerState.EXITED, now - 41, leave_reason="lost: no heartbeat",
                                   exit_code=-9, stopped_at=now - 10))
     run = service.controller.run_dir(elastic.id)
     (run / "checkpoints").mkdir(parents=True)
@@ -418,7 +416,7 @@ def test_workers_told_to_leave_are_not_counted_as_the_jobs_workers(browser, seed
     worker now, and one on its way out, not two."""
     elastic = seeded["elastic"]
     seeded["service"].store.add_worker(WorkerRecord(
-        f"{elastic}-a1-w2", elastic, 1, "spot", "SPOT", 0.35, None, WORKER_LEAVING,
+        f"{elastic}-a1-w2", elastic, 1, "spot", "SPOT", 0.35, None, WorkerState.LEAVING,
         seeded["now"] - 5, leave_reason="shrink: capacity taken back", leave_at=seeded["now"]))
     page = browser.get(f"/ui/jobs/{elastic}").text
     assert '<b id="world-now">1</b> now (+1 leaving), elastic 1–3' in page

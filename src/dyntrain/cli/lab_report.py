@@ -1,7 +1,8 @@
 """``dyntrain lab report``: steps to result vs batch size, the critical batch size and regimes.
 
-Torch-free: the analysis (:mod:`dyntrain.lab.report`) and the figures
-(:mod:`dyntrain.lab.plots`) are imported when the command runs, not when the CLI starts.
+Torch-free: the analysis (:mod:`dyntrain.lab.analysis`, :mod:`dyntrain.lab.noise`,
+:mod:`dyntrain.lab.render`) and the figures (:mod:`dyntrain.lab.plots`) are imported when the
+command runs, not when the CLI starts.
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ def report(root: Path, out: Path | None, noise_specs: tuple[str, ...], target: f
     linear and square-root heuristics, warns when a best trial sits on the edge of the search
     space, and writes report.md, summary.json and PNG plots.
     """
-    from dyntrain.lab import plots as lab_plots
-    from dyntrain.lab import report as lab_report
+    from dyntrain.lab import plots
+    from dyntrain.lab.analysis import analyse
+    from dyntrain.lab.noise import load_noise, parse_noise_spec
+    from dyntrain.lab.render import summary_lines, to_json, to_markdown
     from dyntrain.lab.results import LabError, read_studies
 
     if not root.exists():
@@ -64,22 +67,21 @@ def report(root: Path, out: Path | None, noise_specs: tuple[str, ...], target: f
     noise = []
     names: set[str] = set()
     for spec in noise_specs:
-        name, path = lab_report.parse_noise_spec(spec)
-        series = lab_report.load_noise(path, name)
+        name, path = parse_noise_spec(spec)
+        series = load_noise(path, name)
         base, i = series.name, 2
         while series.name in names:
             series.name, i = f"{base}-{i}", i + 1
         names.add(series.name)
         noise.append(series)
-    reports = lab_report.analyse(studies)
+    reports = analyse(studies)
 
     out = make_out_dir(root / "report" if out is None else out, "--out")
     try:
-        plots = lab_plots.render(reports, out, noise)
-        markdown = lab_report.to_markdown(reports, plots, noise, base=out, source=root)
+        figures = plots.render(reports, out, noise)
+        markdown = to_markdown(reports, figures, noise, base=out, source=root)
         (out / "report.md").write_text(markdown)
-        summary = lab_report.to_json(reports, noise,
-                                     {k: p.name for k, p in plots.items()})
+        summary = to_json(reports, noise, {k: p.name for k, p in figures.items()})
         (out / "summary.json").write_text(
             json.dumps(summary, indent=2, allow_nan=False, ensure_ascii=False) + "\n")
     except OSError as e:
@@ -87,8 +89,8 @@ def report(root: Path, out: Path | None, noise_specs: tuple[str, ...], target: f
         raise LabError(f"{where}: cannot write: {e.strerror}") from None
 
     if not quiet:
-        for line in lab_report.summary_lines(reports, noise):
+        for line in summary_lines(reports, noise):
             click.echo(line)
         click.echo("")
-    click.echo(f"wrote {out / 'report.md'}, {out / 'summary.json'} and {len(plots)} "
-               f"plot{'s' if len(plots) != 1 else ''} in {out}")
+    click.echo(f"wrote {out / 'report.md'}, {out / 'summary.json'} and {len(figures)} "
+               f"plot{'s' if len(figures) != 1 else ''} in {out}")

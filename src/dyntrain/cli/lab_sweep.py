@@ -75,7 +75,8 @@ def sweep(preset, workload, workload_args, optimizers, batch_sizes, trials, budg
     `dyntrain lab report OUT`.
     """
     from dyntrain.lab.search import parse_range
-    from dyntrain.lab.sweep import config_from, parse_batch_sizes, run_sweep
+    from dyntrain.lab.sweep import run_sweep
+    from dyntrain.lab.sweep_plan import config_from, parse_batch_sizes
 
     if jobs is not None and jobs <= 0:
         raise LabError(f"--jobs must be positive, got {jobs}")

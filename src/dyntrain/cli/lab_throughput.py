@@ -40,14 +40,9 @@ def throughput(workers, mode, per_worker_batch, global_batch, chunk_size, steps,
     SCRIPT (or -m MODULE) with ARGS is the workload [default: -m dyntrain.workloads.digits]; it
     must accept --global-batch, --chunk-size and --max-steps, which are appended for each run.
     """
-    from dyntrain.lab.throughput import (
-        DIGITS,
-        ThroughputConfig,
-        markdown_table,
-        parse_modes,
-        parse_worker_counts,
-        run_throughput,
-    )
+    from dyntrain.lab.scaling import DIGITS, ThroughputConfig, parse_modes, parse_worker_counts
+    from dyntrain.lab.throughput import run_throughput
+    from dyntrain.lab.throughput_output import markdown_table
 
     command = DIGITS if script is None else _script_command(script, args)
     config = ThroughputConfig(

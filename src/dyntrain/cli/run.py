@@ -121,8 +121,13 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
     that heals later), it starts over as a new worker and is re-admitted with the state handed
     over afresh."""
     from dyntrain.elastic.numerics import Numerics, host_refusal
-    from dyntrain.elastic.protocol import ENV_WORKER_ARGV
-    from dyntrain.elastic.trainer import ENV_ADVERTISE, ENV_COORDINATOR, ENV_IFACE, ENV_OUT
+    from dyntrain.elastic.protocol import (
+        ENV_ADVERTISE,
+        ENV_COORDINATOR,
+        ENV_IFACE,
+        ENV_OUT,
+        ENV_WORKER_ARGV,
+    )
     from dyntrain.elastic.worker import address
     from dyntrain.elastic.worker.channel import connect_store, parse_address, wait_job_info
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dyntrain.data.pack import pack
-from dyntrain.data.sources import DataError, ImageFolder, PackedShards, open_source
+from dyntrain.data.sources import ImageFolder, PackedShards, open_source
+from dyntrain.errors import DataError
 
 if TYPE_CHECKING:
     from dyntrain.data.images import ImageDataset, ImageTransform

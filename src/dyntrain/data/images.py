@@ -30,8 +30,8 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.nn import functional as F
 
-from dyntrain.data.sources import DataError, ImageFolder, PackedShards, open_source
-from dyntrain.errors import ConfigError
+from dyntrain.data.sources import ImageFolder, PackedShards, open_source
+from dyntrain.errors import ConfigError, DataError
 
 # AlexNet's PCA of ImageNet RGB pixels (0-255 scale), as used by fb.resnet.torch and MXNet.
 IMAGENET_EIGVAL = (55.46, 4.794, 1.148)

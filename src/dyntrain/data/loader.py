@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate, get_worker_info
 
-from dyntrain.data.sources import DataError
 from dyntrain.elastic.step.sampler import BatchOrder, derive_seed
 from dyntrain.elastic.step.stepper import _to_device
-from dyntrain.errors import ConfigError
+from dyntrain.errors import ConfigError, DataError
 from dyntrain.lifeline import die_with_parent
 
 Key = tuple[int, int]  # (step, chunk)

@@ -11,14 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dyntrain.data.sources import (
-    INDEX_JSON,
-    INDEX_TABLE,
-    PACK_FORMAT,
-    DataError,
-    _fs,
-    open_source,
-)
+from dyntrain.data.sources import INDEX_JSON, INDEX_TABLE, PACK_FORMAT, _fs, open_source
+from dyntrain.errors import DataError
 from dyntrain.outdir import make_out_dir
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from dyntrain.errors import DataError
 
-__all__ = ["DataError", "ImageFolder", "PackedShards", "Record", "open_source"]
+__all__ = ["ImageFolder", "PackedShards", "Record", "open_source"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 INDEX_JSON, INDEX_TABLE = "index.json", "index.npy"

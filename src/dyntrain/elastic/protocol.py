@@ -9,7 +9,7 @@ A message is one dataclass per kind (``Hello``, ``Reattach``, ``Ready``, ``Left`
 which refuses an unknown kind or a malformed field with a ``ProtocolError`` naming it.
 Coordinator -> workers: ``gen/latest`` and ``gen/<n>`` (the ``Generation`` n),
 ``ctl/<n>/<id>`` (a ``Control`` word), ``reply/<id>`` (a ``Reply``: leave, a rejection, or the
-fence of a worker declared dead) and ``job/state`` (a ``JobStatus``). A worker whose coordinator
+fence of a worker declared dead) and ``job/state`` (a ``JobVerdict``). A worker whose coordinator
 was restarted (a new store) first sends ``Reattach``: where it stands (a ``Position``).
 
 Messages that act for a generation (``Ready``, ``Left``, metrics rows, ``Checkpoint``,
@@ -150,8 +150,10 @@ class JobState(enum.StrEnum):
 
 
 @dataclass(frozen=True)
-class JobStatus:
-    """``job/state``: ``running``, ``done`` or ``failed:<why>``."""
+class JobVerdict:
+    """``job/state``: the coordinator's word on the whole job, which every worker obeys:
+    ``running``, ``done`` or ``failed:<why>``. (Not the service's ``JobStatus``, a job's place
+    in its queue's lifecycle.)"""
 
     state: JobState
     reason: str = ""
@@ -160,7 +162,7 @@ class JobStatus:
         return f"failed:{self.reason}" if self.state is JobState.FAILED else self.state.value
 
     @classmethod
-    def decode(cls, text: str | bytes) -> JobStatus:
+    def decode(cls, text: str | bytes) -> JobVerdict:
         text = text.decode() if isinstance(text, bytes) else text
         word, _, reason = text.partition(":")
         try:

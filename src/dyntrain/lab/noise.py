@@ -17,14 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from dyntrain.elastic.runs.log import (
-    MetricsRow,
-    RowError,
-    RunFile,
-    RunLogError,
-    read_records,
-    run_file,
-)
+from dyntrain.elastic.runs.log import RunFile, RunLogError, read_records, run_file
+from dyntrain.elastic.runs.rows import MetricsRow, RowError
 from dyntrain.elastic.runs.storage import LocalStore, StorageError, is_url
 from dyntrain.lab.analysis import WorkloadReport
 from dyntrain.lab.results import LabError

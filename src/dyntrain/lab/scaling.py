@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dyntrain.elastic.protocol import FAILURE_TIMEOUT
-from dyntrain.elastic.runs.log import MetricsRow
+from dyntrain.elastic.runs.rows import MetricsRow
 from dyntrain.errors import ConfigError, DyntrainError
 
 MODES = ("weak", "strong")

@@ -21,8 +21,7 @@ Trials run inline in a pool of ``jobs`` processes, or as one array job on a dynt
 
 The plan is :mod:`dyntrain.lab.sweep_plan`, the folder :mod:`dyntrain.lab.sweep_files`, the
 service side :mod:`dyntrain.lab.sweep_service`; this module runs trials inline and holds the
-command's body (:func:`run_sweep`) and the array child (:func:`child_main`). The public names of
-those modules are importable from here as well.
+command's body (:func:`run_sweep`) and the array child (:func:`child_main`).
 """
 
 from __future__ import annotations
@@ -39,32 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from dyntrain.lab.results import LabError
-from dyntrain.lab.sweep_files import (
-    PLANS_DIR,
-    SWEEP_FILE,
-    prepare,
-    read_outcome,
-    write_trial,
-)
-from dyntrain.lab.sweep_plan import (
-    PRESETS,
-    Sweep,
-    SweepConfig,
-    TrialTask,
-    config_from,
-    geometric_grid,
-    parse_batch_sizes,
-    plan,
-    trial_id,
-)
-from dyntrain.lab.sweep_service import pick_queue, run_on_service, service_url
+from dyntrain.lab.sweep_files import prepare, read_outcome, write_trial
+from dyntrain.lab.sweep_plan import Sweep, SweepConfig, TrialTask, plan
+from dyntrain.lab.sweep_service import run_on_service, service_url
 from dyntrain.lab.trial import TrialOutcome, run_trial
 from dyntrain.lab.workload import LabWorkload, load_workload
 
-__all__ = ["PLANS_DIR", "PRESETS", "SWEEP_FILE", "Sweep", "SweepConfig", "TrialTask",
-           "best_so_far", "child_main", "config_from", "describe", "geometric_grid",
-           "parse_batch_sizes", "pick_queue", "plan", "prepare", "read_outcome", "run_inline",
-           "run_on_service", "run_sweep", "service_url", "trial_id", "write_trial"]
+__all__ = ["best_so_far", "child_main", "describe", "run_inline", "run_sweep"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ default: the built-in digits workload). It must build an :class:`ElasticTrainer`
 
 The settings and the math are :mod:`dyntrain.lab.scaling`, the machine
 :mod:`dyntrain.lab.machine`, the outputs :mod:`dyntrain.lab.throughput_output`; this module
-runs the jobs. The public names of those modules are importable from here as well.
+runs the jobs.
 """
 
 from __future__ import annotations
@@ -44,55 +44,21 @@ from typing import Any
 
 from dyntrain.elastic.runs.log import read_metrics
 from dyntrain.errors import DyntrainError
-from dyntrain.lab.machine import (
-    cpu_accounts,
-    describe_hardware,
-    hardware,
-    other_load,
-    oversubscribed,
-)
+from dyntrain.lab.machine import cpu_accounts, hardware, other_load, oversubscribed
 from dyntrain.lab.scaling import (
-    DIGITS,
-    DIGITS_DEFAULTS,
-    MODES,
     RunMeasurement,
     ScalingRow,
     ThroughputConfig,
     efficiency_table,
     measure_metrics,
-    parse_modes,
-    parse_worker_counts,
     workload_argv,
 )
-from dyntrain.lab.throughput_output import markdown_table, plot, write_outputs
+from dyntrain.lab.throughput_output import write_outputs
 from dyntrain.outdir import make_out_dir
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
-__all__ = [
-    "DIGITS",
-    "DIGITS_DEFAULTS",
-    "MODES",
-    "RunMeasurement",
-    "ScalingRow",
-    "ThroughputConfig",
-    "cpu_accounts",
-    "describe_hardware",
-    "efficiency_table",
-    "hardware",
-    "markdown_table",
-    "measure_metrics",
-    "other_load",
-    "oversubscribed",
-    "parse_modes",
-    "parse_worker_counts",
-    "plot",
-    "run_one",
-    "run_repeated",
-    "run_throughput",
-    "workload_argv",
-    "write_outputs",
-]
+__all__ = ["progress_line", "run_one", "run_repeated", "run_throughput"]
 
 
 @contextlib.contextmanager

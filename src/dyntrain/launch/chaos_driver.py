@@ -6,7 +6,8 @@ import json
 import os
 import time
 
-from dyntrain.elastic.membership.coordinator import Coordinator, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.runs.linefile import open_lines
 from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.launch.chaos import Chaos, Situation, Strike

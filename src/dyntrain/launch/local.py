@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dyntrain.elastic.trainer import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
+from dyntrain.elastic.protocol import ENV_COORDINATOR, ENV_OUT, ENV_WORKER_ID
 from dyntrain.launch.forkserver import ForkedProcess, ForkServer, wanted
 from dyntrain.lifeline import die_with_parent
 

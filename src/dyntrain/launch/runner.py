@@ -17,30 +17,25 @@ from typing import TextIO
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.admission import NumericsRecord
-from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.members import CoordinatorConfig
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics, host_refusal, merge_pin
 from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
-from dyntrain.elastic.runs.folder import read_numerics, write_numerics
-from dyntrain.elastic.runs.linefile import open_lines
-from dyntrain.elastic.runs.log import open_events, open_metrics, read_records
-from dyntrain.elastic.runs.progress import progress_line, result_line, write_result
-from dyntrain.elastic.runs.rows import EventRow, MetricsRow
+from dyntrain.elastic.runs.folder import read_numerics
 from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
-from dyntrain.elastic.runs.tensorboard import TensorBoardMirror, wanted
 from dyntrain.elastic.worker.address import is_wildcard, machine_addresses
 from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
+from dyntrain.launch import forkserver
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
 from dyntrain.launch.fit import Machine, cores_note, local_workers, memory_refusal, nproc_refusal
-from dyntrain.launch.forkserver import wanted as fork_server_wanted
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
+from dyntrain.launch.sink import FIRED_FILE, RunSink
 
 TICK_SECONDS = 0.01
-# Each injected event as it fires (one JSON line), so that a resumed run skips those.
-FIRED_FILE = "fired_events.jsonl"
 # A worker that reported an exception exits by itself, printing its traceback into its log;
 # it is killed only if it is still there after this.
 ERROR_EXIT_SECONDS = 10.0
@@ -92,121 +87,6 @@ class RunOptions:
             raise ConfigError("--grace-seconds must be at least 0")
 
 
-class RunSink:
-    """Writes events.jsonl and metrics.jsonl (and their TensorBoard mirror) and prints progress
-    on the terminal.
-
-    Args:
-        store: the run folder.
-        total_hint: the run's steps, as progress lines show them before the first row says.
-        stream: where progress lines go.
-        quiet: print only how the run ended.
-        every: seconds between two progress lines.
-        tensorboard: mirror the rows into TensorBoard event files
-            (``dyntrain.elastic.runs.tensorboard``): True, False, or None (when it is installed).
-    """
-
-    def __init__(self, store: RunStore, total_hint: str, stream: TextIO, quiet: bool,
-                 every: float, tensorboard: bool | None = None) -> None:
-        self.files, self.stream, self.quiet, self.every = store, stream, quiet, every
-        # told from the writers' threads when an object store refuses a write for a while
-        self.events_file = open_events(store, on_error=self.storage_warning)
-        self.metrics_file = open_metrics(store, on_error=self.storage_warning)
-        self.fired_file = open_lines(store, FIRED_FILE, on_error=self.storage_warning)
-        self.tensorboard = (TensorBoardMirror(store, on_error=self.storage_warning)
-                            if wanted(tensorboard) else None)
-        self.total_hint = total_hint
-        self.started = time.time()
-        self.last_print = 0.0
-        self.last_metrics: dict | None = None
-        self.printed: dict | None = None  # the newest metrics row shown as a progress line
-        self.results: dict = {}
-        self.events: list[dict] = []
-
-    def _say(self, line: str) -> None:
-        if not self.quiet:
-            self.announce(line)
-
-    def announce(self, line: str) -> None:
-        """A line said even with --quiet (how the run ended, what did not happen)."""
-        print(f"[{time.time() - self.started:7.2f}s] {line}", file=self.stream, flush=True)
-
-    def storage_warning(self, line: str) -> None:
-        self.announce(line)
-
-    def event(self, record: dict) -> None:
-        self.events.append(record)
-        self.events_file.write(record)  # checked against the row type: RowError if bad
-        if self.tensorboard is not None:
-            self.tensorboard.event(EventRow.from_json(record))
-        who = ",".join(record["workers"])
-        ready = ""
-        if record["event"] == "join" and record["detected_at"] > record["requested_at"]:
-            ready = (f", {record['first_step_at'] - record['detected_at']:.3f} s after the "
-                     "worker was ready")
-        self._say(f"{record['event']} {who}: world {record['world_before']} -> "
-                  f"{record.get('world_after')}, first step in the new world "
-                  f"{record['latency_s']:.3f} s after the request{ready} "
-                  f"(steps redone: {record.get('steps_redone', 0)})")
-
-    def metrics(self, record: dict) -> None:
-        self.last_metrics = record
-        self.metrics_file.write(record)  # checked against the row type: RowError if bad
-        if self.tensorboard is not None:
-            self.tensorboard.metrics(MetricsRow.from_json(record))
-        now = time.time()
-        if now - self.last_print >= self.every:
-            self.last_print = now
-            self.print_progress(record)
-
-    def print_progress(self, m: dict) -> None:
-        self.printed = m
-        self._say(progress_line(m, self.total_hint))
-
-    def catch_up(self) -> None:
-        """Show the newest step's progress line if the once-a-second rhythm skipped it."""
-        if self.last_metrics is not None and self.printed is not self.last_metrics:
-            self.print_progress(self.last_metrics)
-
-    def log(self, line: str) -> None:
-        self.catch_up()  # what happened follows the step it happened after
-        self._say(line)
-
-    def numerics(self, record: NumericsRecord) -> None:
-        """The job's numerics were defined, or a worker of other numerics joined."""
-        write_numerics(self.files, record)
-
-    def result(self, record: dict) -> None:
-        record = {k: v for k, v in record.items() if k != "worker"}
-        self.results.update(record)
-        write_result(self.files, self.results)
-        self.catch_up()
-        self._say(result_line(record))
-
-    def fired(self, event: Event, step: int) -> None:
-        """Record an injected event, so that a resumed run does not fire it again."""
-        self.fired_file.write(json.dumps({"event": event.text, "step": step,
-                                          "time": time.time()}), urgent=True)
-
-    def fired_before(self) -> list[str]:
-        """The events that earlier launches into this run folder fired, in order."""
-        return [r.data["event"] for r in read_records(self.files, FIRED_FILE).records]
-
-    def unfired(self, events: list[str], why: str) -> None:
-        """Events of ``--events`` that never fired: said even with --quiet, kept in result.json."""
-        self.results["events_not_fired"] = events
-        write_result(self.files, self.results)
-        self.announce(f"{len(events)} event(s) never fired: {', '.join(events)} ({why})")
-
-    def close(self) -> None:
-        """Write out what is still buffered (an object store's lines)."""
-        for lines in (self.events_file, self.metrics_file, self.fired_file):
-            lines.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-            self.tensorboard = None
-
-
 def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     """Run one elastic job to the end; returns the process exit code."""
     store = open_store(opts.out_dir, "--out")
@@ -223,7 +103,7 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     if refusal:
         raise DyntrainError(refusal)
     # before the store's server and anything else that starts a thread: forked from here
-    server = start_fork_server(logs, numerics.env()) if fork_server_wanted() else None
+    server = start_fork_server(logs, numerics.env()) if forkserver.wanted() else None
     try:
         tcp = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
                             timeout=timedelta(seconds=30))

@@ -5,10 +5,8 @@ calls the service by its operations (``dyntrain.service.operations``); this modu
 three, builds the operations of a ``Service`` once and puts the front ends together over them:
 ``create_app`` is the REST API with the dashboard mounted on it (the dashboard's session cookie
 counting as the API's token, the lab's reports on its lab page), ``create_server_app`` puts the
-AWS wire protocols in front of that.
-
-``Service``, ``ServiceConfig``, ``is_loopback`` and ``DEFAULT_PORT`` live in
-``dyntrain.service.engine.service``; they are importable from here as before.
+AWS wire protocols in front of that. The service itself is built by
+``dyntrain.service.assembly``.
 """
 
 from __future__ import annotations
@@ -22,21 +20,19 @@ from starlette.types import ASGIApp
 from dyntrain.errors import DyntrainError
 from dyntrain.service.api.app import create_api
 from dyntrain.service.aws.app import with_aws
-from dyntrain.service.engine.service import DEFAULT_PORT, Service, ServiceConfig, is_loopback
+from dyntrain.service.engine.service import Service
 from dyntrain.service.operations import Operations
 from dyntrain.service.web import auth as web_auth
 from dyntrain.service.web.lab import LabReport
 from dyntrain.service.web.mount import mount_dashboard
-
-__all__ = ["DEFAULT_PORT", "Service", "ServiceConfig", "create_app", "create_server_app",
-           "is_loopback", "lab_report"]
 
 
 def lab_report(root: Path) -> dict[str, Any]:
     """The lab's report of the sweep folder ``root`` as JSON (``{"error": ...}`` when it has
     none yet): the dashboard's lab page. The lab is imported only now: it sits above the
     service."""
-    from dyntrain.lab.report import analyse, to_json
+    from dyntrain.lab.analysis import analyse
+    from dyntrain.lab.render import to_json
     from dyntrain.lab.results import read_studies
 
     try:

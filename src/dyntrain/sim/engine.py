@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from dyntrain.service.core.allocation import AllocationPolicy
 from dyntrain.service.core.capacity import CapacityTrace
 from dyntrain.service.core.model import CapacityType, JobStatus, Resources, ValidationError
-from dyntrain.service.core.scheduler import EnvView, JobView, Plan, QueueView, Snapshot, schedule
+from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
+from dyntrain.service.core.scheduler import schedule
 from dyntrain.service.core.speedup import JobProfile, ThroughputPoint, fit_speedup
 from dyntrain.sim.jobs import JobSpec, JobTrace
 from dyntrain.sim.results import JobRecord, SimResult

@@ -47,7 +47,7 @@ from pathlib import Path
 from dyntrain.testing import netns
 from dyntrain.testing.netns import BedError
 
-__all__ = ["BedError", "Host", "HostBed", "unavailable"]
+__all__ = ["Host", "HostBed", "unavailable"]
 
 #: where hosts have their private disk; the bed's folder lies under it (hidden inside hosts)
 PRIVATE_ROOT = Path("/tmp")

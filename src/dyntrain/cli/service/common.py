@@ -14,7 +14,6 @@ from dyntrain.errors import DyntrainError, Unreachable
 from dyntrain.launch.events import parse_workers
 from dyntrain.service.core.model import (
     DEFAULT_PORT,
-    TERMINAL_STATUSES,
     CapacityType,
     DependencyType,
     JobStatus,
@@ -23,7 +22,6 @@ from dyntrain.service.core.model import (
 )
 
 # the service's own vocabulary (its enums' values), as the REST API and these commands say it
-TERMINAL = TERMINAL_STATUSES
 DEPENDENCY_TYPES = values(DependencyType)
 CAPACITY_TYPES = values(CapacityType)
 STATES = values(State)

@@ -16,7 +16,6 @@ import click
 
 from dyntrain.cli.service.common import (
     POLL_SECONDS,
-    TERMINAL,
     conn_options,
     friendly,
     make_client,
@@ -25,7 +24,7 @@ from dyntrain.cli.service.common import (
 from dyntrain.cli.service.output import list_items, reason_text, short_id
 from dyntrain.elastic.runs.rows import EventRow, RowError
 from dyntrain.service.core.jobtext import attempt_text, progress_text
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import TERMINAL_STATUSES, JobStatus
 
 PROGRESS_SECONDS = 2.0  # between two looks at a running job's progress
 FAILED_SHOWN = 5  # failed children listed under an array job's summary
@@ -129,7 +128,7 @@ class _Watcher:
             click.echo(f"{self.tag} {status}" + (f": {reason}" if reason else ""), err=True)
             self.said = key
         progress = job.get("progress")
-        if status not in TERMINAL and isinstance(progress, dict) and \
+        if status not in TERMINAL_STATUSES and isinstance(progress, dict) and \
                 progress.get("step") != self.step:
             self.step = progress.get("step")
             text = progress_text(progress)
@@ -212,7 +211,7 @@ def array_summary(client, job: dict[str, Any]) -> list[str]:
 
 def _follow_array(client, job: dict[str, Any]) -> None:
     shown = None
-    while job.get("status") not in TERMINAL:
+    while job.get("status") not in TERMINAL_STATUSES:
         counts = (job.get("array") or {}).get("status_counts")
         if counts != shown:
             click.echo(f"[{short_id(job['id'])}] children: "

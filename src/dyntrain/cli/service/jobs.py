@@ -9,7 +9,6 @@ import click
 
 from dyntrain.cli.service.common import (
     JOB_STATUSES,
-    TERMINAL,
     conn_options,
     friendly,
     make_client,
@@ -31,7 +30,7 @@ from dyntrain.service.core.jobtext import (
     result_text,
     short_worker,
 )
-from dyntrain.service.core.model import CapacityType
+from dyntrain.service.core.model import TERMINAL_STATUSES, CapacityType
 
 
 def _jobs_table(jobs: list[dict[str, Any]]):
@@ -189,7 +188,7 @@ def status(job, queue, status_filter, watch, url, token):
                 time.sleep(1.0)
                 renderable, current = render()
                 live.update(renderable, refresh=True)
-                if current is not None and current.get("status") in TERMINAL:
+                if current is not None and current.get("status") in TERMINAL_STATUSES:
                     break
     except KeyboardInterrupt:
         pass
@@ -223,7 +222,7 @@ def terminate(job, url, token):
 
 def _report_stop(verb: str, job_id: str, answer: Any) -> None:
     status = answer.get("status") if isinstance(answer, dict) else None
-    if verb == "terminated" and status not in TERMINAL:  # its workers are on their way out
+    if verb == "terminated" and status not in TERMINAL_STATUSES:  # its workers are on their way out
         click.echo(f"terminating {job_id}: its workers were told to stop; it ends FAILED "
                    f"(`dyntrain status {job_id}` shows when)")
         return

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import click
 
-from dyntrain.cli.service.common import DEFAULT_PORT, one_line
+from dyntrain.cli.service.common import one_line
 from dyntrain.errors import DyntrainError
+from dyntrain.service.core.model import DEFAULT_PORT
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -91,9 +92,11 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
+    from dyntrain.service.assembly import LocalExecutorSetup, RayExecutorSetup, build_service
     from dyntrain.service.aws.sigv4 import load_credentials
+    from dyntrain.service.engine.service import ServiceConfig
     from dyntrain.service.engine.statelock import StateDirLock
-    from dyntrain.service.server import Service, ServiceConfig, create_server_app
+    from dyntrain.service.server import create_server_app
 
     if not 0 <= port <= 65535:
         raise DyntrainError(f"--port must be 0-65535, got {port}")
@@ -109,11 +112,12 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     aws_keys = load_credentials(aws_credentials) if aws_credentials else None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
                            grace_seconds=grace_seconds, reattach_seconds=reattach_seconds,
-                           warm_workers=warm_workers, executor=executor,
-                           ray_address=ray_address or os.environ.get("RAY_ADDRESS") or None,
-                           ray_namespace=ray_namespace, ray_placement=ray_placement,
-                           ray_fence_seconds=ray_fence_seconds,
-                           coordinator_host=coordinator_host, policy=policy)
+                           policy=policy)
+    setup = (RayExecutorSetup(address=ray_address or os.environ.get("RAY_ADDRESS") or "auto",
+                              namespace=ray_namespace, placement=ray_placement,
+                              fence_seconds=ray_fence_seconds, coordinator_host=coordinator_host)
+             if executor == "ray" else
+             LocalExecutorSetup(warm_workers=warm_workers, coordinator_host=coordinator_host))
     state_lock = StateDirLock(config.state_dir)
     try:  # before the port: a second server on this state dir is told who runs, not "in use"
         state_lock.acquire()
@@ -129,7 +133,7 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     try:
         try:
             state_lock.record(_url_for(host, config.port))
-            service = Service(config, state_lock)
+            service = build_service(config, setup, state_lock)
         except DyntrainError:
             state_lock.release()
             raise

@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 import click
 
 from dyntrain.cli.service.common import (
-    TERMINAL,
     attempts_from_flags,
     conn_options,
     friendly,
@@ -29,7 +28,7 @@ from dyntrain.cli.service.common import (
 )
 from dyntrain.cli.service.follow import follow
 from dyntrain.errors import DyntrainError
-from dyntrain.service.core.model import JobStatus, Launcher
+from dyntrain.service.core.model import TERMINAL_STATUSES, JobStatus, Launcher
 from dyntrain.service.core.model import values as enum_values
 
 MAX_ARRAY_SIZE = 10_000
@@ -175,7 +174,7 @@ def _left_running(client, job_id: str, seen: str) -> NoReturn:
         status = client.get_job(job_id, timeout=STATUS_LOOK_SECONDS).get("status") or seen
     except Exception:  # the service may be slow or gone; the hint still holds
         status = seen
-    if status in TERMINAL:
+    if status in TERMINAL_STATUSES:
         click.echo(f"\ndyntrain: stopped waiting; job {job_id} already ended {status}", err=True)
     else:
         click.echo(f"\ndyntrain: stopped waiting; job {job_id} goes on running on the service"

@@ -28,7 +28,7 @@ class CoordinatorBoard:
         self._roster_count = 0  # the last roster count polled
         store.set(p.GEN_LATEST, "-1")
         store.add(p.ROSTER_COUNT, 0)  # exists from the start: polled with the other keys
-        self.set_job(p.JobStatus(p.JobState.RUNNING))
+        self.set_job(p.JobVerdict(p.JobState.RUNNING))
 
     # ---- reading ----------------------------------------------------------------------------
 
@@ -95,5 +95,5 @@ class CoordinatorBoard:
         self.store.multi_set([p.gen_key(gen.number), p.GEN_LATEST],
                              [gen.to_json(), str(gen.number)])
 
-    def set_job(self, status: p.JobStatus) -> None:
+    def set_job(self, status: p.JobVerdict) -> None:
         self.store.set(p.JOB_STATE, status.encode())

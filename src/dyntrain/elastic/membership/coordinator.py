@@ -163,7 +163,7 @@ class Coordinator:
     def fail(self, message: str) -> None:
         self.phase = Phase.FAILED
         self.job.failure = message
-        self.board.set_job(p.JobStatus(p.JobState.FAILED, message))
+        self.board.set_job(p.JobVerdict(p.JobState.FAILED, message))
 
     # ---- the loop -------------------------------------------------------------------------------
 
@@ -383,7 +383,7 @@ class Coordinator:
 
     def _finish(self, step: int | None) -> None:
         self.phase = Phase.DONE
-        self.board.set_job(p.JobStatus(p.JobState.DONE))
+        self.board.set_job(p.JobVerdict(p.JobState.DONE))
         self.sink.log(f"job finished at step {step}")
 
     def _on_error(self, worker: str, msg: p.Error) -> None:

@@ -27,7 +27,7 @@ class JobOver(Exception):
     """The job finished (or failed) while this worker was not a member. ``at_join``: it had
     already ended at this worker's first look (it came too late to take part)."""
 
-    def __init__(self, status: p.JobStatus, at_join: bool = False) -> None:
+    def __init__(self, status: p.JobVerdict, at_join: bool = False) -> None:
         super().__init__(str(status))
         self.status = status
         self.at_join = at_join
@@ -405,8 +405,8 @@ class WorkerChannel:
                 self._check_gone()
                 self._wait_online()  # back (then enter the roster again), or CoordinatorGone
 
-    def job_state(self) -> p.JobStatus:
-        return p.JobStatus.decode(self.store.get(p.JOB_STATE))
+    def job_state(self) -> p.JobVerdict:
+        return p.JobVerdict.decode(self.store.get(p.JOB_STATE))
 
     def wait_generation(self, after: int, should_stop) -> p.Generation | None:
         """Block until a generation numbered above ``after`` includes this worker.

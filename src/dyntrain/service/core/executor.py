@@ -1,8 +1,8 @@
 """The executor interface: how the service starts, signals and watches the worker processes of jobs.
 
 An executor owns a pool of resources (``capacity()``) and runs workers in it. The controller only
-ever talks to this interface, so a cluster engine (Ray, Kubernetes) is one more subclass plus one
-line in ``_REGISTRY``; nothing in the scheduler changes.
+ever talks to this interface, so a cluster engine (Ray, Kubernetes) is one more subclass, which
+the service's assembly (``dyntrain.service.assembly``) builds; nothing in the scheduler changes.
 
 Contract, for every implementation:
 
@@ -17,7 +17,6 @@ Contract, for every implementation:
 
 from __future__ import annotations
 
-import importlib
 import re
 import signal as _signal
 import time
@@ -232,24 +231,3 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop watching. Workers keep running, so that a later executor can adopt them."""
-
-
-_REGISTRY: dict[str, str] = {
-    "local": "dyntrain.service.executors.local:LocalExecutor",
-    "ray": "dyntrain.service.executors.ray:RayExecutor",
-}
-
-
-def known_executors() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def get_executor(name: str, **kwargs) -> Executor:
-    """Build the executor registered as ``name``; its module is imported only now."""
-    target = _REGISTRY.get(name)
-    if target is None:
-        raise ExecutorError(
-            f"unknown executor {name!r}; known: {', '.join(known_executors())}")
-    module, _, attr = target.partition(":")
-    cls = getattr(importlib.import_module(module), attr)
-    return cls(**kwargs)

@@ -11,6 +11,8 @@ import re
 from datetime import datetime
 from typing import Any
 
+from dyntrain.service.core.model import JobStatus, WorkerState
+
 _WORKER = re.compile(r"^.+-(a\d+-w\d+)$")  # <job id>-a<attempt>-w<number>, as the service names
 
 
@@ -20,7 +22,7 @@ def attempts_text(job: dict[str, Any]) -> str:
     used = int(job.get("attempts") or 0)
     allowed = (job.get("retry_strategy") or {}).get("attempts")
     of = f" of {allowed}" if allowed else ""
-    if job.get("status") in ("STARTING", "RUNNING") and not job.get("array"):
+    if job.get("status") in (JobStatus.STARTING, JobStatus.RUNNING) and not job.get("array"):
         return f"{used + 1}{of} (running)"
     return f"{used}{of}"
 
@@ -54,7 +56,7 @@ def live_workers(job: dict[str, Any]) -> dict[str, int]:
     members it trains with (or will), not the ones on their way out."""
     out: dict[str, int] = {}
     for w in job.get("workers") or ():
-        if isinstance(w, dict) and w.get("state") == "RUNNING":
+        if isinstance(w, dict) and w.get("state") == WorkerState.RUNNING:
             env = str(w.get("compute_environment"))
             out[env] = out.get(env, 0) + 1
     return out

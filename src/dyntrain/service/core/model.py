@@ -59,6 +59,14 @@ class JobStatus(str, enum.Enum):
         return self in (JobStatus.STARTING, JobStatus.RUNNING)
 
 
+class WorkerState(enum.StrEnum):
+    """Where one worker process of an attempt stands (the store keeps the value as text)."""
+
+    RUNNING = "RUNNING"
+    LEAVING = "LEAVING"  # asked to go (preempted, shrunk, stopped); still holds its slot
+    EXITED = "EXITED"  # its process ended and the service stored how
+
+
 class RetryAction(str, enum.Enum):
     RETRY = "RETRY"
     EXIT = "EXIT"

@@ -18,11 +18,11 @@ from dyntrain.service.core.model import (
     Launcher,
     Resources,
     RetryStrategy,
+    WorkerState,
     parse_launcher,
 )
 
 ACTIVE, INACTIVE = "ACTIVE", "INACTIVE"  # job definition revisions
-WORKER_RUNNING, WORKER_LEAVING, WORKER_EXITED = "RUNNING", "LEAVING", "EXITED"
 
 
 class _NamedBySpec:
@@ -175,7 +175,7 @@ class WorkerRecord:
     capacity_type: str
     price_per_slot_hour: float
     handle: dict | None
-    state: str
+    state: WorkerState
     started_at: float
     leave_reason: str | None = None
     exit_code: int | None = None

@@ -70,7 +70,6 @@ from dyntrain.service.core.allocation import AllocationPolicy, Waiter, reallocat
 from dyntrain.service.core.model import JobStatus, Resources, State
 from dyntrain.service.core.plan import (
     FIFO,
-    EnvView,
     Grow,
     JobView,
     Plan,
@@ -84,10 +83,6 @@ from dyntrain.service.core.plan import (
     WaitingJobs,
     WaitingTail,
 )
-
-# the scheduler's interface: schedule() and the values it reads and returns (core/plan.py)
-__all__ = ["EnvView", "Grow", "JobView", "Plan", "QueueView", "Shrink", "Snapshot", "Start",
-           "Suspend", "WaitInfo", "WaitingJobs", "schedule"]
 
 _CREATED = attrgetter("created")
 

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from dyntrain.service.core.executor import WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.records import WORKER_LEAVING, WORKER_RUNNING, Job, WorkerRecord
+from dyntrain.service.core.model import WorkerState
+from dyntrain.service.core.records import Job, WorkerRecord
 
 if TYPE_CHECKING:  # torch: imported only once an elastic job runs
     from dyntrain.service.engine.elastic_host import ElasticHost
@@ -57,7 +58,7 @@ class Attempt:
 
     def running(self) -> list[WorkerRecord]:
         """Workers not told to leave, oldest first."""
-        return [w for w in self.workers.values() if w.state == WORKER_RUNNING]
+        return [w for w in self.workers.values() if w.state == WorkerState.RUNNING]
 
     @property
     def terminated(self) -> str | None:
@@ -77,7 +78,7 @@ class Attempt:
 
     def leaving(self, w: WorkerRecord, reason: str, now: float) -> None:
         """``w`` was told to leave at ``now``."""
-        self.workers[w.id] = dataclasses.replace(w, state=WORKER_LEAVING, leave_reason=reason,
+        self.workers[w.id] = dataclasses.replace(w, state=WorkerState.LEAVING, leave_reason=reason,
                                                  leave_at=now)
 
     def ending(self, coordinator: CoordinatorEnd | None = None) -> Ending:

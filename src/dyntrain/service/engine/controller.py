@@ -43,10 +43,10 @@ from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.service.core.capacity import parse_trace
 from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.placement import still_held
 from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
-from dyntrain.service.core.records import WORKER_RUNNING, ComputeEnvironment, Job
+from dyntrain.service.core.records import ComputeEnvironment, Job
 from dyntrain.service.core.scheduler import schedule
 from dyntrain.service.core.torchrun import restart_for_resize
 from dyntrain.service.engine.attempts import AttemptTable, terminating
@@ -194,7 +194,7 @@ class Controller:
                 self.stopper.stop_all(attempt, reason)
                 # until its workers are gone it stays RUNNING: say that it is on its way out
                 if attempt.host is not None:
-                    attempt.host.sink.stopping = True  # membership news no longer says why
+                    attempt.host.mark_stopping()  # membership news no longer says why
                 self.store.update_job(attempt.job_id, status_reason=terminating(reason))
 
     # ---- capacity and the scheduler --------------------------------------------------------------
@@ -228,7 +228,7 @@ class Controller:
         in_use: dict[str, int] = defaultdict(int)
         for attempt in self.attempts.values():
             for w in attempt.workers.values():
-                if w.state == WORKER_RUNNING:
+                if w.state == WorkerState.RUNNING:
                     running[w.job_id][w.compute_environment] += 1
                     in_use[w.compute_environment] += 1
                 else:
@@ -254,7 +254,7 @@ class Controller:
             if job.elastic is None:  # a plain or multi-node job never grows back
                 lo = hi = max(1, sum(running.get(job.id, {}).values()))
             status = JobStatus.RUNNING if attempt.workers else JobStatus.STARTING
-            profile = (attempt.host.sink.speedup.profile() if attempt.host is not None
+            profile = (attempt.host.speedup_profile() if attempt.host is not None
                        and self.config.policy.reallocates else None)
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
-from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.members import CoordinatorConfig
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import Numerics
 from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
 from dyntrain.elastic.runs.coordinator_file import (
@@ -27,10 +29,10 @@ from dyntrain.elastic.runs.progress import result_line
 from dyntrain.elastic.runs.storage import LocalStore, RunStore, StorageError
 from dyntrain.elastic.worker.channel import parse_address
 from dyntrain.errors import ConfigError
-from dyntrain.launch.runner import RunSink
+from dyntrain.launch.sink import RunSink
 from dyntrain.service.core.jobtext import short_worker
 from dyntrain.service.core.model import JobStatus
-from dyntrain.service.core.speedup import SpeedupTracker
+from dyntrain.service.core.speedup import JobProfile, SpeedupTracker
 from dyntrain.service.store import Store
 
 log = logging.getLogger("dyntrain.service")
@@ -155,6 +157,58 @@ class ElasticHost:
             self.sink, self._find_checkpoint, numerics=recorded)
         if recovering is not None:
             self.coordinator.expect_reattach(recovering, last_step(self.files))
+
+    # What the controller needs of the attempt's coordinator and sink, so that it never
+    # reaches through the host into them.
+
+    @property
+    def phase(self) -> Phase:
+        return self.coordinator.phase
+
+    @property
+    def failure(self) -> str | None:
+        """Why the coordinator failed the job, None while it has not."""
+        return self.coordinator.failure
+
+    @property
+    def generation(self) -> int | None:
+        """The number of the generation training now, None before the first one formed."""
+        current = self.coordinator.current
+        return None if current is None else current.number
+
+    @property
+    def events(self) -> list[dict]:
+        """The job's membership events so far, oldest first."""
+        return self.sink.events
+
+    def step_seconds(self) -> float:
+        """Seconds one global step takes at the latest measured rate (0: none measured)."""
+        rate = (self.sink.last_metrics or {}).get("samples_per_s") or 0
+        return self.coordinator.job_config.get("global_batch", 0) / rate if rate else 0.0
+
+    def speedup_profile(self) -> JobProfile | None:
+        """The job's measured speed-up, None while too little is measured."""
+        return self.sink.speedup.profile()
+
+    def mark_stopping(self) -> None:
+        """The job is being stopped: its status reason says so, membership news no longer."""
+        self.sink.stopping = True
+
+    def clock(self) -> float:
+        return self.coordinator.clock()
+
+    def expect_joiners(self, workers: list[str], within: float, requested_at: float | None) -> None:
+        self.coordinator.expect_joiners(workers, within=within, requested_at=requested_at)
+
+    def note_request(self, worker_id: str) -> None:
+        """The service asked ``worker_id`` to leave."""
+        self.coordinator.note_request(worker_id)
+
+    def worker_exited(self, worker_id: str, failed: bool, reason: str) -> None:
+        """A worker's process ended: dead to the coordinator when it ``failed`` (or the
+        coordinator still awaited it)."""
+        if failed or self.coordinator.awaits(worker_id):
+            self.coordinator.mark_dead(worker_id, reason)
 
     def _find_checkpoint(self):
         found = latest_valid_checkpoint(self.files)

@@ -21,10 +21,10 @@ from dyntrain.service.core.executor import (
     WorkerSpec,
 )
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.placement import Refusal, refusal, with_released
 from dyntrain.service.core.plan import Start
-from dyntrain.service.core.records import WORKER_RUNNING, ComputeEnvironment, Job, WorkerRecord
+from dyntrain.service.core.records import ComputeEnvironment, Job, WorkerRecord
 from dyntrain.service.core.submitter import job_numerics, pinned_kernels
 from dyntrain.service.core.torchrun import restart_count, worker_env
 from dyntrain.service.engine.attempts import Attempt, AttemptTable, worker_id, worker_index
@@ -177,7 +177,7 @@ class Launcher:
             self.store.add_worker(record)
             self.attempts.own(record.id, attempt.job_id)
         specs = self._specs([attempt])
-        asked = attempt.host.coordinator.clock() if attempt.host is not None else None
+        asked = attempt.host.clock() if attempt.host is not None else None
         answers = dict(zip((s.worker_id for s in specs), self.executor.start_many(specs),
                            strict=True))
         handles, error = self._results([attempt], answers)[attempt.job_id]
@@ -188,8 +188,7 @@ class Launcher:
                                  self._drop_unstarted(attempt), {})
         if attempt.host is not None and first > 0 and handles:
             # workers added together join together: the group re-forms once
-            attempt.host.coordinator.expect_joiners(list(handles), within=60.0,
-                                                    requested_at=asked)
+            attempt.host.expect_joiners(list(handles), within=60.0, requested_at=asked)
         self.stopper.count_workers(attempt)
         if error is not None:
             if not isinstance(error, StartError):  # no more room: grow again once there is
@@ -240,7 +239,7 @@ class Launcher:
                 attempt.workers_started += 1
                 records.append(WorkerRecord(wid, attempt.job_id, attempt.number, env_name,
                                             ce.spec.capacity_type.value,
-                                            ce.spec.price_per_slot_hour, None, WORKER_RUNNING,
+                                            ce.spec.price_per_slot_hour, None, WorkerState.RUNNING,
                                             now))
         attempt.workers.update((r.id, r) for r in records)
         return records

@@ -15,8 +15,8 @@ from dyntrain.service.core.executor import (
     WorkerSpec,
 )
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.model import JobStatus
-from dyntrain.service.core.records import WORKER_EXITED, Job, WorkerRecord
+from dyntrain.service.core.model import JobStatus, WorkerState
+from dyntrain.service.core.records import Job, WorkerRecord
 from dyntrain.service.engine.attempts import Attempt, AttemptTable
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.logtail import LogPump, after_lines
@@ -94,7 +94,7 @@ class Recovery:
                 self.executor.signal(w.id, "KILL")
             out.exits += self._wait_gone([w.id for w in adopted])
             for w in workers:
-                self.store.update_worker(w.id, state=WORKER_EXITED, stopped_at=self.clock())
+                self.store.update_worker(w.id, state=WorkerState.EXITED, stopped_at=self.clock())
                 self.attempts.disown(w.id)
                 self.logs.exited(w.id)
             reason = "service restarted: resumes from its newest checkpoint"
@@ -118,7 +118,8 @@ class Recovery:
                 f"re-adopted {running} running worker(s)" if running else "",
                 f"{exited} worker(s) exited while the service was down" if exited else "")
                 if part)
-        ended = [w for w in ever if w.state == WORKER_EXITED and w.leave_reason != "never started"]
+        ended = [w for w in ever
+                 if w.state == WorkerState.EXITED and w.leave_reason != "never started"]
         if ended:  # its exit was stored, but not the end of the attempt
             w = ended[-1]
             code = w.exit_code if w.exit_code is None or w.exit_code >= 0 else None
@@ -151,11 +152,11 @@ class Recovery:
         except ExecutorError as e:
             reason = f"exit status lost: the service stopped while starting it ({e})"
             attempt.last_exit = WorkerExit(w.id, None, None, reason)
-            self.store.update_worker(w.id, state=WORKER_EXITED, stopped_at=self.clock(),
+            self.store.update_worker(w.id, state=WorkerState.EXITED, stopped_at=self.clock(),
                                      leave_reason=reason)
             return False
         if handle is None:
-            self.store.update_worker(w.id, state=WORKER_EXITED, stopped_at=self.clock(),
+            self.store.update_worker(w.id, state=WorkerState.EXITED, stopped_at=self.clock(),
                                      leave_reason="never started")
             return None
         if not w.handle:

@@ -4,26 +4,20 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from dyntrain.errors import DyntrainError
 from dyntrain.service.core.allocation import policy_by_name
-from dyntrain.service.core.executor import get_executor
-from dyntrain.service.core.model import (
-    DEFAULT_PORT,
-    CapacityType,
-    ComputeEnvironmentSpec,
-    JobQueueSpec,
-    Resources,
-)
-from dyntrain.service.engine.controller import Controller, ControllerConfig
+from dyntrain.service.core.executor import Executor
+from dyntrain.service.core.model import DEFAULT_PORT, ComputeEnvironmentSpec, JobQueueSpec
+from dyntrain.service.engine.config import ControllerConfig
+from dyntrain.service.engine.controller import Controller
 from dyntrain.service.engine.statelock import StateDirLock
 from dyntrain.service.store import Store
 
-__all__ = ["DEFAULT_PORT", "Service", "ServiceConfig", "is_loopback"]
 log = logging.getLogger("dyntrain.service")
 
 
@@ -36,13 +30,6 @@ class ServiceConfig:
     token: str | None = None
     grace_seconds: float = 120.0
     reattach_seconds: float = 300.0  # elastic workers wait this long for a restarted service
-    warm_workers: int = 1  # Python processes with torch imported, ready to become workers
-    executor: str = "local"
-    ray_address: str | None = None  # the Ray cluster (``--executor ray``)
-    ray_namespace: str | None = None  # default: one derived from the state dir
-    ray_placement: str = "pack"
-    ray_fence_seconds: float = 10.0  # a worker cut off from the Ray cluster this long is killed
-    coordinator_host: str | None = None  # where workers reach job coordinators (Ray: this host)
     policy: str = "fifo"  # allocation policy: fifo, fair or goodput (core/allocation.py)
 
     def __post_init__(self) -> None:
@@ -65,18 +52,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class ExecutorSetup(Protocol):
+    """Which executor the service runs its workers with: chosen and built by the assembly
+    (``dyntrain.service.assembly``), handed in; the engine never imports an executor."""
+
+    def build(self, state_dir: Path) -> Executor:
+        """The executor, keeping its own state in ``state_dir``."""
+
+    def default_environment(self) -> ComputeEnvironmentSpec:
+        """The compute environment a new state directory starts with."""
+
+
 class Service:
     """Owns the store, the executor and the controller; the API calls into it under ``lock``.
 
     Args:
         config: what to serve and where.
+        executor: builds the executor, once the state directory is this service's.
         state_lock: the state directory's lock, already held (``dyntrain server`` takes it
             before it binds its port); None: taken here. Either way the service holds it until
             ``stop``, and a second service on the same state directory is refused
             (``StateDirLocked``).
     """
 
-    def __init__(self, config: ServiceConfig, state_lock: StateDirLock | None = None) -> None:
+    def __init__(self, config: ServiceConfig, executor: ExecutorSetup,
+                 state_lock: StateDirLock | None = None) -> None:
         self.config = config
         config.state_dir.mkdir(parents=True, exist_ok=True)
         if state_lock is None:
@@ -84,18 +84,15 @@ class Service:
             state_lock.acquire(f"http://{config.host}:{config.port}")
         self.state_lock = state_lock
         try:
-            self._build(config)
+            self._build(config, executor)
         except BaseException:
             state_lock.release()
             raise
 
-    def _build(self, config: ServiceConfig) -> None:
+    def _build(self, config: ServiceConfig, executor: ExecutorSetup) -> None:
         self.store = Store(config.url)
         self.store.create_all()
-        self.executor = get_executor(config.executor, state_dir=config.state_dir / "executor",
-                                     **self._executor_options())
-        if config.coordinator_host:
-            self.executor.coordinator_host = config.coordinator_host
+        self.executor = executor.build(config.state_dir / "executor")
         self.controller = Controller(self.store, self.executor, ControllerConfig(
             config.state_dir / "runs", grace_seconds=config.grace_seconds,
             reattach_seconds=config.reattach_seconds, policy=policy_by_name(config.policy)))
@@ -103,27 +100,14 @@ class Service:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.recovered = self.controller.recover()
-        self._ensure_local_defaults()
+        self._ensure_defaults(executor.default_environment())
 
-    def _executor_options(self) -> dict:
-        config = self.config
-        if config.executor == "ray":
-            return {"address": config.ray_address or "auto",
-                    "namespace": config.ray_namespace, "placement": config.ray_placement,
-                    "fence_seconds": config.ray_fence_seconds}
-        return {"warm_workers": config.warm_workers} if config.warm_workers else {}
-
-    def _ensure_local_defaults(self) -> None:
-        """The embedded default: a `local` on-demand environment sized from this machine (with
-        Ray: a `ray` environment, whose slots are what the nodes carrying `dyntrain_ce_ray`
-        offer)."""
+    def _ensure_defaults(self, environment: ComputeEnvironmentSpec) -> None:
+        """A new state directory starts with the executor's default compute environment and a
+        ``default`` queue on it."""
         if not self.store.list_compute_environments():
-            cpus = os.cpu_count() or 1
-            name, desired, most = ("local", cpus, cpus) if self.config.executor != "ray" else (
-                "ray", 0, 10_000)
-            self.store.create_compute_environment(ComputeEnvironmentSpec(
-                name, CapacityType.ON_DEMAND, 0.0, Resources(1.0, 0, 1024), 0, desired, most))
-            self.store.create_job_queue(JobQueueSpec("default", 1, (name,)))
+            self.store.create_compute_environment(environment)
+            self.store.create_job_queue(JobQueueSpec("default", 1, (environment.name,)))
 
     def start(self) -> None:
         """Run the controller loop in a background thread."""

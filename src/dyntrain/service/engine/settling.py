@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.service.core.executor import Executor, WorkerExit
 from dyntrain.service.core.lifecycle import Ending, EndKind, after_ending
-from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.plan import JobView
-from dyntrain.service.core.records import WORKER_RUNNING, Job
+from dyntrain.service.core.records import Job
 from dyntrain.service.core.torchrun import ExitAction, after_worker_exit
 from dyntrain.service.engine.attempts import (
     Attempt,
@@ -98,22 +99,22 @@ class Settler:
                                         w.capacity_type, amount, w.price_per_slot_hour, lost,
                                         now))
         attempt.last_exit = exit_
-        if code is not None and code > 0 and w.state == WORKER_RUNNING and not attempt.first_error:
+        if (code is not None and code > 0 and w.state == WorkerState.RUNNING
+                and not attempt.first_error):
             line = read_error_line(self.folders.log_path(w.job_id, w.id))
             who = f"{w.id.rsplit('-', 1)[-1]} " if attempt.host is not None else ""
             attempt.first_error = f"{who}{line}" if line else None
-        if attempt.host is not None and code not in (0, None) and w.state == WORKER_RUNNING:
+        if attempt.host is not None and code not in (0, None) and w.state == WorkerState.RUNNING:
             self._failed_untrained(attempt)
         if exit_.lost and not attempt.job.torchrun and (
                 attempt.host is None or not attempt.workers):
             attempt.claim(Ending(EndKind.PREEMPTED))  # its node went away: capacity taken back
-        coordinator = attempt.host.coordinator if attempt.host is not None else None
-        if coordinator is not None and (
-                (w.state == WORKER_RUNNING and code != 0) or coordinator.awaits(w.id)):
-            coordinator.mark_dead(w.id, f"exit code {code}")
+        if attempt.host is not None:
+            attempt.host.worker_exited(w.id, failed=w.state == WorkerState.RUNNING and code != 0,
+                                       reason=f"exit code {code}")
         if attempt.job.torchrun:
             self._torchrun_exit(attempt, w.id, exit_, code)
-        if (coordinator is None and attempt.job.num_nodes and attempt.stop_reason is None
+        if (attempt.host is None and attempt.job.num_nodes and attempt.stop_reason is None
                 and worker_index(w.id) == 0 and not attempt.job.torchrun):
             # AWS Batch: a multi-node job ends when its main node does; the others are stopped
             attempt.main_exit = exit_
@@ -150,22 +151,18 @@ class Settler:
 
     def _tick_attempt(self, attempt: Attempt, now: float, s: Settlement) -> None:
         if attempt.host is not None:
-            from dyntrain.elastic.membership.coordinator import (
-                Phase,  # torch: only with elastic jobs
-            )
-
             host = attempt.host
             phase = host.tick()
             self._price_crashes(attempt)
-            if host.coordinator.current is not None and not attempt.running_seen:
+            if host.generation is not None and not attempt.running_seen:
                 attempt.running_seen = True
                 self._set_running(attempt, terminating(attempt.terminated)
                                   if attempt.terminated else
-                                  f"generation {host.coordinator.current.number} running", s)
+                                  f"generation {host.generation} running", s)
             if phase is Phase.DONE and attempt.stop_reason is None:
                 attempt.stop("finished")  # its workers exit on their own; no growth
             if phase is Phase.FAILED and attempt.stop_reason is None:
-                self.stopper.stop_all(attempt, host.coordinator.failure or "the job failed")
+                self.stopper.stop_all(attempt, host.failure or "the job failed")
             if phase is Phase.WAITING and not attempt.workers and attempt.stop_reason is None:
                 self.stopper.stop_all(attempt, "every worker is gone")
         if not attempt.workers:
@@ -179,13 +176,10 @@ class Settler:
 
     def _price_crashes(self, attempt: Attempt) -> None:
         """A crash throws away the interrupted step of every member of the old world."""
-        events = attempt.host.sink.events
+        events = attempt.host.events
         for record in events[attempt.priced_events:]:
             if record["event"] == "crash":
-                metrics = attempt.host.sink.last_metrics or {}
-                rate = metrics.get("samples_per_s") or 0
-                step_s = (attempt.host.coordinator.job_config.get("global_batch", 0) / rate
-                          if rate else 0.0)
+                step_s = attempt.host.step_seconds()
                 for w in self.store.list_workers(attempt.job_id):
                     attempt.wasted[w.id] = attempt.wasted.get(w.id, 0.0) + step_s * (
                         1 + record.get("steps_redone", 0))
@@ -198,12 +192,10 @@ class Settler:
         self.attempts.remove(attempt.job_id)
         coordinator = None
         if attempt.host is not None:
-            from dyntrain.elastic.membership.coordinator import Phase
-
-            phase = attempt.host.coordinator.phase
+            phase = attempt.host.phase
             attempt.host.close()
             coordinator = CoordinatorEnd(phase is Phase.DONE, phase is Phase.FAILED,
-                                         attempt.host.coordinator.failure)
+                                         attempt.host.failure)
         ending = attempt.ending(coordinator)
         result = read_result(self.folders.run_dir(job.id), attempt.started_at)
         if result is not None:  # trainer.report()'s values: the job keeps its last attempt's

@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterable
 
 from dyntrain.service.core.executor import Executor, ExecutorError
 from dyntrain.service.core.lifecycle import Ending, EndKind
-from dyntrain.service.core.records import WORKER_LEAVING, WorkerRecord
+from dyntrain.service.core.model import WorkerState
+from dyntrain.service.core.records import WorkerRecord
 from dyntrain.service.engine.attempts import Attempt
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.store import Store
@@ -62,7 +63,7 @@ class Stopper:
         (the attempt then ends as timed out)."""
         for attempt in attempts:
             for w in attempt.workers.values():
-                if (w.state == WORKER_LEAVING
+                if (w.state == WorkerState.LEAVING
                         and now - (w.leave_at or now) > self.config.grace_seconds):
                     try:
                         self.executor.signal(w.id, "KILL")
@@ -76,9 +77,9 @@ class Stopper:
 
     def _record_leave(self, attempt: Attempt, w: WorkerRecord, reason: str) -> None:
         if attempt.host is not None:
-            attempt.host.coordinator.note_request(w.id)
+            attempt.host.note_request(w.id)
         now = self.clock()
-        self.store.update_worker(w.id, state=WORKER_LEAVING, leave_reason=reason, leave_at=now)
+        self.store.update_worker(w.id, state=WorkerState.LEAVING, leave_reason=reason, leave_at=now)
         attempt.leaving(w, reason, now)
 
     def _notify(self, w: WorkerRecord) -> None:

@@ -1,23 +1,2 @@
-"""Executors: where the worker processes of jobs run (``local`` now; cluster engines later)."""
-
-from dyntrain.service.core.executor import (
-    Executor,
-    ExecutorError,
-    StartError,
-    WorkerExit,
-    WorkerHandle,
-    WorkerSpec,
-    get_executor,
-    known_executors,
-)
-
-__all__ = [
-    "Executor",
-    "ExecutorError",
-    "StartError",
-    "WorkerExit",
-    "WorkerHandle",
-    "WorkerSpec",
-    "get_executor",
-    "known_executors",
-]
+"""Executors: where the worker processes of jobs run (``local``: this machine; ``ray``: a Ray
+cluster), each an implementation of ``dyntrain.service.core.executor.Executor``."""

@@ -20,7 +20,8 @@ died) is reported lost only ``fence_seconds + FENCE_MARGIN_S`` after that was se
 retried only once its first run is surely over, never beside it.
 
 After a restart ``adopt`` finds an actor by the name in the stored handle, ``find`` by the
-worker id, and ``sweep`` ends the actors in the namespace that nobody adopted.
+worker id, and ``sweep`` ends the actors in the namespace that nobody adopted; the namespace's
+actors are looked up, listed and ended through ``ray_directory.ActorDirectory``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from dyntrain.service.core.executor import (
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.ray_actor import WorkerProcess
 from dyntrain.service.executors.ray_address import coordinator_address, probe_cluster
+from dyntrain.service.executors.ray_directory import ActorDirectory
 from dyntrain.service.executors.ray_nodes import (
     actor_name,
     default_namespace,
@@ -57,7 +59,7 @@ from dyntrain.service.executors.ray_nodes import (
     packed_on,
     resource_name,
 )
-from dyntrain.service.executors.ray_worker import CALL_S, RayWorker, first_line, mirror_output
+from dyntrain.service.executors.ray_worker import RayWorker, first_line, mirror_output
 
 WAIT_S = 20.0  # one wait_exit call blocks this long in the actor (a dead caller's call ends)
 MIRROR_S = 0.25
@@ -105,6 +107,7 @@ class RayExecutor(Executor):
         self.coordinator_host = coordinator_address(ray.util.get_node_ip_address(),
                                                     ray.get_runtime_context().gcs_address)
         self._cls = ray.remote(WorkerProcess)
+        self.actors = ActorDirectory(ray, self.namespace)
         self._workers: dict[str, RayWorker] = {}
         self._unreleased: dict[str, object] = {}  # reported, exit not yet stored: its actor
         self._nodes: list[dict] = []
@@ -250,7 +253,7 @@ class RayExecutor(Executor):
                 w.node = reply.get("node")
                 w.waiting = w.actor.wait_exit.remote(WAIT_S)
                 return None
-        self._kill(w.actor)
+        self.actors.kill(w.actor)
         return error
 
     def _fail_start(self, w: RayWorker, error: ExecutorError) -> None:
@@ -266,12 +269,6 @@ class RayExecutor(Executor):
         else:
             self._lost(w, str(error))
 
-    def _kill(self, actor) -> None:
-        try:
-            self._ray.kill(actor, no_restart=True)
-        except Exception:
-            pass
-
     # -- watching ---------------------------------------------------------------------------
 
     def _watch(self) -> None:
@@ -284,7 +281,7 @@ class RayExecutor(Executor):
                 now = time.monotonic()
                 for w in live:
                     if w.starting is not None and now > w.start_by:
-                        self._kill(w.actor)
+                        self.actors.kill(w.actor)
                         self._fail_start(w, ExecutorError(
                             f"worker {w.spec.worker_id}: no Ray node took it within "
                             f"{self.start_timeout:g} s (it needs {needs(w.spec)})"))
@@ -402,27 +399,9 @@ class RayExecutor(Executor):
         for wid in worker_ids:
             actor = self._unreleased.pop(wid, None)
             if actor is not None:
-                self._discard(actor)
-
-    def _discard(self, actor) -> None:
-        try:
-            actor.discard.remote()
-        except Exception:
-            self._kill(actor)
+                self.actors.discard(actor)
 
     # -- restart ----------------------------------------------------------------------------
-
-    def _status(self, name: str):
-        """``(actor, status)`` of the actor called ``name``; ``(None, why)`` when it is gone."""
-        ray = self._ray
-        try:
-            actor = ray.get_actor(name, namespace=self.namespace)
-        except ValueError:
-            return None, f"its Ray actor {name} is gone (its node died while the service was down?)"
-        try:
-            return actor, ray.get(actor.status.remote(), timeout=CALL_S)
-        except Exception as exc:
-            return None, f"its Ray actor {name} does not answer: {first_line(exc)}"
 
     def adopt(self, handle: WorkerHandle, spec: WorkerSpec) -> bool:
         self._check_open()
@@ -435,7 +414,7 @@ class RayExecutor(Executor):
             known = self._workers.get(wid)
             if known is not None:
                 return known.exit is None
-        actor, status = self._status(handle.ref)
+        actor, status = self.actors.status(handle.ref)
         try:
             mirrored = os.path.getsize(spec.log_path)
         except OSError:
@@ -454,18 +433,14 @@ class RayExecutor(Executor):
         self._set_recorded(w, status)
         return False
 
-    def _named(self) -> list[str]:
-        return [a["name"] for a in self._ray.util.list_named_actors(all_namespaces=True)
-                if a.get("namespace") == self.namespace and a["name"].startswith("dyntrain:")]
-
     def find(self, worker_id: str) -> WorkerHandle | None:
         check_worker_id(worker_id)
-        for name in self._named():
+        for name in self.actors.names():
             if name.rsplit(":", 1)[-1] != worker_id:
                 continue
-            actor, status = self._status(name)
+            actor, status = self.actors.status(name)
             if actor is not None and status.get("started") is False:
-                self._discard(actor)  # created, but its command never started
+                self.actors.discard(actor)  # created, but its command never started
                 return None
             return WorkerHandle(worker_id, self.name, name)
         return None
@@ -475,15 +450,12 @@ class RayExecutor(Executor):
             owned = {w.handle.ref for w in self._workers.values()}
             owned |= {n for n in self._unreleased}
         ended = []
-        for name in self._named():
+        for name in self.actors.names():
             wid = name.rsplit(":", 1)[-1]
-            if name in owned or wid in owned:
-                continue
-            try:
-                self._discard(self._ray.get_actor(name, namespace=self.namespace))
-            except ValueError:
-                continue
-            ended.append(wid)
+            actor = None if name in owned or wid in owned else self.actors.get(name)
+            if actor is not None:
+                self.actors.discard(actor)
+                ended.append(wid)
         return ended
 
     def shutdown(self) -> None:

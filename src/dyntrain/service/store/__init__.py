@@ -16,9 +16,10 @@ following child i of an ``N_TO_N`` dependency and child i-1 for ``SEQUENTIAL``).
 One module per aggregate: ``schema`` (tables and the upgrade on open), ``columns`` (records as
 columns and back; the records themselves are ``dyntrain.service.core.records``),
 ``environments`` (compute environments, queues, capacity traces), ``definitions``, ``jobs``
-(jobs, dependencies, attempts), ``scheduling`` (the controller's bulk reads and writes),
-``workers`` (workers, usage), ``logs`` (log lines, events), ``summaries`` (counts and searches
-for the dashboard and /metrics), ``tags``; ``Store`` is all of them over one engine.
+(jobs, attempts), ``dependencies`` (a job's, checked and read), ``scheduling`` (the
+controller's bulk reads and writes), ``workers`` (workers, usage), ``logs`` (log lines, events),
+``summaries`` (counts and searches for the dashboard and /metrics), ``tags``; ``Store`` is all
+of them over one engine.
 """
 
 from dyntrain.service.store.definitions import DefinitionStore

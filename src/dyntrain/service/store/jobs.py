@@ -1,4 +1,5 @@
-"""Jobs, their dependencies and their attempts."""
+"""Jobs (submitted, read, updated) and their attempts; their dependencies are checked and read
+by ``dependencies``."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from dyntrain.service.store.columns import (
     retry_to_json,
 )
 from dyntrain.service.store.definitions import _definition_from_row, _find_definition
+from dyntrain.service.store.dependencies import check_deps, deps_of, normalise_deps
 from dyntrain.service.store.schema import (
     attempts,
     compute_environments,
@@ -60,7 +62,8 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 class JobStore(StoreBase):
-    """Jobs, their dependencies and their attempts."""
+    """Jobs (submitted, read, updated) and their attempts; their dependencies are checked and read
+by ``dependencies``."""
 
     def submit(self, *, queue: str, definition: str | None = None,
                command: Sequence[str] | None = None, name: str | None = None,
@@ -100,7 +103,7 @@ class JobStore(StoreBase):
             raise ValidationError(f"job id {job_id!r} must be 1-64 letters, digits, '-' or '_' "
                                   "and start with a letter or digit")
         explicit_id, job_id = job_id is not None, job_id or uuid.uuid4().hex
-        deps = _normalise_deps(job_id, depends_on, array_size)
+        deps = normalise_deps(job_id, depends_on, array_size)
         elastic = ElasticSettings(*workers) if workers is not None else None
         if timeout_seconds is not None and not timeout_seconds > 0:
             raise ValidationError(f"timeout must be positive, got {timeout_seconds}")
@@ -154,7 +157,7 @@ class JobStore(StoreBase):
                 job_name = check_name("job", name or (spec.name if spec else "inline"))
                 res = resources or (spec.resources if spec else Resources())
                 timeout = timeout_seconds or (spec.timeout_seconds if spec else None)
-                _check_deps(conn, job_id, deps, array_size)
+                check_deps(conn, job_id, deps, array_size)
                 row = {
                     "id": job_id, "name": job_name, "queue": queue, "definition_name": ref[0],
                     "definition_revision": ref[1], "command": substitute(base_cmd, params),
@@ -208,7 +211,7 @@ class JobStore(StoreBase):
     def get_job(self, job_id: str) -> Job:
         with self._tx(write=False) as conn:
             row = _one(conn, jobs, "job", id=job_id)
-            return _job_from_row(row._mapping, _deps_of(conn, [job_id]).get(job_id, ()))
+            return _job_from_row(row._mapping, deps_of(conn, [job_id]).get(job_id, ()))
 
     def list_jobs(self, queue: str | None = None,
                   status: JobStatus | str | Iterable[JobStatus | str] | None = None,
@@ -256,7 +259,7 @@ class JobStore(StoreBase):
             q = q.order_by(jobs.c.created_at, jobs.c.array_index.nulls_first(), jobs.c.id)
         with self._tx(write=False) as conn:
             rows = conn.execute(q.limit(limit).offset(offset)).all()
-            deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+            deps = deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
             return [_job_from_row(r._mapping, deps.get(r.id, ())) for r in rows]
 
     def job_ids_starting_with(self, prefix: str, limit: int = 10) -> list[str]:
@@ -392,75 +395,7 @@ def _by_token(conn: Connection, client_token: str) -> Job | None:
     row = conn.execute(sa.select(jobs).where(jobs.c.client_token == client_token)).first()
     if row is None:
         return None
-    return _job_from_row(row._mapping, _deps_of(conn, [row.id]).get(row.id, ()))
-
-
-def _normalise_deps(job_id: str, depends_on: Iterable[Dependency],
-                    array_size: int | None) -> list[Dependency]:
-    out: dict[str, Dependency] = {}
-    for d in depends_on:
-        if not isinstance(d, Dependency):
-            raise ValidationError(f"depends_on entries must be Dependency, got {d!r}")
-        if d.type is DependencyType.SEQUENTIAL:
-            if d.job_id not in ("", job_id):
-                raise ValidationError("a SEQUENTIAL dependency names the job itself, not "
-                                      f"{d.job_id!r}")
-            if array_size is None:
-                raise ValidationError("a SEQUENTIAL dependency needs an array job")
-            d = Dependency(job_id, DependencyType.SEQUENTIAL)
-        elif d.job_id == job_id:
-            raise ValidationError(f"dependency cycle: job {job_id!r} would depend on itself")
-        if d.job_id in out and out[d.job_id] != d:
-            raise ValidationError(f"job {d.job_id!r} is listed twice in depends_on")
-        out[d.job_id] = d
-    return sorted(out.values(), key=lambda d: d.job_id)  # the order reads give back
-
-
-def _check_deps(conn: Connection, job_id: str, deps: list[Dependency],
-                array_size: int | None) -> None:
-    """Every dependency exists, N_TO_N pairs arrays of one size, and no cycle forms."""
-    others = [d for d in deps if d.type is not DependencyType.SEQUENTIAL]
-    if not others:
-        return
-    found = {r.id: r for r in conn.execute(
-        sa.select(jobs.c.id, jobs.c.array_parent_id, jobs.c.array_size)
-        .where(jobs.c.id.in_([d.job_id for d in others])))}
-    missing = [d.job_id for d in others if d.job_id not in found]
-    if missing:
-        raise ValidationError(f"depends on unknown job(s) {', '.join(missing)}")
-    for d in others:
-        r = found[d.job_id]
-        if d.type is DependencyType.N_TO_N and (
-                array_size is None or r.array_parent_id is not None
-                or r.array_size != array_size):
-            raise ValidationError(f"an N_TO_N dependency on {d.job_id!r} needs both jobs to be "
-                                  f"array jobs of one size (got {array_size} and {r.array_size})")
-    # Walk everything the new job would (transitively) wait for; meeting the new job again is a
-    # cycle. A child waits for what its parent waits for, so a child leads to its parent.
-    seen = {d.job_id for d in others}
-    frontier = set(seen)
-    while frontier:
-        edges = conn.execute(
-            sa.select(job_dependencies.c.depends_on).where(
-                job_dependencies.c.job_id.in_(frontier),
-                job_dependencies.c.type != DependencyType.SEQUENTIAL.value)
-            .union(sa.select(jobs.c.array_parent_id).where(
-                jobs.c.id.in_(frontier), jobs.c.array_parent_id.is_not(None)))).scalars()
-        nxt = set(edges) - seen
-        if job_id in nxt:
-            raise ValidationError(f"dependency cycle: job {job_id!r} would wait for itself")
-        seen |= nxt
-        frontier = nxt
-
-
-def _deps_of(conn: Connection, ids: list[str]) -> dict[str, tuple[Dependency, ...]]:
-    if not ids:
-        return {}
-    out: dict[str, list[Dependency]] = {}
-    for r in conn.execute(sa.select(job_dependencies).where(job_dependencies.c.job_id.in_(ids))
-                          .order_by(job_dependencies.c.job_id, job_dependencies.c.depends_on)):
-        out.setdefault(r.job_id, []).append(Dependency(r.depends_on, DependencyType(r.type)))
-    return {k: tuple(v) for k, v in out.items()}
+    return _job_from_row(row._mapping, deps_of(conn, [row.id]).get(row.id, ()))
 
 
 def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:

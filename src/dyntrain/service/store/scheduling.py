@@ -15,11 +15,12 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy import bindparam
 
-from dyntrain.service.core.model import JobStatus, Resources, ValidationError
-from dyntrain.service.core.records import WORKER_EXITED, Job, JobEntry, WorkerRecord
+from dyntrain.service.core.model import JobStatus, Resources, ValidationError, WorkerState
+from dyntrain.service.core.records import Job, JobEntry, WorkerRecord
 from dyntrain.service.store.base import _TERMINAL, StoreBase, _enum
 from dyntrain.service.store.columns import MUTABLE_JOB_FIELDS
-from dyntrain.service.store.jobs import _deps_of, _job_from_row
+from dyntrain.service.store.dependencies import deps_of
+from dyntrain.service.store.jobs import _job_from_row
 from dyntrain.service.store.schema import attempts, events, jobs, usage, workers
 
 CHUNK = 500  # ids per IN (...) list
@@ -83,7 +84,7 @@ class SchedulingStore(StoreBase):
         q = q.order_by(jobs.c.created_at, jobs.c.id).limit(limit)
         with self._tx(write=False) as conn:
             rows = conn.execute(q).all()
-            deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+            deps = deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
         return [JobEntry(r.id, r.queue, JobStatus(r.status), r.status_reason, r.created_at,
                          Resources(r.cpus, r.gpus, r.memory_mib), r.min_workers, r.max_workers,
                          r.array_parent_id, r.array_index, r.array_size, deps.get(r.id, ()),
@@ -96,7 +97,7 @@ class SchedulingStore(StoreBase):
         with self._tx(write=False) as conn:
             for part in _chunks(list(ids)):
                 rows = conn.execute(sa.select(jobs).where(jobs.c.id.in_(part))).all()
-                deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+                deps = deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
                 out.update((r.id, _job_from_row(r._mapping, deps.get(r.id, ()))) for r in rows)
         return out
 
@@ -166,7 +167,7 @@ class SchedulingStore(StoreBase):
         with self._tx() as conn:
             if exits:
                 conn.execute(workers.update().where(workers.c.id == bindparam("b_id")).values(
-                    state=WORKER_EXITED, exit_code=bindparam("b_code"),
+                    state=WorkerState.EXITED.value, exit_code=bindparam("b_code"),
                     stopped_at=bindparam("b_at"),
                     leave_reason=sa.func.coalesce(workers.c.leave_reason, bindparam("b_why"))),
                     [e._asdict() for e in exits])
@@ -242,7 +243,7 @@ class SchedulingStore(StoreBase):
                              [{"b_id": k, "b_handle": v} for k, v in handles.items()])
             if never_started:
                 conn.execute(workers.update().where(workers.c.id.in_(list(never_started)))
-                             .values(state=WORKER_EXITED, stopped_at=now,
+                             .values(state=WorkerState.EXITED.value, stopped_at=now,
                                      leave_reason="never started"))
             if running:
                 conn.execute(jobs.update().where(
@@ -265,7 +266,8 @@ def _job_changes(to_status: JobStatus | str, reason: str | None, changes: dict,
 def _worker_row(w: WorkerRecord) -> dict[str, Any]:
     return {"id": w.id, "job_id": w.job_id, "attempt_no": w.attempt_no,
             "compute_environment": w.compute_environment, "capacity_type": w.capacity_type,
-            "price_per_slot_hour": w.price_per_slot_hour, "handle": w.handle, "state": w.state,
-            "started_at": w.started_at, "leave_reason": w.leave_reason,
-            "exit_code": w.exit_code, "leave_at": w.leave_at, "stopped_at": w.stopped_at}
+            "price_per_slot_hour": w.price_per_slot_hour, "handle": w.handle,
+            "state": WorkerState(w.state).value, "started_at": w.started_at,
+            "leave_reason": w.leave_reason, "exit_code": w.exit_code, "leave_at": w.leave_at,
+            "stopped_at": w.stopped_at}
 

@@ -9,7 +9,8 @@ import sqlalchemy as sa
 from dyntrain.service.core.model import JobStatus, ValidationError
 from dyntrain.service.core.records import Event, Job
 from dyntrain.service.store.base import StoreBase, _enum
-from dyntrain.service.store.jobs import _deps_of, _job_from_row
+from dyntrain.service.store.dependencies import deps_of
+from dyntrain.service.store.jobs import _job_from_row
 from dyntrain.service.store.schema import events, jobs
 
 
@@ -56,7 +57,7 @@ class SummaryStore(StoreBase):
                                  .where(*where)).scalar_one()
             rows = conn.execute(sa.select(jobs).where(*where).order_by(*order)
                                 .limit(limit).offset(offset)).all()
-            deps = _deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
+            deps = deps_of(conn, [r.id for r in rows if r.array_parent_id is None])
             return [_job_from_row(r._mapping, deps.get(r.id, ())) for r in rows], total
 
     def count_events_by_kind(self, prefix: str = "") -> dict[str, int]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from dyntrain.service.core.model import CapacityType, ValidationError
-from dyntrain.service.core.records import WORKER_EXITED, Usage, WorkerRecord
+from dyntrain.service.core.model import CapacityType, ValidationError, WorkerState
+from dyntrain.service.core.records import Usage, WorkerRecord
 from dyntrain.service.store.base import StoreBase, _enum, _one
 from dyntrain.service.store.columns import WORKER_FIELDS
 from dyntrain.service.store.schema import jobs, usage, workers
@@ -20,13 +20,17 @@ class WorkerStore(StoreBase):
     def add_worker(self, worker: WorkerRecord) -> None:
         with self._tx() as conn:
             _one(conn, jobs, "job", id=worker.job_id)
-            conn.execute(workers.insert().values(**dataclasses.asdict(worker)))
+            conn.execute(workers.insert().values(**{
+                **dataclasses.asdict(worker),
+                "state": _enum(WorkerState, worker.state, "worker state").value}))
 
     def update_worker(self, worker_id: str, **changes: Any) -> None:
         unknown = set(changes) - {"handle", "state", "leave_reason", "exit_code", "leave_at",
                                   "stopped_at"}
         if unknown:
             raise ValidationError(f"cannot change worker field(s) {sorted(unknown)}")
+        if "state" in changes:
+            changes["state"] = _enum(WorkerState, changes["state"], "worker state").value
         with self._tx() as conn:
             done = conn.execute(workers.update().where(workers.c.id == worker_id)
                                 .values(**changes)).rowcount
@@ -39,10 +43,9 @@ class WorkerStore(StoreBase):
         if job_id is not None:
             q = q.where(workers.c.job_id == job_id)
         if active:
-            q = q.where(workers.c.state != WORKER_EXITED)
+            q = q.where(workers.c.state != WorkerState.EXITED.value)
         with self._tx(write=False) as conn:
-            return [WorkerRecord(**{c: r._mapping[c] for c in WORKER_FIELDS})
-                    for r in conn.execute(q)]
+            return [_worker_from_row(r._mapping) for r in conn.execute(q)]
 
     # ----------------------------------------------------------------------------------- usage
 
@@ -75,3 +78,7 @@ class WorkerStore(StoreBase):
                           r.price_per_slot_hour, bool(r.wasted), r.recorded_at) for r in rows]
 
 
+def _worker_from_row(row: Any) -> WorkerRecord:
+    """A worker's record; its state, text in the table, as a ``WorkerState``."""
+    return WorkerRecord(**{c: row[c] for c in WORKER_FIELDS if c != "state"},
+                        state=WorkerState(row["state"]))

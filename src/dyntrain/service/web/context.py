@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from dyntrain.service.core.model import JobStatus, ValidationError
-from dyntrain.service.core.records import WORKER_LEAVING, WORKER_RUNNING, Job
+from dyntrain.service.core.model import JobStatus, ValidationError, WorkerState
+from dyntrain.service.core.records import Job
 from dyntrain.service.engine import views
 from dyntrain.service.operations import Operations
 from dyntrain.service.web import runfiles
@@ -177,8 +177,8 @@ def job_page(ops: Operations, job: Job, child_status: str = "", child_page: int 
     out: dict[str, Any] = {
         "job": view, "workers": workers, "attempts": attempts,
         # those told to leave are on their way out: counted apart from the ones that train
-        "active_workers": sum(1 for w in workers if w["state"] == WORKER_RUNNING),
-        "leaving_workers": sum(1 for w in workers if w["state"] == WORKER_LEAVING),
+        "active_workers": sum(1 for w in workers if w["state"] == WorkerState.RUNNING),
+        "leaving_workers": sum(1 for w in workers if w["state"] == WorkerState.LEAVING),
         "cost": views.job_cost(job.id, ops.jobs.cost(job)),
         "parent": job.array_parent_id, "array": None, "elastic": job.elastic is not None,
         "changes": [], "checkpoints": [], "can_cancel": job.status in WAITING_STATES,

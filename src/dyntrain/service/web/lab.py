@@ -2,7 +2,7 @@
 
 A sweep submits its pending trials as one array job running ``python -m dyntrain.lab.sweep
 ROOT/.plans/plan-*.json``, so the sweep's folder is found from the job's command, and its report
-is the lab's own analysis (``dyntrain.lab.report``) of what that folder holds now: a sweep still
+is the lab's own analysis (``dyntrain.lab.analysis``) of what that folder holds now: a sweep still
 running shows the batch sizes it has finished. The dashboard does not import the lab (it sits
 above the service): the report is made by a ``LabReport`` handed to it when the application is
 assembled (``dyntrain.service.server.lab_report``).
@@ -19,7 +19,7 @@ from dyntrain.service.core.records import Job
 from dyntrain.service.operations import Operations
 
 SWEEP_MODULE = "dyntrain.lab.sweep"
-PLANS_DIR = ".plans"  # dyntrain.lab.sweep.PLANS_DIR, named here to keep the lab unimported
+PLANS_DIR = ".plans"  # dyntrain.lab.sweep_files.PLANS_DIR, named here to keep the lab unimported
 MAX_SWEEP_JOBS = 500
 
 # a sweep folder -> the lab's report of it as JSON ({"error": ..., "workloads": []} without one)

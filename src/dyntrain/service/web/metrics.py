@@ -15,8 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dyntrain.service.core.model import JobStatus
-from dyntrain.service.core.records import WORKER_RUNNING
+from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.operations import Operations
 from dyntrain.service.web import runfiles
 from dyntrain.service.web.context import environments
@@ -95,7 +94,7 @@ class ServiceCollector(Collector):
             labels=labels)
         jobs = self.ops.jobs
         running = Counter(w.job_id for w in jobs.workers(active=True)
-                          if w.state == WORKER_RUNNING)
+                          if w.state == WorkerState.RUNNING)
         for job in jobs.list(status=[JobStatus.RUNNING], limit=10_000):
             if job.elastic is None:
                 continue
