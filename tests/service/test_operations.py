@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from dyntrain.service.assembly import LocalExecutorSetup, build_service
 from dyntrain.service.core.model import (
     ComputeEnvironmentSpec,
     JobDefinitionSpec,
@@ -17,7 +18,7 @@ from dyntrain.service.core.model import (
     ValidationError,
 )
 from dyntrain.service.core.records import ComputeEnvironment, Job, JobDefinition, JobQueue
-from dyntrain.service.engine.service import Service, ServiceConfig
+from dyntrain.service.engine.service import ServiceConfig
 from dyntrain.service.operations import Operations
 from dyntrain.service.operations.errors import (
     EnvironmentInUse,
@@ -34,8 +35,8 @@ TRACE = "offset_s,slots\n0,1\n"
 
 @pytest.fixture(scope="module")
 def ops(tmp_path_factory) -> Iterator[Operations]:
-    service = Service(ServiceConfig(state_dir=tmp_path_factory.mktemp("ops"), port=0,
-                                    grace_seconds=5, warm_workers=0))
+    service = build_service(ServiceConfig(state_dir=tmp_path_factory.mktemp("ops"), port=0,
+                                          grace_seconds=5), LocalExecutorSetup(warm_workers=0))
     service.start()
     try:
         yield Operations(service)
