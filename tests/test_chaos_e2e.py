@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SCRIPTS, read_jsonl, run_cli
+from conftest import SCRIPTS, read_jsonl, run_cli, run_held
 from dyntrain.procstat import read_stat
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
@@ -35,6 +35,12 @@ def assert_no_stray_process(stdout: str) -> None:
             f"worker {worker} (pid {pid}) still runs after the job ended"
 
 
+def strikes(out) -> int:
+    """How many strikes the launcher made so far."""
+    chaos = out / "chaos.jsonl"
+    return len(read_jsonl(chaos)) if chaos.exists() else 0
+
+
 def assert_like_static(out, static_ledger, proc) -> None:
     assert "job finished" in proc.stdout, proc.stdout[-3000:]
     assert_exactly_once(out)
@@ -47,13 +53,16 @@ def test_kill_the_sender_or_the_joiner_during_the_state_hand_over(tmp_path, stat
     # w0 trains alone; w1 joins at step 20 and w0 hands it the state (model, optimizer with the
     # ballast): the sender (then w1 has nothing and the job resumes from the newest
     # checkpoint) or the joiner (then w0 goes on alone) is SIGKILLed in the middle
-    # (32 MB of ballast and slower chunks: the hand-over and the new world's first step, the
-    # window the launcher must see, last a few of its ticks even on a loaded machine)
-    out = tmp_path / "run"
-    proc = run_cli(["run", "--workers", "1:2", "--nproc", "1", "--out", out,
-                    "--events", "step=20:join=1", "--chaos", f"0:1:{aim}", LEDGER[0],
-                    "--step-delay", "0.01", "--ballast-mb", "32", "--checkpoint-every", "20"],
-                   check=True)
+    # (32 MB of ballast and chunks held slow: the hand-over and the new world's first step, the
+    # window the launcher must see, last a few of its ticks even on a loaded machine; once the
+    # strike is made the job finishes at full speed)
+    out, hold = tmp_path / "run", tmp_path / "hold"
+    proc = run_held(tmp_path / "launcher.log", [
+        "--workers", "1:2", "--nproc", "1", "--out", out, "--events", "step=20:join=1",
+        "--chaos", f"0:1:{aim}", LEDGER[0], "--step-delay", "0.002", "--ballast-mb", "32",
+        "--checkpoint-every", "20", "--slow-while", hold], hold,
+        lambda: strikes(out) >= 1, "the strike")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     assert "chaos: 1 of 1 strikes made" in proc.stdout, proc.stdout[-3000:]
     [strike] = read_jsonl(out / "chaos.jsonl")
     assert (strike["action"], strike["aim"]) == ("kill", aim)
