@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SCRIPTS, read_jsonl, run_cli, run_held
+from conftest import SCRIPTS, read_jsonl, run_held
 from dyntrain.procstat import read_stat
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
@@ -81,11 +81,15 @@ def test_kill_the_sender_or_the_joiner_during_the_state_hand_over(tmp_path, stat
 def test_random_strikes_without_waiting_end_like_the_static_run(tmp_path_factory, static_ledger,
                                                                seed):
     out = tmp_path_factory.mktemp("chaos")
-    # slower chunks: the job lasts long enough for most strikes even on a quiet machine (the
-    # launcher says how many it made when the job ends first)
-    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
-                    "--out", out, "--chaos", f"{seed}:5", LEDGER[0], "--step-delay", "0.01",
-                    "--ballast-mb", "4"], check=True)
+    # chunks held slow until three strikes were made: the job lasts long enough for them even
+    # on a quiet machine, then goes on at full speed (the launcher says how many it made when
+    # the job ends first)
+    proc = run_held(out.parent / f"{out.name}.log", [
+        "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2", "--out", out, "--chaos",
+        f"{seed}:5", LEDGER[0], "--step-delay", "0.002", "--ballast-mb", "4", "--slow-while",
+        out.parent / f"{out.name}.hold"], out.parent / f"{out.name}.hold",
+        lambda: strikes(out) >= 3, "three strikes")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     made = len(read_jsonl(out / "chaos.jsonl"))
     assert made >= 3, proc.stdout[-3000:]
     assert f"chaos: {made} of 5 strikes made" in proc.stdout
