@@ -2,6 +2,7 @@
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,29 @@ def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess
         raise AssertionError(
             f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def run_held(log: Path, args, hold: Path, until, what: str,
+             timeout: float = 240) -> subprocess.CompletedProcess:
+    """``dyntrain run ARGS`` whose workload is held slow while the file ``hold`` exists (the
+    test scripts' ``--slow-while``, ``gpt_held.py``): held until ``until()`` (``what``) or the
+    launcher's end, then let run to its end at full speed. Its output is written to ``log``;
+    returns it (stdout) and the exit status."""
+    hold.touch()
+    with open(log, "w") as out:
+        launcher = subprocess.Popen([*DYNTRAIN, "run", *map(str, args)], stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=ROOT,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_until(lambda: launcher.poll() is not None or until(), what, timeout)
+        hold.unlink()
+        code = launcher.wait(timeout=timeout)
+    finally:
+        hold.unlink(missing_ok=True)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    return subprocess.CompletedProcess(launcher.args, code, log.read_text(), "")
 
 
 def start_server(state_dir: Path, log: Path, *args: str, popen=subprocess.Popen,
@@ -113,7 +137,28 @@ def ledger_script() -> Path:
 def static_ledger(tmp_path_factory) -> Path:
     """The ledger workload trained alone (``static_run``): its final.pt is what every elastic
     ledger run with the default settings must end with, bit for bit."""
-    return static_run(tmp_path_factory.mktemp("static-ledger"), SCRIPTS / "ledger_train.py")
+    return shared_static_run(tmp_path_factory, "ledger", SCRIPTS / "ledger_train.py")
+
+
+def shared_static_run(tmp_path_factory, name: str, *command) -> Path:
+    """``static_run`` of ``COMMAND`` made once per test session, in a folder ``name`` that every
+    test process of the session reads (``make test``'s pytest-xdist processes share their base
+    temporary folder): the first to ask makes it, under a file lock, the others wait for it.
+    Its users only read it. The same ``name`` must always mean the same command."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each process's own
+    out, made = root / f"static-{name}", root / f"static-{name}.made"
+    with FileLock(root / f"static-{name}.lock"):
+        if not made.exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed attempt left
+            static_run(out, *command)
+            made.write_text(" ".join(map(str, command)))
+        assert made.read_text() == " ".join(map(str, command)), \
+            f"static reference {name!r} asked for with two commands"
+    return out
 
 
 def static_run(out: Path, *command, timeout: float = 300) -> Path:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SCRIPTS, read_jsonl, run_cli
+from conftest import SCRIPTS, read_jsonl, run_held
 from dyntrain.procstat import read_stat
 from test_elastic_e2e import assert_exactly_once, max_param_diff
 
@@ -35,6 +35,12 @@ def assert_no_stray_process(stdout: str) -> None:
             f"worker {worker} (pid {pid}) still runs after the job ended"
 
 
+def strikes(out) -> int:
+    """How many strikes the launcher made so far."""
+    chaos = out / "chaos.jsonl"
+    return len(read_jsonl(chaos)) if chaos.exists() else 0
+
+
 def assert_like_static(out, static_ledger, proc) -> None:
     assert "job finished" in proc.stdout, proc.stdout[-3000:]
     assert_exactly_once(out)
@@ -47,13 +53,16 @@ def test_kill_the_sender_or_the_joiner_during_the_state_hand_over(tmp_path, stat
     # w0 trains alone; w1 joins at step 20 and w0 hands it the state (model, optimizer with the
     # ballast): the sender (then w1 has nothing and the job resumes from the newest
     # checkpoint) or the joiner (then w0 goes on alone) is SIGKILLed in the middle
-    # (32 MB of ballast and slower chunks: the hand-over and the new world's first step, the
-    # window the launcher must see, last a few of its ticks even on a loaded machine)
-    out = tmp_path / "run"
-    proc = run_cli(["run", "--workers", "1:2", "--nproc", "1", "--out", out,
-                    "--events", "step=20:join=1", "--chaos", f"0:1:{aim}", LEDGER[0],
-                    "--step-delay", "0.01", "--ballast-mb", "32", "--checkpoint-every", "20"],
-                   check=True)
+    # (32 MB of ballast and chunks held slow: the hand-over and the new world's first step, the
+    # window the launcher must see, last a few of its ticks even on a loaded machine; once the
+    # strike is made the job finishes at full speed)
+    out, hold = tmp_path / "run", tmp_path / "hold"
+    proc = run_held(tmp_path / "launcher.log", [
+        "--workers", "1:2", "--nproc", "1", "--out", out, "--events", "step=20:join=1",
+        "--chaos", f"0:1:{aim}", LEDGER[0], "--step-delay", "0.002", "--ballast-mb", "32",
+        "--checkpoint-every", "20", "--slow-while", hold], hold,
+        lambda: strikes(out) >= 1, "the strike")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     assert "chaos: 1 of 1 strikes made" in proc.stdout, proc.stdout[-3000:]
     [strike] = read_jsonl(out / "chaos.jsonl")
     assert (strike["action"], strike["aim"]) == ("kill", aim)
@@ -72,11 +81,15 @@ def test_kill_the_sender_or_the_joiner_during_the_state_hand_over(tmp_path, stat
 def test_random_strikes_without_waiting_end_like_the_static_run(tmp_path_factory, static_ledger,
                                                                seed):
     out = tmp_path_factory.mktemp("chaos")
-    # slower chunks: the job lasts long enough for most strikes even on a quiet machine (the
-    # launcher says how many it made when the job ends first)
-    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
-                    "--out", out, "--chaos", f"{seed}:5", LEDGER[0], "--step-delay", "0.01",
-                    "--ballast-mb", "4"], check=True)
+    # chunks held slow until three strikes were made: the job lasts long enough for them even
+    # on a quiet machine, then goes on at full speed (the launcher says how many it made when
+    # the job ends first)
+    proc = run_held(out.parent / f"{out.name}.log", [
+        "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2", "--out", out, "--chaos",
+        f"{seed}:5", LEDGER[0], "--step-delay", "0.002", "--ballast-mb", "4", "--slow-while",
+        out.parent / f"{out.name}.hold"], out.parent / f"{out.name}.hold",
+        lambda: strikes(out) >= 3, "three strikes")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     made = len(read_jsonl(out / "chaos.jsonl"))
     assert made >= 3, proc.stdout[-3000:]
     assert f"chaos: {made} of 5 strikes made" in proc.stdout

@@ -23,8 +23,8 @@ from dyntrain.elastic.sharding.strategy import Replicated
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.testing.wait import wait_until
-from test_gpt_workload import SMALL
-from test_sharded import _same_final, _static_run
+from test_gpt_workload import SMALL, static_small
+from test_sharded import _same_final
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs: needs root")
 
@@ -33,7 +33,7 @@ WARNING = re.compile(r"checkpoint of step (\d+) not written \((.*)\); training g
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    return _static_run(tmp_path_factory.mktemp("static"), SMALL)
+    return static_small(tmp_path_factory)
 
 
 @pytest.fixture

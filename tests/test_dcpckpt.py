@@ -16,7 +16,7 @@ from conftest import run_cli
 from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
 from dyntrain.elastic.runs.dcp import read_dcp, split_writes
 from dyntrain.elastic.runs.storage import open_store
-from test_gpt_workload import SMALL
+from test_gpt_workload import SMALL, static_small
 from test_sharded import _same_final, _static_run
 
 DCP_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp", "dyntrain.commit"}
@@ -25,7 +25,7 @@ DCP_FILES = {".metadata", "__0_0.distcp", "__1_0.distcp", "dyntrain.commit"}
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
     """The unsharded static run (one process, level 0), with full-format checkpoints."""
-    return _static_run(tmp_path_factory.mktemp("static"), SMALL)
+    return static_small(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from conftest import read_jsonl, run_cli, static_run
+from conftest import read_jsonl, run_cli, shared_static_run
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.state import TrainingParts
 from dyntrain.workloads import gpt
@@ -26,6 +26,14 @@ from test_stepper import assert_same, train
 SMALL = ["--model", "tiny", "--d-model", "96", "--seq-len", "32", "--global-batch", "8",
          "--chunk-size", "2", "--max-steps", "20", "--warmup-steps", "4", "--val-every", "5",
          "--val-samples", "8", "--checkpoint-every", "4"]
+
+
+
+def static_small(tmp_path_factory):
+    """The workload alone with ``SMALL`` (``conftest.static_run``), made once per test session:
+    the reference of every elastic run of these settings, at any shard level."""
+    return shared_static_run(tmp_path_factory, "gpt-small", "-m", "dyntrain.workloads.gpt",
+                             *SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -142,9 +150,8 @@ def test_the_step_is_the_same_at_any_world_size(corpus, precision):
 
 
 @pytest.mark.slow
-def test_an_elastic_run_is_bitwise_the_static_run(tmp_path):
-    static, elastic = tmp_path / "static", tmp_path / "elastic"
-    static_run(static, "-m", "dyntrain.workloads.gpt", *SMALL)  # the workload alone
+def test_an_elastic_run_is_bitwise_the_static_run(tmp_path, tmp_path_factory):
+    static, elastic = static_small(tmp_path_factory), tmp_path / "elastic"  # the workload alone
     # 1 -> 3 (joins) -> 2 (SIGKILL) -> 1 (rank 0 leaves); each event waits for the last to settle
     proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
                     "step=2:join=2,step=5:kill=1,step=8:leave=rank:0", "-m",

@@ -32,13 +32,18 @@ def alone(out, *args):
                           cwd=ROOT, capture_output=True, text=True)
 
 
+#: 48 steps: the joiner (started after the first) joins with momentum and BatchNorm statistics
+#: to take over, and the epoch-interval StepLR(step_size=2) takes four values
+EPOCHS = "8"
+
+
 @pytest.mark.slow
 def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     """One worker alone, against a `dyntrain run` that grows from one worker to two mid-run:
     the same final.pt, bit for bit (with BatchNorm, dropout, momentum and an epoch-interval
     StepLR)."""
     static = tmp_path / "static"
-    proc = alone(static, "--epochs", "20")
+    proc = alone(static, "--epochs", EPOCHS)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out, hold = tmp_path / "elastic", tmp_path / "hold"
     # held slow until the joiner is in: Lightning's import alone can take a worker longer than
@@ -46,8 +51,8 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     hold.touch()
     with open(tmp_path / "launcher.log", "w") as log:
         launcher = subprocess.Popen(
-            [*DYNTRAIN, "run", "--workers", "1:2", "--nproc", "1", "--events", "step=10:join=1",
-             "--out", str(out), str(SCRIPT), "--epochs", "20", "--step-delay", "0.01",
+            [*DYNTRAIN, "run", "--workers", "1:2", "--nproc", "1", "--events", "step=1:join=1",
+             "--out", str(out), str(SCRIPT), "--epochs", EPOCHS, "--step-delay", "0.01",
              "--hold", str(hold)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
@@ -65,7 +70,7 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     assert same.returncode == 0 and same.stdout.startswith("match: max |a-b| = 0"), same.stdout
     # the epoch-interval StepLR(step_size=2, gamma=0.5) stepped at each epoch's end
     rows = read_jsonl(out / "metrics.jsonl")
-    assert {r["epoch"] for r in rows} == set(range(20))
+    assert {r["epoch"] for r in rows} == set(range(int(EPOCHS)))
     for row in rows:
         assert row["lr"] == pytest.approx(0.1 * 0.5 ** (row["epoch"] // 2), rel=1e-5), row
 

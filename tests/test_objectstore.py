@@ -213,7 +213,7 @@ def test_a_script_alone_writes_and_resumes_a_run_folder_on_s3(s3, capsys):
 # ---- dyntrain run --out s3://... --------------------------------------------------------------
 
 DIGITS = ["-m", "dyntrain.workloads.digits", "--epochs", "4"]  # 88 steps, a checkpoint every 20
-SHORT = ["-m", "dyntrain.workloads.digits", "--epochs", "2"]  # 44 steps
+SHORT = ["-m", "dyntrain.workloads.digits", "--epochs", "1"]  # 22 steps
 
 
 @pytest.mark.parametrize("change, needle", [
@@ -274,15 +274,15 @@ def test_a_service_job_keeps_its_run_folder_on_s3(s3, tmp_path):
     finally:
         stop_server(server)
     store = open_store(url)
-    assert json.loads(store.get("result.json"))["steps"] == 44
-    assert [s for s, _ in checkpoints.list_checkpoints(store)] == [20, 40, 44]
+    assert json.loads(store.get("result.json"))["steps"] == 22
+    assert [s for s, _ in checkpoints.list_checkpoints(store)] == [20, 22]
     assert json.loads(store.get("coordinator.json"))["job"] == f"{job['id']}/attempt-1"
     assert torch.load(__import__("io").BytesIO(store.get("final.pt")), weights_only=True)
-    assert [r.step for r in read_metrics(store)] == list(range(1, 45))
+    assert [r.step for r in read_metrics(store)] == list(range(1, 23))
     # the hosted coordinator's TensorBoard events (on by default: tensorboard is installed here)
     assert len([n for n in store.list("tensorboard") if ".tfevents." in n]) == 1
-    assert "ckpt-000000044.commit" in page
-    assert series["rows"]["step"] == list(range(1, 45))
+    assert "ckpt-000000022.commit" in page
+    assert series["rows"]["step"] == list(range(1, 23))
     local = state / "runs" / "jobs" / job["id"]
     assert sorted(p.name for p in local.iterdir()) == ["coordinator.json", "coordinator.secret",
                                                        "logs"]
@@ -299,7 +299,7 @@ def _dcp_folders(store) -> dict[int, str]:
 
 @pytest.mark.slow
 def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsewhere(
-        s3, tmp_path):
+        s3, tmp_path, tmp_path_factory):
     """At level 2 every member uploads its share of each checkpoint into its generation's
     folder and the leader commits it last; torch reads one straight from the bucket; with the
     newest checkpoints gone or damaged, a level-3 job of 3 resumes from an older one on S3, a
@@ -310,10 +310,10 @@ def test_sharded_checkpoints_go_to_s3_from_every_member_and_resume_a_crash_elsew
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     from conftest import run_cli
-    from test_gpt_workload import SMALL
-    from test_sharded import _same_final, _static_run
+    from test_gpt_workload import SMALL, static_small
+    from test_sharded import _same_final
 
-    static = _static_run(tmp_path / "static", SMALL)  # level 0, full-format checkpoints
+    static = static_small(tmp_path_factory)  # level 0, full-format checkpoints
     url = f"s3://{s3.bucket('sharded')}/run"
     gpt = ["-m", "dyntrain.workloads.gpt", *SMALL]
     run_cli(["run", "--workers", "2", "--nproc", "2", "--out", url, *gpt, "--shard", "2"],

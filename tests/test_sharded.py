@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import SCRIPTS, read_jsonl, run_cli, static_run
+from conftest import SCRIPTS, read_jsonl, run_cli, run_held, static_run
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.comm import Group
 from dyntrain.elastic.config import TrainConfig
@@ -34,7 +34,7 @@ from dyntrain.elastic.worker.writer import RunWriter
 from dyntrain.errors import ConfigError
 from dyntrain.recipes import LARS
 from test_elastic_e2e import assert_exactly_once, world_sizes
-from test_gpt_workload import SMALL
+from test_gpt_workload import SMALL, static_small
 
 #: the GPT workload's default --grad-clip, which SMALL's runs clip by in every step (their norms
 #: are 1.8-4.3): the clip coefficient is in every step's bits
@@ -48,7 +48,7 @@ def _static_run(out, argv):
 
 @pytest.fixture(scope="module")
 def static(tmp_path_factory):
-    return _static_run(tmp_path_factory.mktemp("static"), SMALL)  # clipped: MAX_NORM
+    return static_small(tmp_path_factory)  # clipped: MAX_NORM
 
 
 def _same_final(a, b) -> None:
@@ -108,76 +108,59 @@ def test_parameters_sharded_too_the_run_is_still_bitwise_the_static_run(tmp_path
 
 
 @pytest.mark.slow
-def test_a_crash_with_redundancy_1_resumes_from_the_checkpoint_and_says_so(tmp_path, static):
-    _kill_without_a_copy(tmp_path, static, SMALL, "1")
+def test_with_redundancy_1_a_leaver_hands_its_shard_over_and_a_crash_resumes_from_a_checkpoint(
+        tmp_path, static):
+    _leave_then_kill_without_a_copy(tmp_path, static, SMALL, "1", "rank:1")
 
 
 @pytest.mark.slow
-def test_gradients_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
+def test_gradients_sharded_with_redundancy_1_a_leaver_hands_over_and_a_crash_resumes(
         tmp_path, static):
-    _kill_without_a_copy(tmp_path, static, SMALL, "2")
+    _leave_then_kill_without_a_copy(tmp_path, static, SMALL, "2", "rank:2")
 
 
 @pytest.mark.slow
-def test_parameters_sharded_a_crash_with_redundancy_1_resumes_from_the_checkpoint(
+def test_parameters_sharded_with_redundancy_1_the_leader_hands_over_and_a_crash_resumes(
         tmp_path, static):
-    _kill_without_a_copy(tmp_path, static, SMALL, "3")
+    _leave_then_kill_without_a_copy(tmp_path, static, SMALL, "3", "rank:0")
 
 
-def _kill_without_a_copy(tmp_path, static, argv, level):
+def _leave_then_kill_without_a_copy(tmp_path, static, argv, level, who):
+    """``r = 1``, 1 -> 3 (joins) -> 2 (a graceful leave) -> 1 (a SIGKILL). The leaver's tensors
+    are in no other member, so it hands them over before it goes: the run goes on without a
+    checkpoint. The killed member's tensors are lost: the survivor says so and resumes from the
+    newest checkpoint (in DCP format, every member wrote its share). Either way the model ends
+    as the static run's."""
     elastic = tmp_path / "elastic"
-    proc = run_cli(["run", "--workers", "1:2", "--nproc", "2", "--out", elastic, "--events",
-                    "step=6:kill=1", "-m", "dyntrain.workloads.gpt", *argv, "--shard", level,
-                    "--shard-redundancy", "1", "--step-delay", "0.15"], check=True)
+    proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
+                    f"step=2:join=2,step=6:leave={who},step=10:kill=1", "-m",
+                    "dyntrain.workloads.gpt", *argv, "--shard", level, "--shard-redundancy", "1",
+                    "--step-delay", "0.15"], check=True)
     out = proc.stdout + proc.stderr
-    assert "lost the optimizer state of" in out and "(shard_redundancy 1)" in out, out
+    assert "event(s) never fired" not in proc.stdout
+    assert world_sizes(elastic)[:3] == [1, 3, 2], out
+    events = read_jsonl(elastic / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    before_kill = kinds[:kinds.index("crash")]
+    # the leave: handed over, nothing lost, no checkpoint read
+    assert "leave" in before_kill and "resume" not in before_kill, events
+    assert [(e["world_before"], e["world_after"]) for e in events
+            if e["event"] == "leave"] == [(3, 2)], events
+    assert out.count("lost the optimizer state of") == 1, out
+    lines = proc.stdout.splitlines()
+    lost = next(i for i, line in enumerate(lines) if "lost the optimizer state of" in line)
+    assert "checkpoint" not in " ".join(
+        line for line in lines[:lost] if "generation" in line and "from step" in line)
+    # the kill: lost, said, resumed from the newest checkpoint
+    assert "(shard_redundancy 1)" in out, out
     found = re.search(r"resuming from the newest checkpoint \(step (\d+)\)", out)
     assert found and int(found[1]) % 4 == 0, out
     assert f"from step {found[1]} (checkpoint" in out, out
     # from a sharded checkpoint in DCP format, which every member wrote its share of
     assert re.search(rf"from step {found[1]} \(checkpoint \S*ckpt-0*{found[1]}\.dcp", out), out
-    _same_final(static, elastic)
-    events = read_jsonl(elastic / "events.jsonl")
     assert any(e["event"] == "crash" and "lost the optimizer state" in e.get("reason", "")
                for e in events), events
     assert any(e["event"] == "resume" and e["start_step"] == int(found[1]) for e in events)
-
-
-@pytest.mark.slow
-def test_a_leaver_hands_its_shard_over_with_redundancy_1(tmp_path, static):
-    _leave_without_a_copy(tmp_path, static, SMALL, "1", "rank:1")
-
-
-@pytest.mark.slow
-def test_gradients_sharded_a_leaver_hands_its_shard_over_with_redundancy_1(
-        tmp_path, static):
-    _leave_without_a_copy(tmp_path, static, SMALL, "2", "rank:2")
-
-
-@pytest.mark.slow
-def test_parameters_sharded_the_leader_hands_its_shard_over_with_redundancy_1(
-        tmp_path, static):
-    _leave_without_a_copy(tmp_path, static, SMALL, "3", "rank:0")
-
-
-def _leave_without_a_copy(tmp_path, static, argv, level, who):
-    """1 -> 3 (joins) -> 2 (a graceful leave, r = 1): the leaver's tensors are in no other
-    member, so it hands them over before it goes; the run goes on without a checkpoint."""
-    elastic = tmp_path / "elastic"
-    proc = run_cli(["run", "--workers", "1:3", "--nproc", "1", "--out", elastic, "--events",
-                    f"step=2:join=2,step=6:leave={who}", "-m", "dyntrain.workloads.gpt", *argv,
-                    "--shard", level, "--shard-redundancy", "1", "--step-delay", "0.15"],
-                   check=True)
-    out = proc.stdout + proc.stderr
-    assert "event(s) never fired" not in proc.stdout
-    assert world_sizes(elastic) == [1, 3, 2], out
-    assert "lost the optimizer state" not in out, out
-    assert "checkpoint" not in " ".join(
-        line for line in proc.stdout.splitlines() if "generation" in line and "from step" in line)
-    events = read_jsonl(elastic / "events.jsonl")
-    assert not [e for e in events if e["event"] in ("resume", "crash")], events
-    assert [(e["world_before"], e["world_after"]) for e in events
-            if e["event"] == "leave"] == [(3, 2)], events
     _same_final(static, elastic)
     assert (elastic / "result.json").read_text() == (static / "result.json").read_text()
 
@@ -186,25 +169,32 @@ def _leave_without_a_copy(tmp_path, static, argv, level, who):
 def test_random_strikes_end_like_the_unsharded_static_run(tmp_path, static):
     """Hangs, joins, kills and leaves at the worst moments (``--chaos``): whatever they hit
     (a hand-over, a re-sharding, a parameter broadcast), the model is the static run's."""
-    elastic = tmp_path / "chaos"
-    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
-                    "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
-                    *SMALL, "--shard", "1", "--step-delay", "0.5"], check=True)
+    _chaos(tmp_path, static, "1")
+
+
+def _chaos(tmp_path, static, level) -> None:
+    """``--chaos 11:5`` at ``level``; slow chunks (0.5 s more each) until three strikes were
+    made, so that the job lasts long enough for them even on a quiet machine, then full speed."""
+    elastic, hold = tmp_path / "chaos", tmp_path / "hold"
+
+    def strikes() -> int:
+        return len(read_jsonl(elastic / "chaos.jsonl")) if (elastic / "chaos.jsonl").exists() \
+            else 0
+
+    proc = run_held(tmp_path / "launcher.log", [
+        "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2", "--out", elastic,
+        "--chaos", "11:5", SCRIPTS / "gpt_held.py", hold, *SMALL, "--shard", level], hold,
+        lambda: strikes() >= 3, "three strikes")
+    assert proc.returncode == 0, proc.stdout[-3000:]
     _same_final(static, elastic)
-    # slow chunks: the job lasts long enough for some strikes even on a quiet machine
-    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
+    assert strikes() >= 2, proc.stdout[-3000:]
 
 
 @pytest.mark.slow
 def test_parameters_sharded_random_strikes_end_like_the_static_run(tmp_path, static):
     """``--chaos`` at level 3: a strike in a unit's gather, a phantom round or the whole-model
     gathers of the re-sharding and the checkpoints still ends with the static run's model."""
-    elastic = tmp_path / "chaos"
-    proc = run_cli(["run", "--workers", "1:3", "--nproc", "2", "--failure-timeout", "2",
-                    "--out", elastic, "--chaos", "11:5", "-m", "dyntrain.workloads.gpt",
-                    *SMALL, "--shard", "3", "--step-delay", "0.5"], check=True)
-    _same_final(static, elastic)
-    assert len(read_jsonl(elastic / "chaos.jsonl")) >= 2, proc.stdout[-3000:]
+    _chaos(tmp_path, static, "3")
 
 
 def test_optimizers_that_cannot_be_sharded_exactly_are_refused():

@@ -396,7 +396,7 @@ def test_interrupted_sweep_keeps_finished_trials_and_resumes(tmp_path, sig):
     # every trial but the first waits for the gate: the sweep is surely running when stopped
     args = [*DYNTRAIN, "lab", "sweep", "--workload",
             f"{SCRIPTS / 'toy_workload.py'}:gated_toy_workload", "--workload-arg",
-            f"gate={gate}", "--batch-sizes", "8:64", "--trials", "4", "--budget-steps", "200",
+            f"gate={gate}", "--batch-sizes", "8:64", "--trials", "4", "--budget-steps", "40",
             "--lr-range", "1e-5:1e-4", "--jobs", "2", "--service", "none", "--out", str(out)]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
