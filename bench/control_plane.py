@@ -45,7 +45,8 @@ import torch.multiprocessing as mp
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.admission import CanaryDigest
-from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.members import CoordinatorConfig
 from dyntrain.testing.wait import wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -15,7 +15,9 @@ import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.admission import CanaryDigest
-from dyntrain.elastic.membership.coordinator import Coordinator, CoordinatorConfig, Phase
+from dyntrain.elastic.membership.coordinator import Coordinator
+from dyntrain.elastic.membership.members import CoordinatorConfig
+from dyntrain.elastic.membership.phases import Phase
 
 T0 = 1000.0
 # what every fake worker says it computes with, and its canary: all the same

@@ -271,12 +271,6 @@ def test_the_service_and_the_cli_start_without_torch():
     assert done.stdout.strip() == "[]", done.stdout
 
 
-# Runtime modules that still pass on names defined elsewhere; this set only ever shrinks.
-RE_EXPORTING_UNTIL_SPLIT = frozenset({
-    "elastic/membership/coordinator.py", "elastic/runs/log.py", "elastic/runs/progress.py",
-})
-
-
 def re_exports(path: Path) -> list[str]:
     """Names a module passes on without defining them: imported and listed in its ``__all__``,
     or imported ``as`` their own name (``from m import x as x``). A package's ``__init__``
@@ -302,9 +296,7 @@ def test_no_module_re_exports_what_another_defines():
     that nothing uses is ruff's F401)."""
     found = {str(p.relative_to(SRC)): names for p in sorted(SRC.rglob("*.py"))
              if (names := re_exports(p))}
-    assert {m: n for m, n in found.items() if m not in RE_EXPORTING_UNTIL_SPLIT} == {}
-    assert sorted(RE_EXPORTING_UNTIL_SPLIT - set(found)) == [], \
-        "no longer re-exports: remove from RE_EXPORTING_UNTIL_SPLIT"
+    assert found == {}
 
 
 def test_the_re_export_check_sees_both_kinds(tmp_path):

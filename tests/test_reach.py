@@ -18,8 +18,8 @@ from dyntrain.elastic.collective.reach import (
     probe_peers,
     unreachable_members,
 )
-from dyntrain.elastic.membership.coordinator import Phase
 from dyntrain.elastic.membership.formation import ATTEMPTS
+from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.worker.address import advertise_address, check_bindable, interface_address
 from dyntrain.errors import DyntrainError
 from test_coordinator import (  # noqa: F401 (the fixture)

@@ -21,9 +21,11 @@ import torch.distributed as dist
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.config import TrainConfig
-from dyntrain.elastic.membership.coordinator import REATTACH_WAIT, Phase
+from dyntrain.elastic.membership.coordinator import REATTACH_WAIT
+from dyntrain.elastic.membership.phases import Phase
+from dyntrain.elastic.protocol import ENV_REATTACH
 from dyntrain.elastic.runs.coordinator_file import write_coordinator_file
-from dyntrain.elastic.trainer import ENV_REATTACH, ElasticTrainer
+from dyntrain.elastic.trainer import ElasticTrainer
 from dyntrain.elastic.worker import channel
 from dyntrain.elastic.worker.channel import CoordinatorGone, WorkerChannel
 from dyntrain.testing.wait import wait_until

@@ -10,11 +10,6 @@ import pytest
 
 from dyntrain.elastic.runs import linefile
 from dyntrain.elastic.runs.log import (
-    EventKind,
-    EventRow,
-    MetricsRow,
-    NoiseScale,
-    RowError,
     RunLogError,
     last_step,
     open_events,
@@ -25,6 +20,7 @@ from dyntrain.elastic.runs.log import (
     run_file,
     tail_records,
 )
+from dyntrain.elastic.runs.rows import EventKind, EventRow, MetricsRow, NoiseScale, RowError
 from dyntrain.elastic.runs.storage import LocalStore, open_store
 
 # a row as the coordinator hands it to the launcher: every field the runtime writes

@@ -27,7 +27,7 @@ from dyntrain.elastic.collective.comm import (
 from dyntrain.elastic.collective.reach import probe_peers
 from dyntrain.elastic.config import TrainConfig
 from dyntrain.elastic.numerics import apply, numerics_from_env, observe
-from dyntrain.elastic.protocol import (  # noqa: F401 (the trainer's environment, re-exported)
+from dyntrain.elastic.protocol import (
     ENV_ADVERTISE,
     ENV_CONNECT_TIMEOUT,
     ENV_COORDINATOR,

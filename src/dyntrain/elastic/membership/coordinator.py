@@ -31,7 +31,7 @@ from dyntrain.elastic.membership.intake import Intake
 from dyntrain.elastic.membership.members import CoordinatorConfig, Membership, decide_forming
 from dyntrain.elastic.membership.phases import JobRecord, Phase, Sink
 
-__all__ = ["REATTACH_WAIT", "Coordinator", "CoordinatorConfig", "JobRecord", "Phase", "Sink"]
+__all__ = ["REATTACH_WAIT", "Coordinator"]
 
 #: seconds a worker of a previous coordinator has to re-attach (``expect_reattach``) when the
 #: failure timeout is shorter

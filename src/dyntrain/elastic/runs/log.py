@@ -5,7 +5,7 @@ are written and the one way they are read.
 order the steps completed (a step computed again after a failure comes again, ``recomputed``);
 ``events.jsonl`` an :class:`EventRow` per membership change, written once the new world has
 completed its first step. Each row is one JSON object on one line; the row types (and what is
-a valid row) are :mod:`dyntrain.elastic.runs.rows`', re-exported here. Where the lines live (one
+a valid row) are in :mod:`dyntrain.elastic.runs.rows`. Where the lines live (one
 local file, or numbered segments on an object store) is :mod:`dyntrain.elastic.runs.linefile`'s
 business.
 
@@ -34,10 +34,8 @@ from typing import Any
 
 from dyntrain.elastic.runs import linefile
 from dyntrain.elastic.runs.rows import (
-    EventKind,
     EventRow,
     MetricsRow,
-    NoiseScale,
     Row,
     RowError,
     as_row,
@@ -47,10 +45,21 @@ from dyntrain.elastic.runs.storage import LocalStore, RunStore, StorageError, is
 from dyntrain.errors import DyntrainError
 
 __all__ = [
-    "EVENTS_FILE", "METRICS_FILE", "EventKind", "EventRow", "MetricsRow", "NoiseScale",
-    "Record", "Records", "RowError", "RowWriter", "RunFile", "RunLogError", "encode",
-    "last_step", "open_events", "open_metrics", "read_events", "read_metrics", "read_records",
-    "run_file", "tail_records",
+    "EVENTS_FILE",
+    "METRICS_FILE",
+    "Record",
+    "Records",
+    "RowWriter",
+    "RunFile",
+    "RunLogError",
+    "last_step",
+    "open_events",
+    "open_metrics",
+    "read_events",
+    "read_metrics",
+    "read_records",
+    "run_file",
+    "tail_records",
 ]
 
 METRICS_FILE = "metrics.jsonl"

@@ -11,12 +11,12 @@ import sys
 import time
 from typing import TextIO
 
-from dyntrain.elastic.runs.log import METRICS_FILE, MetricsRow, RowWriter, open_metrics
+from dyntrain.elastic.runs.log import RowWriter, open_metrics
+from dyntrain.elastic.runs.rows import MetricsRow
 from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.elastic.runs.tensorboard import TensorBoardMirror, wanted
 
-__all__ = ["METRICS_FILE", "RESULT_FILE", "AloneOutput", "progress_line", "result_line",
-           "write_result"]
+__all__ = ["RESULT_FILE", "AloneOutput", "progress_line", "result_line", "write_result"]
 
 RESULT_FILE = "result.json"
 
