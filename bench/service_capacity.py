@@ -135,9 +135,9 @@ class Bench:
         self.warm, self.supervisor_log = warm, tmp / "executor" / "workers" / "supervisor.log"
         self.store = Store(f"sqlite:///{tmp / 'db.sqlite'}")
         self.store.create_all()
-        self.store.create_compute_environment(ComputeEnvironmentSpec(
+        self.store.environments.create_compute_environment(ComputeEnvironmentSpec(
             "spot", CapacityType.SPOT, 0.3, SLOT, 0, 1, 8))
-        self.store.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
+        self.store.environments.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
         executor = LocalExecutor(tmp / "executor", cpus=2, memory_mib=16_384,
                                  warm_workers=warm)
         self.c = Controller(self.store, executor, ControllerConfig(
@@ -147,7 +147,8 @@ class Bench:
         if shim:
             (tmp / "shim.py").write_text(SHIM)
             command.insert(1, str(tmp / "shim.py"))
-        self.job = self.store.submit(queue="q", command=command, resources=SLOT, workers=(1, 3))
+        self.job = self.store.jobs.submit(queue="q", command=command, resources=SLOT, workers=(1,
+                                                                                               3))
         self.metrics = JsonlTail(self.c.run_dir(self.job.id) / "metrics.jsonl")
         self.step_times: list[float] = []
         self.events_seen = 0
@@ -176,7 +177,7 @@ class Bench:
         return None
 
     def new_event(self, kind: str):
-        events = self.store.list_events(self.job.id, limit=100_000)
+        events = self.store.logs.list_events(self.job.id, limit=100_000)
         for e in events[self.events_seen:]:
             if e.kind == kind:
                 return e
@@ -186,12 +187,12 @@ class Bench:
         return self.c.attempts[self.job.id].host.coordinator.started_at
 
     def workers(self):
-        return self.store.list_workers(self.job.id, active=False)
+        return self.store.workers.list_workers(self.job.id, active=False)
 
     def set_slots(self, n: int) -> float:
-        self.events_seen = len(self.store.list_events(self.job.id, limit=100_000))
+        self.events_seen = len(self.store.logs.list_events(self.job.id, limit=100_000))
         t = time.time()
-        self.store.update_compute_environment("spot", desired_slots=n)
+        self.store.environments.update_compute_environment("spot", desired_slots=n)
         return t
 
     # ---- one change each way --------------------------------------------------------------
@@ -291,10 +292,10 @@ class Bench:
     def stop(self) -> None:
         try:
             self.c.terminate(self.job.id)
-            self.drive(lambda: self.store.get_job(self.job.id).status.is_terminal(),
+            self.drive(lambda: self.store.jobs.get_job(self.job.id).status.is_terminal(),
                        "the job to stop", timeout=60)
         finally:
-            for w in self.store.list_workers(self.job.id, active=True):
+            for w in self.store.workers.list_workers(self.job.id, active=True):
                 try:
                     self.c.executor.signal(w.id, "KILL")
                 except Exception:
@@ -364,7 +365,7 @@ def run_mode(args, warm: int) -> dict:
                           f"{rec[f'{kind}_total']:.3f} s ({rec['worker']})", flush=True)
         finally:
             step_times = sorted(x * 1000 for x in b.step_times)
-            job = b.store.get_job(b.job.id)
+            job = b.store.jobs.get_job(b.job.id)
             final = {"status_before_stop": job.status.value, "attempts": job.attempts,
                      "preemptions": job.preemptions}
             b.stop()

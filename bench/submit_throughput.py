@@ -57,9 +57,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def prepare(url: str) -> Store:
     store = Store(url)
     store.create_all()
-    store.create_compute_environment(ComputeEnvironmentSpec("ce", max_slots=64))
-    store.create_job_queue(JobQueueSpec("q", 1, ("ce",)))
-    store.register_job_definition(JobDefinitionSpec(
+    store.environments.create_compute_environment(ComputeEnvironmentSpec("ce", max_slots=64))
+    store.environments.create_job_queue(JobQueueSpec("q", 1, ("ce",)))
+    store.definitions.register_job_definition(JobDefinitionSpec(
         "train", ("python", "train.py", "--seed", "Ref::seed"), parameters=(("seed", "0"),),
         environment=(("MODE", "bench"),)))
     return store
@@ -72,12 +72,12 @@ def pct(values: list[float], q: float) -> float:
 
 def bench_singles(store: Store, n: int) -> dict:
     for i in range(20):  # warm the pool and the caches
-        store.submit(queue="q", definition="train", parameters={"seed": i})
+        store.jobs.submit(queue="q", definition="train", parameters={"seed": i})
     lat = []
     t0 = time.perf_counter()
     for i in range(n):
         t = time.perf_counter()
-        store.submit(queue="q", definition="train", parameters={"seed": i})
+        store.jobs.submit(queue="q", definition="train", parameters={"seed": i})
         lat.append(time.perf_counter() - t)
     wall = time.perf_counter() - t0
     return {"jobs": n, "seconds": wall, "jobs_per_s": n / wall,
@@ -87,7 +87,7 @@ def bench_singles(store: Store, n: int) -> dict:
 def bench_threads(url: str, n: int, threads: int) -> dict:
     stores = [Store(url) for _ in range(threads)]
     for s in stores:
-        s.submit(queue="q", definition="train")
+        s.jobs.submit(queue="q", definition="train")
     lat: list[float] = []
     barrier = threading.Barrier(threads + 1)
 
@@ -96,7 +96,7 @@ def bench_threads(url: str, n: int, threads: int) -> dict:
         barrier.wait()
         for i in range(count):
             t = time.perf_counter()
-            s.submit(queue="q", definition="train", parameters={"seed": i})
+            s.jobs.submit(queue="q", definition="train", parameters={"seed": i})
             mine.append(time.perf_counter() - t)
         lat.extend(mine)
     per = n // threads
@@ -119,9 +119,9 @@ def bench_arrays(store: Store, size: int, reps: int) -> dict:
     times = []
     for _ in range(reps):
         t = time.perf_counter()
-        parent = store.submit(queue="q", definition="train", array_size=size)
+        parent = store.jobs.submit(queue="q", definition="train", array_size=size)
         times.append(time.perf_counter() - t)
-    assert len(store.list_jobs(parent=parent.id, limit=size)) == size
+    assert len(store.jobs.list_jobs(parent=parent.id, limit=size)) == size
     med = statistics.median(times)
     return {"array_size": size, "reps": reps, "seconds": times, "median_s": med,
             "children_per_s": size / med}

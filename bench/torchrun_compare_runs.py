@@ -216,9 +216,9 @@ class ServiceMode:
         self.label = "dyntrain torchrun mode" if launcher else "dyntrain exact mode"
         self.store = Store(f"sqlite:///{work / 'db.sqlite'}")
         self.store.create_all()
-        self.store.create_compute_environment(ComputeEnvironmentSpec(
+        self.store.environments.create_compute_environment(ComputeEnvironmentSpec(
             "spot", CapacityType.SPOT, PRICE_PER_SLOT_HOUR, SLOT, 0, s.start_world, 8))
-        self.store.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
+        self.store.environments.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
         self.executor = LocalExecutor(work / "executor", cpus=2, memory_mib=16_384,
                                       warm_workers=1)
         self.c = Controller(self.store, self.executor, ControllerConfig(
@@ -233,7 +233,7 @@ class ServiceMode:
             self.command = [sys.executable, *exact_args(s)]
 
     def start(self) -> None:
-        self.job = self.store.submit(queue="q", command=self.command, resources=SLOT,
+        self.job = self.store.jobs.submit(queue="q", command=self.command, resources=SLOT,
                                      workers=(1, MAX_WORKERS), launcher=self.launcher)
         self.tail = JsonlTail(self.work / "steps.jsonl" if self.launcher
                               else self.c.run_dir(self.job.id) / "metrics.jsonl")
@@ -251,32 +251,32 @@ class ServiceMode:
                 for r in self.tail.records if "step" in r]
 
     def finished(self) -> bool:
-        if self.ended_at is None and self.store.get_job(self.job.id).status.is_terminal():
+        if self.ended_at is None and self.store.jobs.get_job(self.job.id).status.is_terminal():
             self.ended_at = time.time()
         return self.ended_at is not None
 
     def change(self, kind: str) -> float:
         if kind == "kill":
-            victim = self.store.list_workers(self.job.id, active=True)[-1]
+            victim = self.store.workers.list_workers(self.job.id, active=True)[-1]
             t = time.time()
             self.c.executor.signal(victim.id, "KILL")
             return t
         self.slots += WORLD_CHANGE[kind]
         t = time.time()
-        self.store.update_compute_environment("spot", desired_slots=self.slots)
+        self.store.environments.update_compute_environment("spot", desired_slots=self.slots)
         return t
 
     def stop(self) -> None:
         try:
-            if not self.store.get_job(self.job.id).status.is_terminal():
+            if not self.store.jobs.get_job(self.job.id).status.is_terminal():
                 self.c.terminate(self.job.id)
                 deadline = time.monotonic() + 60
                 while (time.monotonic() < deadline
-                       and not self.store.get_job(self.job.id).status.is_terminal()):
+                       and not self.store.jobs.get_job(self.job.id).status.is_terminal()):
                     self.c.step()
                     time.sleep(TICK_S)
         finally:
-            for w in self.store.list_workers(self.job.id, active=True):
+            for w in self.store.workers.list_workers(self.job.id, active=True):
                 try:
                     self.c.executor.signal(w.id, "KILL")
                 except Exception:  # noqa: BLE001 - already gone
@@ -284,11 +284,11 @@ class ServiceMode:
             self.executor.shutdown()
 
     def summary(self) -> dict:
-        job = self.store.get_job(self.job.id)
-        usage = self.store.job_usage(self.job.id)
-        workers = self.store.list_workers(self.job.id, active=False)
+        job = self.store.jobs.get_job(self.job.id)
+        usage = self.store.workers.job_usage(self.job.id)
+        workers = self.store.workers.list_workers(self.job.id, active=False)
         out = {"status": job.status.value,
-               "attempts": [a.reason for a in self.store.list_attempts(self.job.id)],
+               "attempts": [a.reason for a in self.store.jobs.list_attempts(self.job.id)],
                "worker_processes": len(workers),
                "worker_seconds": round(sum(u.worker_seconds for u in usage), 2),
                "worker_seconds_basis": "the service's usage records (worker lifetimes)",

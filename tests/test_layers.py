@@ -171,8 +171,8 @@ def test_the_front_end_check_sees_the_store_and_the_lock(tmp_path):
     (tmp_path / "service" / "aws").mkdir(parents=True)
     (tmp_path / "service" / "aws" / "a.py").write_text(
         "def submit(ctx, p):\n    with ctx.service.lock:\n"
-        "        return ctx.service.store.submit(**p)\n"
-        "def read(service):\n    store = service.store\n    return store.get_job('x')\n"
+        "        return ctx.service.store.jobs.submit(**p)\n"
+        "def read(service):\n    store = service.store\n    return store.jobs.get_job('x')\n"
         "from dyntrain.service.store import Store\n")
     assert attribute_uses(tmp_path, "service/aws", SERVICE_INSIDES) == [
         "service/aws/a.py:2 uses .lock", "service/aws/a.py:3 uses .store",

@@ -57,11 +57,11 @@ def test_demo_prints_the_dashboard_url_and_ctrl_c_ends_its_jobs(tmp_path):
     text = "".join(lines)
     assert "== interrupted: terminating the demo's jobs" in text and "Traceback" not in text, text
     store = Store(f"sqlite:///{out / 'state' / 'dyntrain.db'}")
-    jobs = [j for j in store.list_jobs(limit=100) if j.array_parent_id is None]
+    jobs = [j for j in store.jobs.list_jobs(limit=100) if j.array_parent_id is None]
     assert any(j.id.startswith(train) for j in jobs)
     for job in jobs:  # ended, and the service saw each worker exit before it stopped
         assert job.status.is_terminal(), (job.name, job.status, job.status_reason)
-        assert store.list_workers(job.id) == [], job.name
+        assert store.workers.list_workers(job.id) == [], job.name
 
 
 

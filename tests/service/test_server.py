@@ -15,9 +15,10 @@ from dyntrain.testing.wait import wait_until
 def test_embedded_default_has_a_local_environment_and_queue(tmp_path):
     service = build_service(ServiceConfig(state_dir=tmp_path))
     try:
-        ce = service.store.get_compute_environment("local")
+        ce = service.store.environments.get_compute_environment("local")
         assert ce.spec.desired_slots >= 1
-        assert service.store.get_job_queue("default").spec.compute_environments == ("local",)
+        queue = service.store.environments.get_job_queue("default")
+        assert queue.spec.compute_environments == ("local",)
     finally:
         service.stop()
 
@@ -38,7 +39,7 @@ def test_a_failing_step_is_recorded_and_the_loop_goes_on(tmp_path):
     try:
         wait_until(lambda: len(calls), "three controller passes", 60,
                    until=lambda passes: passes >= 3)
-        errors = [e for e in service.store.list_events() if e.kind == "controller.error"]
+        errors = [e for e in service.store.logs.list_events() if e.kind == "controller.error"]
         assert errors and errors[0].payload["error"] == "RuntimeError: boom"
     finally:
         service.stop()

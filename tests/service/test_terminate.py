@@ -86,7 +86,7 @@ def test_terminate_ends_an_elastic_job_within_seconds_every_time(service):
             assert final["attempts"] == 1, final  # the attempt ran: it counts
             (attempt,) = final["attempt_history"]
             assert attempt["reason"] == "terminated by user" and attempt["stopped_at"]
-            workers = store.list_workers(job["id"], active=False)
+            workers = store.workers.list_workers(job["id"], active=False)
             assert len(workers) == 4 and {w.exit_code for w in workers} == {0}, \
                 [(w.id, w.exit_code) for w in workers]  # each left on its own, none killed
             if round_no == 0:

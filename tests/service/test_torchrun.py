@@ -34,9 +34,9 @@ def spot_setup(tmp_path: Path, slots: int, grace: float):
     over the local executor."""
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
-    store.create_compute_environment(ComputeEnvironmentSpec(
+    store.environments.create_compute_environment(ComputeEnvironmentSpec(
         "spot", CapacityType.SPOT, 0.3, SMALL, 0, slots, 8))
-    store.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
+    store.environments.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
     executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384)
     return store, Controller(store, executor, ControllerConfig(
         tmp_path / "runs", grace_seconds=grace, schedule_every=0.05))
@@ -52,11 +52,11 @@ def _history(checkpoint: Path) -> list[dict]:
 def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path):
     store, c = spot_setup(tmp_path, slots=2, grace=10.0)
     folder, pause = tmp_path / "ckpt", tmp_path / "pause"
-    job = store.submit(queue="q", command=[
+    job = store.jobs.submit(queue="q", command=[
         sys.executable, PLAIN_DDP, "--epochs", str(EPOCHS), "--checkpoint-dir", str(folder),
         "--epoch-seconds", "1", "--pause-while", str(pause)],
         resources=SMALL, workers=(1, 3), launcher="torchrun")
-    assert store.get_job(job.id).torchrun
+    assert store.jobs.get_job(job.id).torchrun
     checkpoint = folder / "checkpoint.pt"
     killed: list[str] = []
     seen: list[str] = []  # the job's status reasons, as `dyntrain status` shows them
@@ -70,19 +70,21 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
         return out
 
     def kill_one() -> None:
-        number = len(store.list_attempts(job.id))
-        victim = [w for w in store.list_workers(job.id) if w.attempt_no == number][-1]
+        number = len(store.jobs.list_attempts(job.id))
+        victim = [w for w in store.workers.list_workers(job.id) if w.attempt_no == number][-1]
         c.executor.signal(victim.id, "KILL")
         killed.append(victim.id)
 
     # each change waits for an epoch of the gang before it; the script pauses between epochs
     # from each change until the next gang formed, so that it cannot finish before all of them
-    changes = [(0, 2, lambda: store.update_compute_environment("spot", desired_slots=3)),
-               (1, 3, lambda: store.update_compute_environment("spot", desired_slots=2)),
-               (2, 2, kill_one)]
+    changes = [
+        (0, 2, lambda: store.environments.update_compute_environment("spot", desired_slots=3)),
+        (1, 3, lambda: store.environments.update_compute_environment("spot", desired_slots=2)),
+        (2, 2, kill_one),
+    ]
 
     def watch():
-        reason = store.get_job(job.id).status_reason
+        reason = store.jobs.get_job(job.id).status_reason
         if reason and reason not in seen:
             seen.append(reason)
         if changes and changes[0][:2] in gangs():
@@ -92,8 +94,8 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
         elif pause.exists() and (folder / f"env-r{3 - len(changes)}-rank0.json").exists():
             pause.unlink()  # the next gang formed: let it train
 
-    drive(c, lambda: store.get_job(job.id).status.is_terminal(), timeout=420, on_step=watch)
-    final = store.get_job(job.id)
+    drive(c, lambda: store.jobs.get_job(job.id).status.is_terminal(), timeout=420, on_step=watch)
+    final = store.jobs.get_job(job.id)
     assert final.status is JobStatus.SUCCEEDED, (final.status_reason, seen)
     history = _history(checkpoint)
     # every epoch exactly once in the script's own record, resumed after each restart
@@ -104,7 +106,7 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
             assert h["resumed_from"] > 0, h  # it loaded its checkpoint, not a fresh model
     # restarts are not failed attempts: one counted attempt, the restarts in the history
     assert final.attempts == 1 and final.preemptions == 0
-    reasons = [a.reason for a in store.list_attempts(job.id)]
+    reasons = [a.reason for a in store.jobs.list_attempts(job.id)]
     assert len(reasons) == 4, reasons
     assert reasons[0] == "restart: 2 -> 3 workers (capacity added)", reasons
     assert reasons[1] == "restart: 3 -> 2 workers (capacity taken back)", reasons

@@ -104,31 +104,32 @@ def small_store(tmp_path) -> Store:
 
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
-    store.create_compute_environment(ComputeEnvironmentSpec("ce", max_slots=4, desired_slots=4))
-    store.create_job_queue(JobQueueSpec("q", 1, ("ce",)))
+    store.environments.create_compute_environment(ComputeEnvironmentSpec("ce", max_slots=4,
+                                                                         desired_slots=4))
+    store.environments.create_job_queue(JobQueueSpec("q", 1, ("ce",)))
     return store
 
 
 def test_the_store_keeps_the_launcher_and_refuses_it_without_workers(small_store):
     store = small_store
-    job = store.submit(queue="q", command=["python", "t.py"], workers=(2, 8),
+    job = store.jobs.submit(queue="q", command=["python", "t.py"], workers=(2, 8),
                        launcher="torchrun")
-    again = store.get_job(job.id)
+    again = store.jobs.get_job(job.id)
     assert again.torchrun and again.elastic == ElasticSettings(2, 8, Launcher.TORCHRUN)
-    plain_elastic = store.submit(queue="q", command=["python", "t.py"], workers=(1, 2))
-    assert not store.get_job(plain_elastic.id).torchrun
-    assert store.get_job(plain_elastic.id).elastic.launcher is Launcher.DYNTRAIN
+    plain_elastic = store.jobs.submit(queue="q", command=["python", "t.py"], workers=(1, 2))
+    assert not store.jobs.get_job(plain_elastic.id).torchrun
+    assert store.jobs.get_job(plain_elastic.id).elastic.launcher is Launcher.DYNTRAIN
     with pytest.raises(ValidationError, match="launcher torchrun needs workers MIN:MAX"):
-        store.submit(queue="q", command=["python", "t.py"], launcher="torchrun")
+        store.jobs.submit(queue="q", command=["python", "t.py"], launcher="torchrun")
     with pytest.raises(ValidationError, match="unknown launcher"):
-        store.submit(queue="q", command=["python", "t.py"], workers=(1, 2), launcher="mpi")
+        store.jobs.submit(queue="q", command=["python", "t.py"], workers=(1, 2), launcher="mpi")
     # through a job definition: the job takes its launcher, or its own
-    store.register_job_definition(JobDefinitionSpec(
+    store.definitions.register_job_definition(JobDefinitionSpec(
         "ddp", ("python", "t.py"), elastic=ElasticSettings(2, 4, Launcher.TORCHRUN)))
-    assert store.get_job(store.submit(queue="q", definition="ddp").id).torchrun
-    store.register_job_definition(JobDefinitionSpec(
+    assert store.jobs.get_job(store.jobs.submit(queue="q", definition="ddp").id).torchrun
+    store.definitions.register_job_definition(JobDefinitionSpec(
         "exact", ("python", "t.py"), elastic=ElasticSettings(1, 4)))
-    assert store.get_job(store.submit(queue="q", definition="exact",
+    assert store.jobs.get_job(store.jobs.submit(queue="q", definition="exact",
                                       launcher="torchrun").id).torchrun
 
 
@@ -150,13 +151,13 @@ def test_an_older_database_gets_the_launcher_columns(small_store):
     import sqlalchemy as sa
 
     store = small_store
-    job = store.submit(queue="q", command=["python", "t.py"], workers=(1, 2))
+    job = store.jobs.submit(queue="q", command=["python", "t.py"], workers=(1, 2))
     with store.engine.begin() as conn:
         for table in ("jobs", "job_definitions"):
             conn.execute(sa.text(f"ALTER TABLE {table} DROP COLUMN launcher"))
     assert sorted(store.create_all()) == ["added column job_definitions.launcher",
                                           "added column jobs.launcher"]
-    assert store.get_job(job.id).elastic == ElasticSettings(1, 2, Launcher.DYNTRAIN)
+    assert store.jobs.get_job(job.id).elastic == ElasticSettings(1, 2, Launcher.DYNTRAIN)
 
 
 def test_aws_multinode_jobs_take_the_launcher_from_a_tag():

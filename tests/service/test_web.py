@@ -64,20 +64,25 @@ def seeded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("web")
     service = build_service(ServiceConfig(state_dir=tmp / "state", token=TOKEN))
     store = service.store
-    store.create_compute_environment(ComputeEnvironmentSpec(
+    store.environments.create_compute_environment(ComputeEnvironmentSpec(
         "spot", CapacityType.SPOT, 0.35, SMALL, 0, 2, 4))
-    store.create_compute_environment(ComputeEnvironmentSpec(
+    store.environments.create_compute_environment(ComputeEnvironmentSpec(
         "od", CapacityType.ON_DEMAND, 1.0, SMALL, 0, 0, 2))
-    store.create_job_queue(JobQueueSpec("train", 10, ("spot",)))
-    store.create_job_queue(JobQueueSpec("wait", 5, ("od",)))
+    store.environments.create_job_queue(JobQueueSpec("train", 10, ("spot",)))
+    store.environments.create_job_queue(JobQueueSpec("wait", 5, ("od",)))
 
     now = time.time()
-    elastic = store.submit(queue="train", command=["python", "-m", "train"], name="elastic-run",
-                           resources=SMALL, workers=(1, 3))
-    assert store.transition(elastic.id, S.SUBMITTED, S.RUNNING, "training with 1 worker(s)",
+    elastic = store.jobs.submit(
+        queue="train",
+        command=["python", "-m", "train"],
+        name="elastic-run",
+        resources=SMALL,
+        workers=(1, 3),
+    )
+    assert store.jobs.transition(elastic.id, S.SUBMITTED, S.RUNNING, "training with 1 worker(s)",
                             started_at=now - 60)
-    store.add_attempt(elastic.id, 1, now - 60)
-    store.update_job(elastic.id, progress={"step": 30, "total_steps": 600, "world_size": 1,
+    store.jobs.add_attempt(elastic.id, 1, now - 60)
+    store.jobs.update_job(elastic.id, progress={"step": 30, "total_steps": 600, "world_size": 1,
                                            "loss": 0.0667, "samples_per_s": 100.0})
     t0 = now - 58
     w = [f"{elastic.id}-a1-w{i}" for i in range(2)]
@@ -86,13 +91,13 @@ def seeded(tmp_path_factory):
             ("join", w[1:], 1, 2, now - 40, now - 39.3, {"start": 12, "generation": 1}),
             ("crash", w[1:], 2, 1, now - 20, now - 9.5,
              {"start": 30, "generation": 2, "redone": 1, "reason": "no heartbeat for 10 s"})]:
-        store.add_event(elastic.id, f"membership.{kind}",
+        store.logs.add_event(elastic.id, f"membership.{kind}",
                         membership_event(kind, workers, before, after, t0, requested, first,
                                          **extra), at=first)
-    store.add_event(elastic.id, "coordinator", {"message": "generation 2: 1 worker(s)"})
-    store.add_worker(WorkerRecord(w[0], elastic.id, 1, "spot", "SPOT", 0.35, None,
+    store.logs.add_event(elastic.id, "coordinator", {"message": "generation 2: 1 worker(s)"})
+    store.workers.add_worker(WorkerRecord(w[0], elastic.id, 1, "spot", "SPOT", 0.35, None,
                                   WorkerState.RUNNING, now - 59))
-    store.add_worker(WorkerRecord(w[1], elastic.id, 1, "spot", "SPOT", 0.35, None,
+    store.workers.add_worker(WorkerRecord(w[1], elastic.id, 1, "spot", "SPOT", 0.35, None,
                                   WorkerState.EXITED, now - 41, leave_reason="lost: no heartbeat",
                                   exit_code=-9, stopped_at=now - 10))
     run = service.controller.run_dir(elastic.id)
@@ -104,10 +109,10 @@ def seeded(tmp_path_factory):
     rows.insert(20, {**rows[19], "recomputed": True, "loss": 99.0})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    waiting = store.submit(queue="wait", command=["true"], name="waits-for-capacity",
+    waiting = store.jobs.submit(queue="wait", command=["true"], name="waits-for-capacity",
                            resources=SMALL)
-    to_cancel = store.submit(queue="wait", command=["true"], name="to-cancel", resources=SMALL)
-    array = store.submit(queue="wait", command=["true"], name="shards", array_size=4,
+    to_cancel = store.jobs.submit(queue="wait", command=["true"], name="to-cancel", resources=SMALL)
+    array = store.jobs.submit(queue="wait", command=["true"], name="shards", array_size=4,
                          resources=SMALL)
     # a lab sweep that ran as an array job: its plan names the sweep folder
     sweep = tmp / "sweep"
@@ -115,16 +120,16 @@ def seeded(tmp_path_factory):
         best = Trial("t0", b, {"learning_rate": 0.1}, [Measurement(steps, 0.02)])
         write_study(sweep, Study("digits", "mlp", "sgd", b, [best], "valid_error", 0.03))
     (sweep / ".plans").mkdir()
-    store.submit(queue="wait", name="sweep-mlp", resources=SMALL,
+    store.jobs.submit(queue="wait", name="sweep-mlp", resources=SMALL,
                  command=["python", "-m", "dyntrain.lab.sweep",
                           str(sweep / ".plans" / "plan-1.json")])
 
     app = create_app(service)  # before the step: it hooks /metrics into the controller
     service.controller.step()  # one scheduling pass: waiting reasons, pass time, capacity
     for i, status in enumerate([S.SUCCEEDED, S.FAILED]):
-        assert store.transition(f"{array.id}:{i}", S.RUNNABLE, status, f"set by the test {i}")
-    store.add_attempt(f"{array.id}:1", 1, now - 30)
-    store.finish_attempt(f"{array.id}:1", 1, 3, "exit code 3: ValueError: bad shard", now - 28)
+        assert store.jobs.transition(f"{array.id}:{i}", S.RUNNABLE, status, f"set by the test {i}")
+    store.jobs.add_attempt(f"{array.id}:1", 1, now - 30)
+    store.jobs.finish_attempt(f"{array.id}:1", 1, 3, "exit code 3: ValueError: bad shard", now - 28)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -194,7 +199,7 @@ def test_the_cookie_changes_state_only_with_the_dashboards_header(browser, seede
     job = seeded["to_cancel"]
     r = browser.post(f"/jobs/{job}/cancel", follow_redirects=False)
     assert r.status_code == 401  # a cross-site form could send the cookie, not the header
-    assert seeded["service"].store.get_job(job).status is S.RUNNABLE
+    assert seeded["service"].store.jobs.get_job(job).status is S.RUNNABLE
     r = browser.post(f"/jobs/{job}/cancel", headers=ACTION)
     assert r.status_code == 200 and r.json()["status"] == "FAILED"
     r = browser.post(f"/jobs/{job}/cancel", headers=ACTION)
@@ -329,7 +334,7 @@ def test_metrics_in_prometheus_text_format(anon, seeded):
     assert all(name.startswith("dyntrain_") for name, _ in samples)
     assert samples[("dyntrain_jobs", (("queue", "train"), ("state", "RUNNING")))] == 1
     # an array job counts as its children (2 still RUNNABLE), its parent (RUNNABLE) does not
-    runnable = seeded["service"].store.list_jobs(queue="wait", status="RUNNABLE", limit=100)
+    runnable = seeded["service"].store.jobs.list_jobs(queue="wait", status="RUNNABLE", limit=100)
     assert any(j.id == seeded["array"] for j in runnable)
     assert samples[("dyntrain_jobs", (("queue", "wait"), ("state", "RUNNABLE")))] == len(
         runnable) - 1 >= 3
@@ -403,7 +408,8 @@ def test_a_short_job_id_as_the_cli_prints_it_opens_the_job(browser, seeded):
         assert r.status_code == 307 and r.headers["location"] == f"/ui/jobs/{array}:1", child
     store = seeded["service"].store
     for suffix in ("1", "2"):  # two jobs whose ids share a prefix
-        store.submit(queue="wait", command=["true"], job_id=f"samepre{suffix}", resources=SMALL)
+        store.jobs.submit(queue="wait", command=["true"], job_id=f"samepre{suffix}",
+                          resources=SMALL)
     r = browser.get("/ui/jobs/samepre")
     assert r.status_code == 409 and "is ambiguous" in html.unescape(r.text)
     assert 'href="/ui/jobs/samepre1"' in r.text and 'href="/ui/jobs/samepre2"' in r.text
@@ -415,7 +421,7 @@ def test_workers_told_to_leave_are_not_counted_as_the_jobs_workers(browser, seed
     """One worker trains, one was told to leave (it still finishes its step): the job has one
     worker now, and one on its way out, not two."""
     elastic = seeded["elastic"]
-    seeded["service"].store.add_worker(WorkerRecord(
+    seeded["service"].store.workers.add_worker(WorkerRecord(
         f"{elastic}-a1-w2", elastic, 1, "spot", "SPOT", 0.35, None, WorkerState.LEAVING,
         seeded["now"] - 5, leave_reason="shrink: capacity taken back", leave_at=seeded["now"]))
     page = browser.get(f"/ui/jobs/{elastic}").text

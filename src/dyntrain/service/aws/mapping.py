@@ -83,8 +83,8 @@ def compute_environment(p: dict) -> tuple[ComputeEnvironmentSpec, dict[str, Any]
 
 def compute_environment_changes(p: dict, spec: ComputeEnvironmentSpec,
                                 aws: dict[str, Any]) -> dict[str, Any]:
-    """``Store.update_compute_environment`` arguments from UpdateComputeEnvironment's request:
-    a new min or max without a desired value keeps the desired slots within them."""
+    """``Store.environments.update_compute_environment`` arguments from UpdateComputeEnvironment's
+    request: a new min or max without a desired value keeps the desired slots within them."""
     resources = p.get("computeResources") or {}
     if aws.get("type") == "UNMANAGED" and p.get("unmanagedvCpus") is not None:
         resources = {"minvCpus": 0, "maxvCpus": p["unmanagedvCpus"],
@@ -237,7 +237,7 @@ def _dependency(d: dict) -> Dependency:
 
 
 def submission(p: dict, d: JobDefinition) -> dict[str, Any]:
-    """``Store.submit`` arguments (but the queue and the client token) from SubmitJob's
+    """``Store.jobs.submit`` arguments (but the queue and the client token) from SubmitJob's
     request for definition ``d``."""
     kind = d.aws.get("type", "multinode" if d.spec.elastic else "container")
     tags = p.get("tags") or {}

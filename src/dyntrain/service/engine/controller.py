@@ -148,7 +148,7 @@ class Controller:
             if self.launcher.refusals:  # offered again once the executor has more room
                 self.launcher.refusals = still_held(self.launcher.refusals,
                                                     self.executor.free(), now)
-            envs = self.store.list_compute_environments()
+            envs = self.store.environments.list_compute_environments()
             self._apply(schedule(self.snapshot(now, envs), self.config.policy),
                         {ce.name: ce for ce in envs})
             seconds = time.perf_counter() - started
@@ -165,19 +165,19 @@ class Controller:
         For an array job, every child that has not started is cancelled with one statement per
         status; children already running go on (``terminate`` stops them).
         """
-        job = self.store.get_job(job_id)
+        job = self.store.jobs.get_job(job_id)
         done = False
         now = self.clock()
         self.launcher.refusals.pop(job_id, None)  # no longer waits for room
         if job.is_array_parent:
             moved = []
             for status in (*WAITING, JobStatus.RUNNABLE):
-                moved += [(i, status) for i in self.store.transition_children(
+                moved += [(i, status) for i in self.store.scheduling.transition_children(
                     job_id, status, JobStatus.FAILED, reason, stopped_at=now)]
             self.index.drop_children(job_id, moved, JobStatus.FAILED)
             done = bool(moved)
         for status in (*WAITING, JobStatus.RUNNABLE):
-            if self.store.transition(job_id, status, JobStatus.FAILED, reason, stopped_at=now):
+            if self.store.jobs.transition(job_id, status, JobStatus.FAILED, reason, stopped_at=now):
                 self.index.moved(job_id, job.array_parent_id, status, JobStatus.FAILED)
                 done = True
                 break
@@ -195,15 +195,15 @@ class Controller:
                 # until its workers are gone it stays RUNNING: say that it is on its way out
                 if attempt.host is not None:
                     attempt.host.mark_stopping()  # membership news no longer says why
-                self.store.update_job(attempt.job_id, status_reason=terminating(reason))
+                self.store.jobs.update_job(attempt.job_id, status_reason=terminating(reason))
 
     # ---- capacity and the scheduler --------------------------------------------------------------
 
     def available_slots(self, now: float) -> dict[str, int]:
-        return self._available(now, self.store.list_compute_environments())
+        return self._available(now, self.store.environments.list_compute_environments())
 
     def _available(self, now: float, envs: Sequence[ComputeEnvironment]) -> dict[str, int]:
-        traces = self.store.capacity_traces()
+        traces = self.store.environments.capacity_traces()
         offered = self.executor.slots({ce.name: ce.spec.slot for ce in envs})
         out = {}
         for ce in envs:
@@ -221,7 +221,7 @@ class Controller:
         """What the scheduler sees now: ``ces`` (default: the store's compute environments)
         with the slots each offers, the queues, the running attempts and the queued jobs."""
         if ces is None:
-            ces = self.store.list_compute_environments()
+            ces = self.store.environments.list_compute_environments()
         slots = self._available(now, ces)
         running: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         leaving: dict[str, int] = defaultdict(int)
@@ -244,7 +244,7 @@ class Controller:
             EnvView(ce.name, ce.spec.capacity_type, ce.spec.price_per_slot_hour, ce.spec.slot,
                     usable(ce.name), ce.spec.state) for ce in ces)
         queues = tuple(QueueView(q.name, q.spec.priority, q.spec.compute_environments,
-                                 q.spec.state) for q in self.store.list_job_queues())
+                                 q.spec.state) for q in self.store.environments.list_job_queues())
         active = []
         for attempt in self.attempts.values():
             job = attempt.job
@@ -287,7 +287,7 @@ class Controller:
                 try:
                     self.launcher.grow(attempt, {grow.env: grow.count}, envs)
                 except ExecutorError as exc:  # the job goes on with the workers it has
-                    self.store.add_event(grow.job, "grow.failed", {"error": str(exc)})
+                    self.store.logs.add_event(grow.job, "grow.failed", {"error": str(exc)})
 
     def _restart_resized(self, plan: Plan) -> set[str]:
         """Stop each torchrun gang the plan resizes (SIGTERM, the grace period, SIGKILL): it is
@@ -311,7 +311,7 @@ class Controller:
             if reason is not None:
                 attempt.claim(Ending(EndKind.RESTARTED))
                 self.stopper.stop_all(attempt, reason)
-                self.store.update_job(job_id, status_reason=f"{reason}: its workers were "
+                self.store.jobs.update_job(job_id, status_reason=f"{reason}: its workers were "
                                                             "told to stop")
         return restarted
 
@@ -328,8 +328,11 @@ class Controller:
         now = self.clock()
         for (old, new, reason), entries in groups.items():
             extra = {"stopped_at": now} if new.is_terminal() else {}
-            moved = set(self.store.transition_many([e.id for e in entries], old, new, reason,
-                                                   **extra))
+            moved = set(
+                self.store.scheduling.transition_many(
+                    [e.id for e in entries], old, new, reason, **extra
+                )
+            )
             for e in entries:
                 if e.id not in moved:
                     self.index.forget(e.id)  # someone else moved it; a reload would see where
@@ -351,7 +354,7 @@ class Controller:
             extra = {"stopped_at": now} if status.is_terminal() else {}
             if status is JobStatus.RUNNING:
                 extra["started_at"] = now
-            if self.store.transition(parent_id, parent.status, status,
+            if self.store.jobs.transition(parent_id, parent.status, status,
                                      f"children: {status.value.lower()}", **extra):
                 self.index.parents[parent_id] = dataclasses.replace(parent, status=status)
                 self.index.moved(parent_id, None, parent.status, status)

@@ -57,11 +57,11 @@ class ServiceSink(RunSink):
     def event(self, record: dict) -> None:
         super().event(record)
         self.speedup.observe_change(record)
-        self.store.add_event(self.job_id, f"membership.{record['event']}", record)
+        self.store.logs.add_event(self.job_id, f"membership.{record['event']}", record)
         world = record.get("world_after")
         who = ", ".join(short_worker(w) for w in record.get("workers") or [])
         if world is not None and not self.stopping:
-            self.store.update_job(
+            self.store.jobs.update_job(
                 self.job_id, expected_status=JobStatus.RUNNING,
                 status_reason=f"training with {world} worker(s) since generation "
                               f"{record.get('generation')} ({record['event']}"
@@ -79,7 +79,7 @@ class ServiceSink(RunSink):
     def _write_progress(self, record: dict, now: float) -> None:
         progress = {k: record[k] for k in PROGRESS_FIELDS if k in record}
         progress["generation"] = record.get("gen")
-        self.store.update_job(self.job_id, progress=progress)
+        self.store.jobs.update_job(self.job_id, progress=progress)
         self._progress_at, self._progress_of = now, record
 
     def close(self) -> None:
@@ -92,10 +92,10 @@ class ServiceSink(RunSink):
         ``submit --wait`` show); the controller stores the values with the job."""
         super().result(record)
         values = {k: v for k, v in record.items() if k != "worker"}
-        self.store.append_log(self.job_id, self.attempt, None, [result_line(values)])
+        self.store.logs.append_log(self.job_id, self.attempt, None, [result_line(values)])
 
     def log(self, line: str) -> None:
-        self.store.add_event(self.job_id, "coordinator", {"message": line})
+        self.store.logs.add_event(self.job_id, "coordinator", {"message": line})
 
     def storage_warning(self, line: str) -> None:
         # from a writer's thread: the service's log, not its store (the controller's)

@@ -3,11 +3,11 @@
 ``JobIndex`` holds each queue's RUNNABLE jobs in first in, first out order (what the scheduler
 admits from), the SUBMITTED and PENDING jobs with the jobs they wait on, and each unfinished array
 job's children counted by status. It learns about new jobs by reading after a watermark
-(``Store.scan_jobs``) and about every status change from the controller (``moved``), so a pass
-never rereads the whole queue: dependency resolution looks only at jobs whose upstream changed,
-and an array job's status follows its children's counts. ``reload`` starts over from the
-database, which corrects anything changed behind the controller's back (another process writing
-the same database).
+(``Store.scheduling.scan_jobs``) and about every status change from the controller
+(``moved``), so a pass never rereads the whole queue: dependency resolution looks only at jobs
+whose upstream changed, and an array job's status follows its children's counts. ``reload``
+starts over from the database, which corrects anything changed behind the controller's back
+(another process writing the same database).
 """
 
 from __future__ import annotations
@@ -85,12 +85,13 @@ class JobIndex:
 
     def refresh(self, limit: int = 2000) -> int:
         """Read up to ``limit`` jobs submitted since the last call; returns how many."""
-        entries = self.store.scan_jobs(self.watermark, limit)
+        entries = self.store.scheduling.scan_jobs(self.watermark, limit)
         if not entries:
             return 0
         self.watermark = (entries[-1].created_at, entries[-1].id)
         parents = [e for e in entries if e.is_array_parent]
-        counts = self.store.child_status_counts([e.id for e in parents]) if parents else {}
+        counts = (self.store.scheduling.child_status_counts([e.id for e in parents]) if parents
+                  else {})
         for e in parents:
             self.parents[e.id] = e
             self.counts[e.id] = counts[e.id]
@@ -109,7 +110,7 @@ class JobIndex:
         if e.array_parent_id is not None:
             parent = self.parents.get(e.array_parent_id)
             deps = parent.depends_on if parent is not None else \
-                self.store.get_job(e.array_parent_id).depends_on
+                self.store.jobs.get_job(e.array_parent_id).depends_on
             e = dataclasses.replace(e, depends_on=lifecycle.child_dependencies(
                 e.array_parent_id, deps))
         self.waiting[e.id] = e
@@ -215,7 +216,7 @@ class JobIndex:
         self.dirty.difference_update(e.id for e in batch)
         upstream = {u for e in batch for u in lifecycle.upstream_ids(e.depends_on,
                                                                      e.array_index)}
-        found = self.store.job_statuses(sorted(upstream)) if upstream else {}
+        found = self.store.scheduling.job_statuses(sorted(upstream)) if upstream else {}
         arrays: dict[str, list[JobStatus]] = {}
         out = []
         for e in batch:
@@ -225,7 +226,7 @@ class JobIndex:
                     status, is_parent = found.get(d.job_id, (None, False))
                     if is_parent:
                         if d.job_id not in arrays:
-                            arrays[d.job_id] = self.store.child_statuses(d.job_id)
+                            arrays[d.job_id] = self.store.jobs.child_statuses(d.job_id)
                         deps_status[d.job_id] = arrays[d.job_id]
                     elif status is not None:
                         deps_status[d.job_id] = status

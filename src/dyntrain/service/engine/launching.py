@@ -89,8 +89,8 @@ class Launcher:
         """Claim a pass's starts in one transaction, send their workers' starts, and record
         the handles of those already answered (the rest at the next step's start). ``envs``:
         the compute environments the pass placed them in, by name."""
-        jobs = self.store.get_jobs([s.job for s in starts])
-        numbers = self.store.last_attempt_numbers(list(jobs))
+        jobs = self.store.scheduling.get_jobs([s.job for s in starts])
+        numbers = self.store.scheduling.last_attempt_numbers(list(jobs))
         claims, attempts = [], {}
         now = self.clock()
         for start in starts:
@@ -106,7 +106,7 @@ class Launcher:
                 continue  # its environment is gone: the next pass places it elsewhere
             attempts[job.id] = attempt
             claims.append((job.id, attempt.number, records))
-        claimed = self.store.claim_starts(claims, now)
+        claimed = self.store.scheduling.claim_starts(claims, now)
         for job_id in set(attempts) - set(claimed):
             self.index.forget(job_id)  # someone else moved it first
         started = []
@@ -154,7 +154,7 @@ class Launcher:
                 never += self._drop_unstarted(attempt)
             elif attempt.host is None:  # plain, multi-node or torchrun: it runs once started
                 running[job_id] = len(attempt.workers)
-        self.store.record_launch(handles, never, running)
+        self.store.scheduling.record_launch(handles, never, running)
         for job_id, (_, error) in launched.items():
             if error is None and job_id not in running:  # elastic: RUNNING once it trains
                 self.stopper.count_workers(self.attempts[job_id])
@@ -174,7 +174,7 @@ class Launcher:
         first = attempt.workers_started
         records = self._plan_workers(attempt, placement, envs, self.clock())
         for record in records:
-            self.store.add_worker(record)
+            self.store.workers.add_worker(record)
             self.attempts.own(record.id, attempt.job_id)
         specs = self._specs([attempt])
         asked = attempt.host.clock() if attempt.host is not None else None
@@ -184,7 +184,7 @@ class Launcher:
         for wid, handle in handles.items():
             attempt.workers[wid] = dataclasses.replace(attempt.workers[wid],
                                                        handle=handle.to_dict())
-        self.store.record_launch({wid: h.to_dict() for wid, h in handles.items()},
+        self.store.scheduling.record_launch({wid: h.to_dict() for wid, h in handles.items()},
                                  self._drop_unstarted(attempt), {})
         if attempt.host is not None and first > 0 and handles:
             # workers added together join together: the group re-forms once
@@ -218,7 +218,8 @@ class Launcher:
         self.attempts.remove(job.id)
         if attempt.host is not None:
             attempt.host.close()
-        if self.store.unclaim_start(job.id, attempt.number, refused.reason, job.started_at):
+        if self.store.scheduling.unclaim_start(job.id, attempt.number, refused.reason,
+                                               job.started_at):
             job = dataclasses.replace(job, status=JobStatus.RUNNABLE,
                                       status_reason=refused.reason)
             self.index.moved(job.id, job.array_parent_id, JobStatus.STARTING,
@@ -290,7 +291,7 @@ class Launcher:
         found = self._parent_exports.get(job.array_parent_id)
         if found is None:
             found = self._parent_exports[job.array_parent_id] = \
-                self.store.exported_environment(job)
+                self.store.jobs.exported_environment(job)
             if len(self._parent_exports) > MAX_PARENT_EXPORTS:
                 del self._parent_exports[next(iter(self._parent_exports))]
         return found

@@ -63,7 +63,7 @@ class LogPump:
             for wid, tail in list(self._tails.items()):
                 lines = tail.read_lines()
                 if lines:
-                    self.store.append_log(tail.job_id, tail.attempt_no, wid, lines)
+                    self.store.logs.append_log(tail.job_id, tail.attempt_no, wid, lines)
                 if tail.exited and tail.drained:
                     del self._tails[wid]
 

@@ -68,15 +68,15 @@ class Recovery:
         """
         out = Recovered()
         by_job: dict[str, list[WorkerRecord]] = defaultdict(list)
-        for w in self.store.list_workers(active=True):
+        for w in self.store.workers.list_workers(active=True):
             by_job[w.job_id].append(w)
-        for job in self.store.list_jobs(status=[JobStatus.STARTING, JobStatus.RUNNING],
+        for job in self.store.jobs.list_jobs(status=[JobStatus.STARTING, JobStatus.RUNNING],
                                         limit=1_000_000):
             if job.is_array_parent:
                 continue
             workers = by_job.get(job.id, [])
-            number = len(self.store.list_attempts(job.id))
-            ever = [w for w in self.store.list_workers(job.id, active=False)
+            number = len(self.store.jobs.list_attempts(job.id))
+            ever = [w for w in self.store.workers.list_workers(job.id, active=False)
                     if w.attempt_no == number]
             attempt = Attempt(job.id, number, job.started_at or self.clock(),
                               workers_started=len(ever), job=job)
@@ -94,13 +94,14 @@ class Recovery:
                 self.executor.signal(w.id, "KILL")
             out.exits += self._wait_gone([w.id for w in adopted])
             for w in workers:
-                self.store.update_worker(w.id, state=WorkerState.EXITED, stopped_at=self.clock())
+                self.store.workers.update_worker(w.id, state=WorkerState.EXITED,
+                                                 stopped_at=self.clock())
                 self.attempts.disown(w.id)
                 self.logs.exited(w.id)
             reason = "service restarted: resumes from its newest checkpoint"
             if number:
-                self.store.finish_attempt(job.id, number, None, reason, self.clock())
-            self.store.update_job(job.id, status=JobStatus.RUNNABLE, status_reason=reason,
+                self.store.jobs.finish_attempt(job.id, number, None, reason, self.clock())
+            self.store.jobs.update_job(job.id, status=JobStatus.RUNNABLE, status_reason=reason,
                                   preemptions=job.preemptions + 1, current_workers=0)
             out.notes.append(f"{job.id}: {reason}")
         ended = self.executor.sweep()
@@ -152,19 +153,24 @@ class Recovery:
         except ExecutorError as e:
             reason = f"exit status lost: the service stopped while starting it ({e})"
             attempt.last_exit = WorkerExit(w.id, None, None, reason)
-            self.store.update_worker(w.id, state=WorkerState.EXITED, stopped_at=self.clock(),
-                                     leave_reason=reason)
+            self.store.workers.update_worker(
+                w.id, state=WorkerState.EXITED, stopped_at=self.clock(), leave_reason=reason
+            )
             return False
         if handle is None:
-            self.store.update_worker(w.id, state=WorkerState.EXITED, stopped_at=self.clock(),
-                                     leave_reason="never started")
+            self.store.workers.update_worker(
+                w.id,
+                state=WorkerState.EXITED,
+                stopped_at=self.clock(),
+                leave_reason="never started",
+            )
             return None
         if not w.handle:
-            self.store.update_worker(w.id, handle=handle.to_dict())
+            self.store.workers.update_worker(w.id, handle=handle.to_dict())
         path = self.folders.log_path(w.job_id, w.id)
         spec = WorkerSpec(w.job_id, w.attempt_no, w.id, ["true"], {}, attempt.job.resources,
                           None, str(path))
-        offset = after_lines(path, self.store.count_log_lines(w.job_id, w.id))
+        offset = after_lines(path, self.store.logs.count_log_lines(w.job_id, w.id))
         self.logs.follow(w.id, path, w.job_id, w.attempt_no, offset)
         attempt.workers[w.id] = w
         self.attempts.own(w.id, w.job_id)

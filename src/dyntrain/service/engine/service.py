@@ -105,9 +105,10 @@ class Service:
     def _ensure_defaults(self, environment: ComputeEnvironmentSpec) -> None:
         """A new state directory starts with the executor's default compute environment and a
         ``default`` queue on it."""
-        if not self.store.list_compute_environments():
-            self.store.create_compute_environment(environment)
-            self.store.create_job_queue(JobQueueSpec("default", 1, (environment.name,)))
+        if not self.store.environments.list_compute_environments():
+            self.store.environments.create_compute_environment(environment)
+            self.store.environments.create_job_queue(JobQueueSpec("default", 1,
+                                                                  (environment.name,)))
 
     def start(self) -> None:
         """Run the controller loop in a background thread."""
@@ -127,7 +128,7 @@ class Service:
 
     def _record_failure(self, exc: Exception) -> None:
         try:
-            self.store.add_event(None, "controller.error",
+            self.store.logs.add_event(None, "controller.error",
                                  {"error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         except Exception:
             log.exception("could not record the controller error")

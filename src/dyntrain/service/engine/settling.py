@@ -74,7 +74,7 @@ class Settler:
                 self._on_exit(exit_, now, s)
             for attempt in self.attempts.values():
                 self._tick_attempt(attempt, now, s)
-            self.store.settle(s.exits, s.usage, s.ends)
+            self.store.scheduling.settle(s.exits, s.usage, s.ends)
         if exits:  # stored: what the executor kept to report them can go
             self.executor.release([e.worker_id for e in exits])
         return s
@@ -170,7 +170,7 @@ class Settler:
 
     def _set_running(self, attempt: Attempt, reason: str, s: Settlement) -> None:
         job = attempt.job
-        if self.store.transition(job.id, JobStatus.STARTING, JobStatus.RUNNING, reason):
+        if self.store.jobs.transition(job.id, JobStatus.STARTING, JobStatus.RUNNING, reason):
             s.moves.append((job, JobStatus.RUNNING, None))
             attempt.job = dataclasses.replace(job, status=JobStatus.RUNNING)
 
@@ -180,7 +180,7 @@ class Settler:
         for record in events[attempt.priced_events:]:
             if record["event"] == "crash":
                 step_s = attempt.host.step_seconds()
-                for w in self.store.list_workers(attempt.job_id):
+                for w in self.store.workers.list_workers(attempt.job_id):
                     attempt.wasted[w.id] = attempt.wasted.get(w.id, 0.0) + step_s * (
                         1 + record.get("steps_redone", 0))
         attempt.priced_events = len(events)
@@ -199,7 +199,7 @@ class Settler:
         ending = attempt.ending(coordinator)
         result = read_result(self.folders.run_dir(job.id), attempt.started_at)
         if result is not None:  # trainer.report()'s values: the job keeps its last attempt's
-            self.store.update_job(job.id, result=result)
+            self.store.jobs.update_job(job.id, result=result)
         outcome = after_ending(job.id, ending, job.retry_strategy, job.attempts)
         status, stopped = outcome.status, now if outcome.status.is_terminal() else None
         s.ends.append(AttemptEnd(job.id, attempt.number, ending.exit_code, outcome.reason, now,

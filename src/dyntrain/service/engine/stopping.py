@@ -50,13 +50,13 @@ class Stopper:
             self._notify(w)
         if chosen:  # what a user calls a preemption: capacity taken from a running job
             attempt.shrunk += len(chosen)
-            self.store.update_job(attempt.job_id,
+            self.store.jobs.update_job(attempt.job_id,
                                   preemptions=attempt.job.preemptions + attempt.shrunk)
         self.count_workers(attempt)
 
     def count_workers(self, attempt: Attempt) -> None:
         """Store how many of the attempt's workers train (those told to leave left out)."""
-        self.store.update_job(attempt.job_id, current_workers=len(attempt.running()))
+        self.store.jobs.update_job(attempt.job_id, current_workers=len(attempt.running()))
 
     def enforce_deadlines(self, attempts: Iterable[Attempt], now: float) -> None:
         """SIGKILL to workers past their grace period; stop attempts past their job's timeout
@@ -79,7 +79,8 @@ class Stopper:
         if attempt.host is not None:
             attempt.host.note_request(w.id)
         now = self.clock()
-        self.store.update_worker(w.id, state=WorkerState.LEAVING, leave_reason=reason, leave_at=now)
+        self.store.workers.update_worker(w.id, state=WorkerState.LEAVING, leave_reason=reason,
+                                         leave_at=now)
         attempt.leaving(w, reason, now)
 
     def _notify(self, w: WorkerRecord) -> None:

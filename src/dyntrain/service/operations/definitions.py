@@ -19,21 +19,22 @@ class Definitions:
         """The name's next revision."""
         store = self._service.store
         with self._service.lock:
-            name, revision = store.register_job_definition(spec, tags=tags, aws=aws)
-            return found(store.get_job_definition, name, revision)
+            name, revision = store.definitions.register_job_definition(spec, tags=tags, aws=aws)
+            return found(store.definitions.get_job_definition, name, revision)
 
     def get(self, name: str, revision: int | None = None) -> JobDefinition:
         """A revision (None: the latest active one)."""
-        return found(self._service.store.get_job_definition, name, revision)
+        return found(self._service.store.definitions.get_job_definition, name, revision)
 
     def list(self, name: str | None = None, include_inactive: bool = False
              ) -> list[JobDefinition]:
-        return self._service.store.list_job_definitions(name, include_inactive=include_inactive)
+        definitions = self._service.store.definitions
+        return definitions.list_job_definitions(name, include_inactive=include_inactive)
 
     def deregister(self, name: str, revision: int | None = None) -> JobDefinition:
         """Deregister a revision (None: the latest active one): no new job can use it."""
         store = self._service.store
         with self._service.lock:
-            revised = found(store.get_job_definition, name, revision)
-            store.deregister_job_definition(revised.name, revised.revision)
-            return store.get_job_definition(revised.name, revised.revision)
+            revised = found(store.definitions.get_job_definition, name, revision)
+            store.definitions.deregister_job_definition(revised.name, revised.revision)
+            return store.definitions.get_job_definition(revised.name, revised.revision)

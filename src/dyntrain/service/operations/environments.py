@@ -40,13 +40,14 @@ class Environments:
         if refusal:
             raise ValidationError(refusal)
         with self._service.lock:
-            return self._service.store.create_compute_environment(spec, tags=tags, aws=aws)
+            return self._service.store.environments.create_compute_environment(spec, tags=tags,
+                                                                               aws=aws)
 
     def get(self, name: str) -> ComputeEnvironment:
-        return found(self._service.store.get_compute_environment, name)
+        return found(self._service.store.environments.get_compute_environment, name)
 
     def list(self) -> list[ComputeEnvironment]:
-        return self._service.store.list_compute_environments()
+        return self._service.store.environments.list_compute_environments()
 
     def update(self, name: str, *, state: State | str | None = None,
                min_slots: int | None = None, desired_slots: int | None = None,
@@ -65,35 +66,35 @@ class Environments:
         one step, so no other change lands in between)."""
         store = self._service.store
         with self._service.lock:
-            return store.update_compute_environment(
-                name, **changes(found(store.get_compute_environment, name)))
+            return store.environments.update_compute_environment(
+                name, **changes(found(store.environments.get_compute_environment, name)))
 
     def delete(self, name: str) -> None:
         """Refused (``EnvironmentInUse``) while a worker is active in it."""
         store = self._service.store
         with self._service.lock:  # no worker starts in it between the check and the delete
-            found(store.get_compute_environment, name)
-            busy = sum(1 for w in store.list_workers(active=True)
+            found(store.environments.get_compute_environment, name)
+            busy = sum(1 for w in store.workers.list_workers(active=True)
                        if w.compute_environment == name)
             if busy:
                 raise EnvironmentInUse(name, busy)
-            store.delete_compute_environment(name)
+            store.environments.delete_compute_environment(name)
 
     def set_trace(self, name: str, csv: str, loop: bool = False) -> ComputeEnvironment:
         """Replay ``csv`` (offset_s,slots rows) as the slots ``name`` offers, from now."""
         parse_trace(csv, source=f"{name} trace", loop=loop)
         store = self._service.store
         with self._service.lock:
-            found(store.get_compute_environment, name)
-            store.set_capacity_trace(name, csv, started_at=store.clock(), loop=loop)
-            return found(store.get_compute_environment, name)
+            found(store.environments.get_compute_environment, name)
+            store.environments.set_capacity_trace(name, csv, started_at=store.clock(), loop=loop)
+            return found(store.environments.get_compute_environment, name)
 
     def clear_trace(self, name: str) -> ComputeEnvironment:
         store = self._service.store
         with self._service.lock:
-            found(store.get_compute_environment, name)
-            store.clear_capacity_trace(name)
-            return found(store.get_compute_environment, name)
+            found(store.environments.get_compute_environment, name)
+            store.environments.clear_capacity_trace(name)
+            return found(store.environments.get_compute_environment, name)
 
     def capacity(self) -> Capacity:
         """What the environments offer now: the controller's slots (traces applied), the active
@@ -101,8 +102,9 @@ class Environments:
         store = self._service.store
         with self._service.lock:  # the controller's view, between two steps
             available = self._service.controller.available_slots(store.clock())
-        in_use = Counter(w.compute_environment for w in store.list_workers(active=True))
-        return Capacity(available, in_use, store.capacity_traces(), self.local_machine())
+        in_use = Counter(w.compute_environment for w in store.workers.list_workers(active=True))
+        return Capacity(available, in_use, store.environments.capacity_traces(),
+                        self.local_machine())
 
 
 @dataclass(frozen=True)
@@ -128,16 +130,16 @@ class Queues:
         """Refused (``QueueExists``) when one of that name exists."""
         store = self._service.store
         with self._service.lock:
-            if any(q.name == spec.name for q in store.list_job_queues()):
+            if any(q.name == spec.name for q in store.environments.list_job_queues()):
                 raise QueueExists(spec.name)
-            return store.create_job_queue(spec, tags=tags, aws=aws)
+            return store.environments.create_job_queue(spec, tags=tags, aws=aws)
 
     def get(self, name: str) -> JobQueue:
-        return found(self._service.store.get_job_queue, name)
+        return found(self._service.store.environments.get_job_queue, name)
 
     def list(self) -> list[JobQueue]:
         """Highest priority first."""
-        return self._service.store.list_job_queues()
+        return self._service.store.environments.list_job_queues()
 
     def update(self, name: str, *, priority: int | None = None,
                state: State | str | None = None,
@@ -146,13 +148,13 @@ class Queues:
         """Change the given fields; ``aws`` is merged into the AWS fields kept with it."""
         store = self._service.store
         with self._service.lock:
-            queue = found(store.get_job_queue, name)
-            return store.update_job_queue(
+            queue = found(store.environments.get_job_queue, name)
+            return store.environments.update_job_queue(
                 name, priority=priority, state=state, compute_environments=compute_environments,
                 aws=None if aws is None else {**queue.aws, **aws})
 
     def delete(self, name: str) -> None:
         store = self._service.store
         with self._service.lock:
-            found(store.get_job_queue, name)
-            store.delete_job_queue(name)
+            found(store.environments.get_job_queue, name)
+            store.environments.delete_job_queue(name)

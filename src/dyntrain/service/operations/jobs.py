@@ -45,12 +45,12 @@ class Jobs:
                tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
                client_token: str | None = None, launcher: str | None = None) -> Job:
         """Create a job (and an array job's children) as SUBMITTED, checked against the
-        executor's kernel levels; the arguments are ``Store.submit``'s.
+        executor's kernel levels; the arguments are ``Store.jobs.submit``'s.
 
         Without the lock: it is one transaction, and the controller finds new jobs after its
         watermark whenever they commit, so a 10,000-child array being written holds up no other
         request."""
-        return self._service.store.submit(
+        return self._service.store.jobs.submit(
             queue=queue, definition=definition, command=command, name=name,
             parameters=parameters, environment=environment, resources=resources,
             array_size=array_size, depends_on=depends_on, workers=workers,
@@ -65,7 +65,7 @@ class Jobs:
         refused (``JobNotCancellable``, ``JobFinished``) once it started or finished."""
         store, controller = self._service.store, self._service.controller
         with self._service.lock:  # the controller cannot start it between the check and cancel
-            job = found(store.get_job, job_id)
+            job = found(store.jobs.get_job, job_id)
             if job.status.is_active():
                 raise JobNotCancellable(job_id, job.status,
                                         f"job {job_id} is {job.status.value}; use terminate")
@@ -73,7 +73,7 @@ class Jobs:
                 raise JobFinished(job_id, job.status)
             done = (controller.cancel(job_id) if reason is None
                     else controller.cancel(job_id, reason))
-            job = found(store.get_job, job_id)
+            job = found(store.jobs.get_job, job_id)
             if not done:
                 raise JobNotCancellable(job_id, job.status,
                                         f"job {job_id} is {job.status.value} and cannot be "
@@ -85,19 +85,19 @@ class Jobs:
         workers end in the background). Refused (``JobFinished``) once it finished."""
         store, controller = self._service.store, self._service.controller
         with self._service.lock:
-            job = found(store.get_job, job_id)
+            job = found(store.jobs.get_job, job_id)
             if job.status.is_terminal():
                 raise JobFinished(job_id, job.status)
             if reason is None:
                 controller.terminate(job_id)
             else:
                 controller.terminate(job_id, reason)
-            return found(store.get_job, job_id)
+            return found(store.jobs.get_job, job_id)
 
     # ---- queries -----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> Job:
-        return found(self._service.store.get_job, job_id)
+        return found(self._service.store.jobs.get_job, job_id)
 
     def list(self, queue: str | None = None,
              status: JobStatus | str | Iterable[JobStatus | str] | None = None,
@@ -107,7 +107,7 @@ class Jobs:
              newest_first: bool = False) -> list[Job]:
         """Jobs by creation time (``newest_first``: the other way); ``top_level`` hides array
         children, ``parent`` lists one array's."""
-        return self._service.store.list_jobs(
+        return self._service.store.jobs.list_jobs(
             queue, status, parent, top_level=top_level, limit=limit, offset=offset, name=name,
             definition=definition, created_after=created_after, created_before=created_before,
             newest_first=newest_first)
@@ -117,22 +117,22 @@ class Jobs:
                parent: str | None = None, limit: int = 100, offset: int = 0
                ) -> tuple[list[Job], int]:
         """One page of the jobs that match, newest first, and how many match in all."""
-        return self._service.store.search_jobs(queue=queue, status=status, text=text,
+        return self._service.store.summaries.search_jobs(queue=queue, status=status, text=text,
                                                parent=parent, limit=limit, offset=offset)
 
     def ids_starting_with(self, prefix: str, limit: int = 10) -> list[str]:
-        return self._service.store.job_ids_starting_with(prefix, limit=limit)
+        return self._service.store.jobs.job_ids_starting_with(prefix, limit=limit)
 
     def counts(self) -> dict[tuple[str, JobStatus], int]:
         """Top-level jobs by (queue, status)."""
-        return self._service.store.count_jobs_by_queue_and_status()
+        return self._service.store.summaries.count_jobs_by_queue_and_status()
 
     def child_counts(self, parent_ids: Sequence[str]) -> dict[str, Counter]:
         """Array parent id -> its children by status."""
-        return self._service.store.child_status_counts(parent_ids)
+        return self._service.store.scheduling.child_status_counts(parent_ids)
 
     def child_statuses(self, parent_id: str) -> list[JobStatus]:
-        return self._service.store.child_statuses(parent_id)
+        return self._service.store.jobs.child_statuses(parent_id)
 
     def wait_reasons(self) -> Callable[[Job], WaitInfo | None]:
         """Why a job waits, as of the controller's last pass (None when it does not). Read
@@ -141,13 +141,13 @@ class Jobs:
 
     def workers(self, job_id: str | None = None, active: bool = True) -> list[WorkerRecord]:
         """A job's workers (None: every job's); ``active``: only those not yet exited."""
-        return self._service.store.list_workers(job_id, active=active)
+        return self._service.store.workers.list_workers(job_id, active=active)
 
     def attempts(self, job_id: str) -> list[AttemptRecord]:
-        return self._service.store.list_attempts(job_id)
+        return self._service.store.jobs.list_attempts(job_id)
 
     def exported_environment(self, job: Job) -> dict[str, str]:
-        return self._service.store.exported_environment(job)
+        return self._service.store.jobs.exported_environment(job)
 
     def run_folder(self, job: Job) -> RunStore:
         """Where the job's training files are (metrics, checkpoints)."""
@@ -164,16 +164,19 @@ class Jobs:
         store = self._service.store
         ids = [job.id]
         if job.is_array_parent:
-            ids += [c.id for c in store.list_jobs(parent=job.id, limit=MAX_ARRAY_SIZE)]
+            ids += [c.id for c in store.jobs.list_jobs(parent=job.id, limit=MAX_ARRAY_SIZE)]
         rows = [UsageRow(u.compute_environment, u.capacity_type, u.worker_seconds,
                          u.price_per_slot_hour, u.wasted)
-                for jid in ids for u in store.job_usage(jid)]
+                for jid in ids for u in store.workers.job_usage(jid)]
         max_workers = (job.max_workers or 1) * (job.array_size if job.is_array_parent else 1)
         now = store.clock()
         wall = 0.0 if job.started_at is None else max(
             0.0, (job.stopped_at or now) - job.started_at)
-        prices = [ce.spec.price_per_slot_hour for ce in store.list_compute_environments()
-                  if ce.spec.capacity_type is CapacityType.ON_DEMAND]
+        prices = [
+            ce.spec.price_per_slot_hour
+            for ce in store.environments.list_compute_environments()
+            if ce.spec.capacity_type is CapacityType.ON_DEMAND
+        ]
         price = max(prices) if prices else DEFAULT_ON_DEMAND_PRICE
         return job_cost(rows, max_workers=max_workers, wall_seconds=wall,
                         on_demand_price_per_slot_hour=price)

@@ -32,15 +32,15 @@ class Logs:
     def read(self, job_id: str, after_seq: int = 0, limit: int = 1000) -> LogPage:
         store = self._service.store
         with self._service.lock:
-            job = found(store.get_job, job_id)
-            lines, last = store.read_log(job_id, after_seq, limit)
+            job = found(store.jobs.get_job, job_id)
+            lines, last = store.logs.read_log(job_id, after_seq, limit)
         return LogPage(job, lines, last)
 
     def streams(self, *, job_ids: Sequence[str] | None = None,
                 job_id_prefix: str | None = None, job_name: str | None = None,
                 definition_name: str | None = None) -> list[LogStream]:
         """Each attempt's log, of the jobs named (all when nothing narrows it)."""
-        return self._service.store.log_streams(
+        return self._service.store.logs.log_streams(
             job_ids=job_ids, job_id_prefix=job_id_prefix, job_name=job_name,
             definition_name=definition_name)
 
@@ -51,7 +51,7 @@ class Logs:
         """One attempt's lines after or before a sequence number, within a time window
         (``newest``: the last ``limit`` of them), oldest first."""
         with self._service.lock:
-            return self._service.store.attempt_log(
+            return self._service.store.logs.attempt_log(
                 job_id, attempt_no, after_seq=after_seq, before_seq=before_seq,
                 start_at=start_at, end_at=end_at, limit=limit, newest=newest)
 
@@ -62,18 +62,18 @@ class Logs:
         """Lines of those (job id, attempt) streams (None: all) within a time window that hold
         every term, as (job id, line), interleaved by time."""
         with self._service.lock:
-            return self._service.store.search_logs(
+            return self._service.store.logs.search_logs(
                 streams, start_at=start_at, end_at=end_at, terms=terms, offset=offset,
                 limit=limit)
 
     def events(self, job_id: str, after_id: int = 0, limit: int = 1000) -> list[Event]:
         """The job's events with id > ``after_id``, oldest first."""
-        return self._service.store.list_events(job_id, after_id=after_id, limit=limit)
+        return self._service.store.logs.list_events(job_id, after_id=after_id, limit=limit)
 
     def job_events(self, job_id: str, prefix: str) -> list[Event]:
         """The job's events whose kind starts with ``prefix`` (``membership.``...)."""
-        return self._service.store.list_job_events(job_id, prefix)
+        return self._service.store.summaries.list_job_events(job_id, prefix)
 
     def count_events(self, prefix: str = "") -> dict[str, int]:
         """Every job's events whose kind starts with ``prefix``, counted by kind."""
-        return self._service.store.count_events_by_kind(prefix)
+        return self._service.store.summaries.count_events_by_kind(prefix)

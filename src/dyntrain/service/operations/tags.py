@@ -12,12 +12,12 @@ class Tags:
         self._service = service
 
     def of(self, kind: str, name: str) -> dict[str, str]:
-        return self._service.store.resource_tags(kind, name)
+        return self._service.store.tags.resource_tags(kind, name)
 
     def add(self, kind: str, name: str, tags: dict[str, str]) -> None:
         with self._service.lock:
-            self._service.store.tag_resource(kind, name, tags)
+            self._service.store.tags.tag_resource(kind, name, tags)
 
     def remove(self, kind: str, name: str, keys: Sequence[str]) -> None:
         with self._service.lock:
-            self._service.store.untag_resource(kind, name, keys)
+            self._service.store.tags.untag_resource(kind, name, keys)

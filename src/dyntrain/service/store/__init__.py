@@ -18,10 +18,13 @@ columns and back; the records themselves are ``dyntrain.service.core.records``),
 ``environments`` (compute environments, queues, capacity traces), ``definitions``, ``jobs``
 (jobs, attempts), ``dependencies`` (a job's, checked and read), ``scheduling`` (the
 controller's bulk reads and writes), ``workers`` (workers, usage), ``logs`` (log lines, events),
-``summaries`` (counts and searches for the dashboard and /metrics), ``tags``; ``Store`` is all
-of them over one engine.
+``summaries`` (counts and searches for the dashboard and /metrics), ``tags``; ``Store`` holds
+one of each, as ``store.environments``, ``store.jobs``, ..., over one engine (``base.Database``).
 """
 
+from collections.abc import Callable
+
+from dyntrain.service.store.base import Database
 from dyntrain.service.store.definitions import DefinitionStore
 from dyntrain.service.store.environments import EnvironmentStore
 from dyntrain.service.store.jobs import JobStore
@@ -33,9 +36,20 @@ from dyntrain.service.store.tags import TagStore
 from dyntrain.service.store.workers import WorkerStore
 
 
-class Store(EnvironmentStore, DefinitionStore, JobStore, SchedulingStore, WorkerStore,
-            LogStore, SummaryStore, TagStore):
-    """The service's database. Thread-safe: each call takes a pooled connection of its own."""
+class Store(Database):
+    """The service's database: one part per aggregate (``store.jobs.get_job(...)``), all over
+    one engine. Thread-safe: each call takes a pooled connection of its own."""
+
+    def __init__(self, url: str, **options: bool | int | Callable[[], float]) -> None:
+        super().__init__(url, **options)  # type: ignore[arg-type]
+        self.environments = EnvironmentStore(self)
+        self.definitions = DefinitionStore(self)
+        self.jobs = JobStore(self)
+        self.scheduling = SchedulingStore(self)
+        self.workers = WorkerStore(self)
+        self.logs = LogStore(self)
+        self.summaries = SummaryStore(self)
+        self.tags = TagStore(self)
 
 
 __all__ = ["Store", "metadata"]

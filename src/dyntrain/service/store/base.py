@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Self
 
 import sqlalchemy as sa
@@ -21,8 +21,8 @@ _UNSET: Any = object()
 _TERMINAL = [s.value for s in JobStatus if s.is_terminal()]
 
 
-class StoreBase:
-    """The engine and the transaction every part of the store runs its calls in."""
+class Database:
+    """The engine and the transactions that every part of the store runs its calls in."""
 
     def __init__(self, url: str, *, echo: bool = False, busy_timeout_ms: int = 30_000,
                  clock: Callable[[], float] = time.time) -> None:
@@ -92,6 +92,20 @@ class StoreBase:
         except IntegrityError as e:
             first = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
             raise ValidationError(f"conflicting write, nothing was changed: {first}") from e
+
+
+class Part:
+    """One aggregate's calls, each in a transaction of the database that the parts share."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self.db.clock
+
+    def _tx(self, write: bool = True) -> AbstractContextManager[Connection]:
+        return self.db._tx(write)
 
 
 def _sqlite_setup(engine: Engine, busy_timeout_ms: int) -> None:

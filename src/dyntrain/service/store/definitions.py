@@ -10,12 +10,12 @@ from sqlalchemy.exc import IntegrityError
 
 from dyntrain.service.core.model import JobDefinitionSpec, Resources, ValidationError
 from dyntrain.service.core.records import ACTIVE, INACTIVE, JobDefinition, elastic_settings
-from dyntrain.service.store.base import StoreBase, _one, known_names
+from dyntrain.service.store.base import Part, _one, known_names
 from dyntrain.service.store.columns import launcher_column, retry_from_json, retry_to_json
 from dyntrain.service.store.schema import job_definitions
 
 
-class DefinitionStore(StoreBase):
+class DefinitionStore(Part):
     """Job definitions and their revisions."""
 
     def register_job_definition(self, spec: JobDefinitionSpec, *,

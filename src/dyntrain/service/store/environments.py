@@ -19,7 +19,7 @@ from dyntrain.service.core.model import (
     ValidationError,
 )
 from dyntrain.service.core.records import ComputeEnvironment, JobQueue
-from dyntrain.service.store.base import _TERMINAL, _UNSET, StoreBase, _enum, _exists, _one
+from dyntrain.service.store.base import _TERMINAL, _UNSET, Part, _enum, _exists, _one
 from dyntrain.service.store.schema import (
     capacity_traces,
     compute_environments,
@@ -29,7 +29,7 @@ from dyntrain.service.store.schema import (
 )
 
 
-class EnvironmentStore(StoreBase):
+class EnvironmentStore(Part):
     """Compute environments, job queues and capacity traces."""
 
     def create_compute_environment(self, spec: ComputeEnvironmentSpec, *,

@@ -39,7 +39,7 @@ from dyntrain.service.core.submitter import (
     kernel_refusal,
     pinned_kernels,
 )
-from dyntrain.service.store.base import StoreBase, _enum, _exists, _one
+from dyntrain.service.store.base import Part, _enum, _exists, _one
 from dyntrain.service.store.columns import (
     MUTABLE_JOB_FIELDS,
     launcher_column,
@@ -61,7 +61,7 @@ MAX_NODES = 1000
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
-class JobStore(StoreBase):
+class JobStore(Part):
     """Jobs (submitted, read, updated) and their attempts; their dependencies are checked and read
 by ``dependencies``."""
 
@@ -117,7 +117,8 @@ by ``dependencies``."""
             with self._tx() as conn:
                 # Dated inside the write transaction, submits serialised (SQLite: by its write
                 # lock; PostgreSQL: by an advisory lock): jobs commit in created_at order, which
-                # is what lets the controller find new jobs after a watermark (Store.scan_jobs).
+                # is what lets the controller find new jobs after a watermark
+                # (Store.scheduling.scan_jobs).
                 if conn.dialect.name == "postgresql":
                     conn.execute(sa.select(sa.func.pg_advisory_xact_lock(
                         sa.func.hashtext("dyntrain:submit"))))

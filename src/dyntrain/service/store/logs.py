@@ -9,11 +9,11 @@ import sqlalchemy as sa
 
 from dyntrain.service.core.model import ValidationError
 from dyntrain.service.core.records import Event, LogLine, LogStream
-from dyntrain.service.store.base import StoreBase, _one
+from dyntrain.service.store.base import Part, _one
 from dyntrain.service.store.schema import attempts, events, job_logs, jobs
 
 
-class LogStore(StoreBase):
+class LogStore(Part):
     """Job log lines and events."""
 
     def append_log(self, job_id: str, attempt_no: int, worker: str | None,

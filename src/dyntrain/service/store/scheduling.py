@@ -17,7 +17,7 @@ from sqlalchemy import bindparam
 
 from dyntrain.service.core.model import JobStatus, Resources, ValidationError, WorkerState
 from dyntrain.service.core.records import Job, JobEntry, WorkerRecord
-from dyntrain.service.store.base import _TERMINAL, StoreBase, _enum
+from dyntrain.service.store.base import _TERMINAL, Part, _enum
 from dyntrain.service.store.columns import MUTABLE_JOB_FIELDS
 from dyntrain.service.store.dependencies import deps_of
 from dyntrain.service.store.jobs import _job_from_row
@@ -67,7 +67,7 @@ class AttemptEnd(NamedTuple):
     b_stopped: float | None
 
 
-class SchedulingStore(StoreBase):
+class SchedulingStore(Part):
     """Bulk reads and writes of the controller."""
 
     def scan_jobs(self, after: tuple[float, str] | None = None,

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from dyntrain.service.core.model import JobStatus, ValidationError
 from dyntrain.service.core.records import Event, Job
-from dyntrain.service.store.base import StoreBase, _enum
+from dyntrain.service.store.base import Part, _enum
 from dyntrain.service.store.dependencies import deps_of
 from dyntrain.service.store.jobs import _job_from_row
 from dyntrain.service.store.schema import events, jobs
@@ -18,7 +18,7 @@ def _like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-class SummaryStore(StoreBase):
+class SummaryStore(Part):
     """Read-only views over jobs and events that the web dashboard and /metrics need."""
 
     def count_jobs_by_queue_and_status(self) -> dict[tuple[str, JobStatus], int]:

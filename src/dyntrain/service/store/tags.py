@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from dyntrain.service.core.model import ValidationError
-from dyntrain.service.store.base import StoreBase, _one
+from dyntrain.service.store.base import Part, _one
 from dyntrain.service.store.schema import compute_environments, job_definitions, job_queues, jobs
 
 # kind -> (table, how to read its key, what the store calls it)
@@ -21,7 +21,7 @@ _KINDS: dict[str, tuple[sa.Table, str]] = {
 }
 
 
-class TagStore(StoreBase):
+class TagStore(Part):
     """Key-value tags on any resource, addressed by kind and key (a job definition's key is
     ``name:revision``)."""
 

@@ -9,12 +9,12 @@ import sqlalchemy as sa
 
 from dyntrain.service.core.model import CapacityType, ValidationError, WorkerState
 from dyntrain.service.core.records import Usage, WorkerRecord
-from dyntrain.service.store.base import StoreBase, _enum, _one
+from dyntrain.service.store.base import Part, _enum, _one
 from dyntrain.service.store.columns import WORKER_FIELDS
 from dyntrain.service.store.schema import jobs, usage, workers
 
 
-class WorkerStore(StoreBase):
+class WorkerStore(Part):
     """Worker processes and the worker time they used."""
 
     def add_worker(self, worker: WorkerRecord) -> None:
