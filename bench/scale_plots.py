@@ -30,6 +30,17 @@ def _plot(ax, xs, ys, label: str) -> None:
         ax.plot(*zip(*pts, strict=True), marker="o", label=label)
 
 
+def _save(fig, axes, name: str) -> Path:
+    """Legends and grids on ``axes``, then ``docs/benchmarks/NAME``."""
+    for ax in axes:
+        ax.legend(fontsize=8)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path = OUT / name
+    fig.savefig(path, dpi=90)
+    return path
+
+
 def real() -> Path:
     data = json.loads((RESULTS / "scale.json").read_text())
     rows = data["sizes"]
@@ -44,13 +55,7 @@ def real() -> Path:
     _plot(right, n, [r["worker_pss_mib"] for r in rows], "worker PSS (MiB)")
     _plot(right, n, [r["launcher_cpu_per_wall_s"] for r in rows], "launcher CPU-s per s")
     right.set(xscale="log", yscale="log", xlabel="workers N", title="Memory and the launcher")
-    for ax in (left, right):
-        ax.legend(fontsize=8)
-        ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path = OUT / "scale-real.png"
-    fig.savefig(path, dpi=90)
-    return path
+    return _save(fig, (left, right), "scale-real.png")
 
 
 def simulated() -> Path:
@@ -67,12 +72,7 @@ def simulated() -> Path:
           "half silent: published after the timeout (s)")
     ax.set(xscale="log", yscale="log", xlabel="simulated members N", ylabel="seconds",
            title="The coordinator with N members")
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path = OUT / "scale-simulated.png"
-    fig.savefig(path, dpi=90)
-    return path
+    return _save(fig, (ax,), "scale-simulated.png")
 
 
 if __name__ == "__main__":
