@@ -11,7 +11,8 @@ epoch after the last checkpoint: work since then is done again. ``--chunk-delay`
 heavier model.
 
 For the benchmark every rank appends a ``{"kind": "start", ...}`` line to ``--step-log`` when its
-gang is ready to train, and rank 0 one ``{"kind": "step", ...}`` line per step (epoch, batch,
+gang is ready to train (with when its script began and whether torch was imported already: a
+warm process), and rank 0 one ``{"kind": "step", ...}`` line per step (epoch, batch,
 world size, samples, time) and one ``{"kind": "checkpoint", "epoch"}`` line per checkpoint.
 
 Run: ``torchrun --nnodes 1:4 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint
@@ -20,9 +21,11 @@ Run: ``torchrun --nnodes 1:4 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpo
 
 from __future__ import annotations
 
+import sys
 import time
 
 PROC_T0 = time.time()  # before the heavy imports: process start-up is part of a restart
+TORCH_PRELOADED = "torch" in sys.modules  # a warm process: no interpreter started for it
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
@@ -124,7 +127,8 @@ def main() -> None:
 
     dist.barrier()
     log({"kind": "start", "rank": rank, "world_size": world, "epoch": start,
-         "restart": restart, "pid": os.getpid(), "proc_t0": PROC_T0, "time": time.time()})
+         "restart": restart, "pid": os.getpid(), "proc_t0": PROC_T0, "time": time.time(),
+         "torch_preloaded": TORCH_PRELOADED})
     ddp.train()
     for epoch in range(start, args.epochs):
         sampler.set_epoch(epoch)

@@ -168,6 +168,8 @@ def measure_changes(run: dict, steps: list[dict], summary: dict) -> list[dict]:
         times = before + [x["time"] for x in steps if t < x["time"] <= end]
         row.update(pause_s=round(max(b - a for a, b in pairwise(times)), 3),
                    restarts=sum(1 for r in summary["restarts"] if t < r <= end))
+        if row["restarts"]:
+            row["phases"] = restart_phases(t, first, summary)
         if "rollbacks" in summary:
             row["samples_again"] = sum(r["samples"] for r in summary["rollbacks"]
                                        if t < r["time"] <= end)
@@ -176,6 +178,25 @@ def measure_changes(run: dict, steps: list[dict], summary: dict) -> list[dict]:
             row["samples_again"] = GLOBAL_BATCH * sum(redone.get(g, 0) for g in gens)
         out.append(row)
     return out
+
+
+def restart_phases(t: float, first: dict, summary: dict) -> dict:
+    """Where a gang restart's time went, from the change at ``t`` to the new gang's first step
+    ``first``: stopping the old gang (to its last worker's exit, where the mode knows it),
+    starting the new processes (to the last one running the script), the script's set-up (its
+    imports, ``init_process_group``, data, model and checkpoint, to every rank past its
+    barrier) and its first step."""
+    gang = [r for r in summary.get("gang_starts", []) if t < r["time"] <= first["time"]]
+    if not gang:
+        return {}
+    up = max(r["proc_t0"] for r in gang)
+    ready = max(r["time"] for r in gang)
+    stops = [x for x in summary.get("worker_stops", []) if t < x <= up]
+    stopped = max(stops) if stops else None
+    return {"stop_s": None if stopped is None else round(stopped - t, 3),
+            "start_s": None if stopped is None else round(up - stopped, 3),
+            "until_started_s": round(up - t, 3),
+            "setup_s": round(ready - up, 3), "first_step_s": round(first["time"] - ready, 3)}
 
 
 def run_mode(name: str, work: Path, s: Settings) -> dict:

@@ -84,6 +84,13 @@ def ddp_restarts(records: list[dict]) -> list[float]:
     return starts[1:]
 
 
+def ddp_gang_starts(records: list[dict]) -> list[dict]:
+    """Each rank's start: when its process began running the script (``proc_t0``) and when it
+    was past the gang's first barrier, ready to train (``time``)."""
+    return [{"rank": r["rank"], "proc_t0": r["proc_t0"], "time": r["time"],
+             "warm": r.get("torch_preloaded", False)} for r in records if r["kind"] == "start"]
+
+
 def ddp_rollbacks(records: list[dict]) -> list[dict]:
     """Work thrown away: at each gang's start, the steps an earlier gang trained in the epochs
     it resumes from (past the last checkpoint), which it trains again."""
@@ -200,6 +207,7 @@ class TorchrunAlone:
         agent_s = sum(self.exited.get(a["index"], now) - a["started"] for a in self.job.agents)
         pids = {r["pid"] for r in records if r["kind"] == "start"}
         return {"restarts": ddp_restarts(records), "rollbacks": ddp_rollbacks(records),
+                "gang_starts": ddp_gang_starts(records),
                 "worker_processes": len(pids), "worker_seconds": round(agent_s, 2),
                 "worker_seconds_basis": "agent (node) lifetimes",
                 "cost": agent_s * PRICE_PER_SLOT_HOUR / 3600,
@@ -297,6 +305,9 @@ class ServiceMode:
         if self.launcher:
             records = self.tail.records
             out.update(restarts=ddp_restarts(records), rollbacks=ddp_rollbacks(records),
+                       gang_starts=ddp_gang_starts(records),
+                       worker_stops=sorted(w.stopped_at for w in workers
+                                           if w.stopped_at is not None),
                        final_model=self.checkpoint_dir / "checkpoint.pt",
                        final_epoch=_checkpoint_epoch(self.checkpoint_dir / "checkpoint.pt"))
         else:

@@ -16,6 +16,7 @@ from dyntrain.service.core.model import (
     parse_launcher,
 )
 from dyntrain.service.core.torchrun import (
+    ENV_NAMES,
     ExitAction,
     ExitDecision,
     after_worker_exit,
@@ -36,7 +37,13 @@ def test_each_rank_gets_torchruns_variables():
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "3",
         "TORCHELASTIC_RUN_ID": "job1", "TORCHELASTIC_MAX_RESTARTS": "2"}
     assert env["GROUP_RANK"] == "0" and env["GROUP_WORLD_SIZE"] == "1"
-    assert "TORCHELASTIC_USE_AGENT_STORE" not in env  # rank 0 hosts the store (env://)
+    # no agent store: rank 0 hosts the store (env://); NCCL's error handling on, as torchrun's
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert set(env) == ENV_NAMES
+    assert worker_env(rank=0, world_size=1, master_addr="h", master_port=1, restart=0,
+                      run_id="j", max_restarts=0, nccl_async_error_handling="0")[
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
     with pytest.raises(ValueError):
         worker_env(rank=4, world_size=4, master_addr="h", master_port=1, restart=0,
                    run_id="j", max_restarts=0)

@@ -17,6 +17,13 @@ from dataclasses import dataclass
 
 #: what torchrun's ``--rdzv-backend`` would be named in ``TORCHELASTIC_RUN_ID``'s absence
 ROLE_NAME = "default"
+#: every variable ``worker_env`` sets (torchrun's agent sets these for each worker; none is read
+#: when the interpreter starts or torch is imported, so a warm process may take them)
+ENV_NAMES = frozenset({
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"})
 
 
 def restart_count(attempt_number: int) -> int:
@@ -28,7 +35,8 @@ def restart_count(attempt_number: int) -> int:
 
 
 def worker_env(*, rank: int, world_size: int, master_addr: str, master_port: int,
-               restart: int, run_id: str, max_restarts: int) -> dict[str, str]:
+               restart: int, run_id: str, max_restarts: int,
+               nccl_async_error_handling: str = "1") -> dict[str, str]:
     """The variables torchrun gives one worker of a single-node gang (every worker of the
     local executor shares its host, so the local rank is the rank).
 
@@ -40,6 +48,13 @@ def worker_env(*, rank: int, world_size: int, master_addr: str, master_port: int
         restart: ``TORCHELASTIC_RESTART_COUNT`` (``restart_count``).
         run_id: ``TORCHELASTIC_RUN_ID`` (the job's id).
         max_restarts: ``TORCHELASTIC_MAX_RESTARTS``.
+        nccl_async_error_handling: ``TORCH_NCCL_ASYNC_ERROR_HANDLING``: the job's own value
+            if it sets one, else 1, as torchrun's agent passes it on.
+
+    ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``: no agent hosts a store here, so rank 0's
+    ``init_process_group`` hosts it at ``MASTER_ADDR:MASTER_PORT`` (torchrun's value with a
+    rendezvous that does not share its store). ``OMP_NUM_THREADS`` is the job's (its numerics
+    pin it), as torchrun passes on the one it was started with.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a world of {world_size}")
@@ -53,7 +68,8 @@ def worker_env(*, rank: int, world_size: int, master_addr: str, master_port: int
         "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": str(restart),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RUN_ID": run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": nccl_async_error_handling,
     }
 
 

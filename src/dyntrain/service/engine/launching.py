@@ -322,7 +322,8 @@ class Launcher:
                 rank=worker_index(w.id), world_size=len(attempt.workers),
                 master_addr=MAIN_NODE_ADDRESS, master_port=attempt.master_port,
                 restart=restart_count(attempt.number), run_id=job.id,
-                max_restarts=job.retry_strategy.attempts - 1))
+                max_restarts=job.retry_strategy.attempts - 1,
+                nccl_async_error_handling=own.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")))
         if attempt.host is not None:
             env.update(attempt.host.numerics.env())  # the job's numerics, whatever the host's
             env[ENV_COORDINATOR] = attempt.host.address

@@ -45,13 +45,15 @@ import time
 
 from dyntrain.elastic.numerics import LIBRARY_ENV
 from dyntrain.mainexit import run_as_main
+from dyntrain.service.core.torchrun import ENV_NAMES
 
 WARM_IMPORTS = ("torch", "torch.optim", "torch._dynamo", "torch.distributed", "numpy",
                 "dyntrain.elastic.trainer")
 # set per worker by the service and the executor; none of them is read at interpreter start-up
-# (CUDA_VISIBLE_DEVICES is read when CUDA initialises, which importing torch does not do)
+# (CUDA_VISIBLE_DEVICES is read when CUDA initialises, which importing torch does not do), nor
+# are torchrun's variables (read by the script and init_process_group)
 PER_WORKER_PREFIXES = ("DYNTRAIN_", "AWS_BATCH_")
-PER_WORKER = frozenset({"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", "LOCAL_RANK"})
+PER_WORKER = frozenset({"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", *ENV_NAMES})
 
 
 def eligible(argv: list[str], env: dict[str, str], cwd: str | None, base_env: dict[str, str],
