@@ -4,30 +4,37 @@ It reads torchrun's variables (``init_process_group("gloo")`` over ``env://``), 
 regression data set with ``DistributedSampler``, and after each epoch rank 0 saves a checkpoint
 (``torch.save``, written aside then renamed) in ``--checkpoint-dir``: the model, the optimizer,
 the next epoch and the history of the epochs done (world size and restart count of each). A
-restarted gang resumes from it. Each rank also writes the torchrun variables it was given and
-its host's name to ``env-r<restart>-rank<rank>.json`` there (renamed into place).
+restarted gang resumes from it. Each rank also writes the torchrun variables it was given, its
+host's name, its command line and parent and whether torch was imported before the script ran
+(a warm process) to ``env-r<restart>-rank<rank>.json`` there (renamed into place).
 ``--epoch-seconds`` stretches each epoch and, while the file ``--pause-while`` exists, no epoch
 starts (so that a test can change the capacity while it trains, before it is done).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import socket
-import time
-from pathlib import Path
+import sys
 
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+TORCH_PRELOADED = "torch" in sys.modules  # before this script imports it
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torch.utils.data.distributed import DistributedSampler  # noqa: E402
 
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                 "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-                 "TORCHELASTIC_RUN_ID", "GLOO_SOCKET_IFNAME")
+                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                 "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS", "GLOO_SOCKET_IFNAME")
 
 
 def main() -> None:
@@ -44,7 +51,10 @@ def main() -> None:
     args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     told = args.checkpoint_dir / f"env-r{restart}-rank{rank}.json"
     told.with_suffix(".partial").write_text(json.dumps(
-        {"host": socket.gethostname(), **{k: os.environ.get(k) for k in TORCHRUN_VARS}}))
+        {"host": socket.gethostname(), **{k: os.environ.get(k) for k in TORCHRUN_VARS},
+         "torch_preloaded": TORCH_PRELOADED, "ppid": os.getppid(), "threads":
+         torch.get_num_threads(), "cmdline": Path("/proc/self/cmdline").read_bytes().decode()
+         .split("\0")[1:-1]}))
     os.replace(told.with_suffix(".partial"), told)  # never seen half-written
 
     data = torch.Generator().manual_seed(0)

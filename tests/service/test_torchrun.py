@@ -1,10 +1,14 @@
 """torchrun-compatible elastic jobs end to end: a plain DDP script (tests/scripts/plain_ddp.py,
 no dyntrain import) on the local executor grows, shrinks and survives a killed worker, each
-change a restart of the whole gang that resumes from the script's own checkpoint."""
+change a restart of the whole gang that resumes from the script's own checkpoint. Gangs after
+the first start from the executor's warm processes (torch imported, forked by its zygote: no
+interpreter is started for them) with torchrun's variables, and train the model a cold gang
+trains, bit for bit."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -17,10 +21,12 @@ from dyntrain.service.core.model import (
     JobStatus,
     Resources,
 )
+from dyntrain.service.core.torchrun import worker_env
 from dyntrain.service.engine.config import ControllerConfig
 from dyntrain.service.engine.controller import Controller
 from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
+from dyntrain.testing.wait import wait_until
 
 from .test_controller import drive
 
@@ -29,15 +35,16 @@ SMALL = Resources(0.25, 0, 256)
 EPOCHS = 10
 
 
-def spot_setup(tmp_path: Path, slots: int, grace: float):
+def spot_setup(tmp_path: Path, slots: int, grace: float, warm: int = 1):
     """A SQLite store with one SPOT environment of ``slots`` slots, queue q, and a controller
-    over the local executor."""
+    over the local executor with ``warm`` warm workers (``dyntrain server``'s default: 1)."""
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
     store.environments.create_compute_environment(ComputeEnvironmentSpec(
         "spot", CapacityType.SPOT, 0.3, SMALL, 0, slots, 8))
     store.environments.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
-    executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384)
+    executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384,
+                             warm_workers=warm)
     return store, Controller(store, executor, ControllerConfig(
         tmp_path / "runs", grace_seconds=grace, schedule_every=0.05))
 
@@ -87,7 +94,7 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
         reason = store.jobs.get_job(job.id).status_reason
         if reason and reason not in seen:
             seen.append(reason)
-        if changes and changes[0][:2] in gangs():
+        if changes and changes[0][:2] in gangs() and zygote_ready(tmp_path):
             *_, change = changes.pop(0)
             pause.touch()
             change()
@@ -114,13 +121,81 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
                                  "(signal 9)"), reasons
     assert reasons[3] == "exit code 0", reasons
     assert any(r.startswith("restart: 2 -> 3 workers") for r in seen), seen
-    # each rank got torchrun's variables, its gang's size and restart count
+    # each rank got torchrun's variables, its gang's size and restart count; every gang after
+    # the first (whose start started the zygote) ran in warm processes
     for restart, world in gangs():
-        for rank in range(world):
-            env = json.loads((folder / f"env-r{restart}-rank{rank}.json").read_text())
-            assert env["RANK"] == env["LOCAL_RANK"] == str(rank), env
-            assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == str(world), env
-            assert env["TORCHELASTIC_RESTART_COUNT"] == str(restart), env
-            assert env["TORCHELASTIC_RUN_ID"] == job.id and env["MASTER_ADDR"] == "127.0.0.1"
-            assert int(env["MASTER_PORT"]) > 0
+        envs = told(folder, restart, world)
+        for rank, env in enumerate(envs):
+            assert_torchruns_variables(env, rank=rank, world=world, restart=restart, job=job.id)
+            assert env["MASTER_PORT"] == envs[0]["MASTER_PORT"]
+            if restart > 0:
+                assert_warm(env)
         assert not (folder / f"env-r{restart}-rank{world}.json").exists()
+
+
+#: the command line of a process the zygote forked: no interpreter was started for the worker
+ZYGOTE_ARGS = ["-m", "dyntrain.service.executors.warm", "--zygote"]
+ZYGOTE_READY = re.compile(r"dyntrain warm zygote \d+ ready")
+
+
+def zygote_ready(tmp_path: Path) -> bool:
+    """Whether the executor's zygote (started by the first gang) finished its imports: gangs
+    started from then on are warm."""
+    log = tmp_path / "executor" / "workers" / "supervisor.log"
+    return log.exists() and ZYGOTE_READY.search(log.read_text()) is not None
+
+
+def told(folder: Path, restart: int, world: int) -> list[dict]:
+    """What each rank of gang ``restart`` wrote of its variables and process."""
+    return [json.loads((folder / f"env-r{restart}-rank{rank}.json").read_text())
+            for rank in range(world)]
+
+
+def assert_torchruns_variables(env: dict, *, rank: int, world: int, restart: int, job: str,
+                               threads: str = "1") -> None:
+    """Every variable torchrun's agent sets, as it sets it for a single-node gang (and the
+    thread count the job pins, which the script's torch uses)."""
+    expected = worker_env(rank=rank, world_size=world, master_addr="127.0.0.1",
+                          master_port=int(env["MASTER_PORT"]), restart=restart, run_id=job,
+                          max_restarts=0)
+    assert {k: env[k] for k in expected} == expected, env
+    assert env["OMP_NUM_THREADS"] == threads and env["threads"] == int(threads), env
+
+
+def assert_warm(env: dict) -> None:
+    """The rank ran in a process the zygote forked, torch imported before the script ran."""
+    assert env["torch_preloaded"] and env["cmdline"] == ZYGOTE_ARGS, env
+
+
+def test_a_warm_gang_trains_the_model_a_cold_gang_trains(tmp_path):
+    """The same job, pinned to 2 threads, twice on one service: the first from cold processes
+    (its start starts the zygote), the second, once the zygote is ready, from warm ones. The
+    same variables and the same final model, bit for bit."""
+    store, c = spot_setup(tmp_path, slots=2, grace=10.0)
+    final = {}
+    try:
+        for kind in ("cold", "warm"):
+            if kind == "warm":
+                wait_until(lambda: zygote_ready(tmp_path), "the zygote's imports")
+            folder = tmp_path / kind
+            job = store.jobs.submit(queue="q", command=[
+                sys.executable, PLAIN_DDP, "--epochs", "3", "--checkpoint-dir", str(folder)],
+                environment={"DYNTRAIN_THREADS": "2"}, resources=SMALL, workers=(1, 2),
+                launcher="torchrun")
+            drive(c, lambda job=job: store.jobs.get_job(job.id).status.is_terminal(),
+                  timeout=240)
+            assert store.jobs.get_job(job.id).status is JobStatus.SUCCEEDED
+            assert [h["restart"] for h in _history(folder / "checkpoint.pt")] == [0] * 3
+            for rank, env in enumerate(told(folder, 0, 2)):
+                assert_torchruns_variables(env, rank=rank, world=2, restart=0, job=job.id,
+                                           threads="2")
+                if kind == "warm":
+                    assert_warm(env)
+                else:
+                    assert not env["torch_preloaded"] and env["cmdline"][0] == PLAIN_DDP, env
+            final[kind] = torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
+    finally:
+        c.executor.shutdown()
+        store.close()
+    assert final["cold"].keys() == final["warm"].keys()
+    assert all(torch.equal(final["cold"][k], final["warm"][k]) for k in final["cold"])
