@@ -8,12 +8,15 @@ trains, bit for bit."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from dyntrain.service.core.executor import WorkerSpec
 from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
@@ -35,18 +38,61 @@ SMALL = Resources(0.25, 0, 256)
 EPOCHS = 10
 
 
-def spot_setup(tmp_path: Path, slots: int, grace: float, warm: int = 1):
-    """A SQLite store with one SPOT environment of ``slots`` slots, queue q, and a controller
-    over the local executor with ``warm`` warm workers (``dyntrain server``'s default: 1)."""
-    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
-    store.create_all()
-    store.environments.create_compute_environment(ComputeEnvironmentSpec(
-        "spot", CapacityType.SPOT, 0.3, SMALL, 0, slots, 8))
-    store.environments.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
-    executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384,
-                             warm_workers=warm)
-    return store, Controller(store, executor, ControllerConfig(
-        tmp_path / "runs", grace_seconds=grace, schedule_every=0.05))
+class Service:
+    """One SQLite store with a SPOT environment and queue q, and a controller over a local
+    executor with one warm worker (``dyntrain server``'s default), for the module's tests."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.store = store = Store(f"sqlite:///{folder / 'db.sqlite'}")
+        store.create_all()
+        store.environments.create_compute_environment(ComputeEnvironmentSpec(
+            "spot", CapacityType.SPOT, 0.3, SMALL, 0, 2, 8))
+        store.environments.create_job_queue(JobQueueSpec("q", 1, ("spot",)))
+        self.c = Controller(store, LocalExecutor(folder / "executor", cpus=2, memory_mib=16_384,
+                                                 warm_workers=1), ControllerConfig(
+            folder / "runs", grace_seconds=10.0, schedule_every=0.05))
+
+    def start_zygote(self) -> None:
+        """Start the executor's zygote: a worker that could use a warm process (a script that
+        imports nothing, started cold) asks for one."""
+        os.environ["PYTEST_CURRENT_TEST"] = STARTED_UNDER  # (same_environment)
+        noop = self.folder / "noop.py"
+        noop.write_text("")
+        executor = self.c.executor
+        executor.start(WorkerSpec("noop", 1, "noop", [sys.executable, str(noop)], {}, SMALL,
+                                  None, str(self.folder / "noop.log")))
+        exits = wait_until(executor.poll, "the no-op worker's exit")  # (before the controller)
+        assert [(e.worker_id, e.exit_code) for e in exits] == [("noop", 0)], exits
+
+    def zygote_ready(self) -> bool:
+        """Whether the zygote finished its imports: gangs started from then on are warm."""
+        log = self.folder / "executor" / "workers" / "supervisor.log"
+        return log.exists() and ZYGOTE_READY.search(log.read_text()) is not None
+
+    def close(self) -> None:
+        for job in self.store.jobs.list_jobs():
+            for w in self.store.workers.list_workers(job.id, active=True):
+                self.c.executor.signal(w.id, "KILL")
+        self.c.executor.shutdown()
+        self.store.close()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    found = Service(tmp_path_factory.mktemp("torchrun"))
+    try:
+        found.start_zygote()
+        yield found
+    finally:
+        found.close()
+
+
+def same_environment(monkeypatch) -> None:
+    """Keep the variable pytest changes at each phase of each test as it was when the module's
+    executor started: its workers inherit this process's environment, and only a worker whose
+    environment is the warm processes' (but for its own variables) may take one."""
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", STARTED_UNDER)
 
 
 def _history(checkpoint: Path) -> list[dict]:
@@ -56,8 +102,10 @@ def _history(checkpoint: Path) -> list[dict]:
     return torch.load(checkpoint, weights_only=True)["history"]
 
 
-def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path):
-    store, c = spot_setup(tmp_path, slots=2, grace=10.0)
+def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(service, tmp_path,
+                                                                       monkeypatch):
+    same_environment(monkeypatch)
+    store, c = service.store, service.c
     folder, pause = tmp_path / "ckpt", tmp_path / "pause"
     job = store.jobs.submit(queue="q", command=[
         sys.executable, PLAIN_DDP, "--epochs", str(EPOCHS), "--checkpoint-dir", str(folder),
@@ -94,7 +142,7 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
         reason = store.jobs.get_job(job.id).status_reason
         if reason and reason not in seen:
             seen.append(reason)
-        if changes and changes[0][:2] in gangs() and zygote_ready(tmp_path):
+        if changes and changes[0][:2] in gangs() and service.zygote_ready():
             *_, change = changes.pop(0)
             pause.touch()
             change()
@@ -135,14 +183,8 @@ def test_a_plain_ddp_script_grows_shrinks_and_survives_a_killed_worker(tmp_path)
 
 #: the command line of a process the zygote forked: no interpreter was started for the worker
 ZYGOTE_ARGS = ["-m", "dyntrain.service.executors.warm", "--zygote"]
+STARTED_UNDER = "tests/service/test_torchrun.py (the module's executor)"
 ZYGOTE_READY = re.compile(r"dyntrain warm zygote \d+ ready")
-
-
-def zygote_ready(tmp_path: Path) -> bool:
-    """Whether the executor's zygote (started by the first gang) finished its imports: gangs
-    started from then on are warm."""
-    log = tmp_path / "executor" / "workers" / "supervisor.log"
-    return log.exists() and ZYGOTE_READY.search(log.read_text()) is not None
 
 
 def told(folder: Path, restart: int, world: int) -> list[dict]:
@@ -167,35 +209,35 @@ def assert_warm(env: dict) -> None:
     assert env["torch_preloaded"] and env["cmdline"] == ZYGOTE_ARGS, env
 
 
-def test_a_warm_gang_trains_the_model_a_cold_gang_trains(tmp_path):
-    """The same job, pinned to 2 threads, twice on one service: the first from cold processes
-    (its start starts the zygote), the second, once the zygote is ready, from warm ones. The
-    same variables and the same final model, bit for bit."""
-    store, c = spot_setup(tmp_path, slots=2, grace=10.0)
-    final = {}
+def test_a_warm_gang_trains_the_model_a_cold_gang_trains(service, tmp_path, monkeypatch):
+    """The same job, pinned to 2 threads, twice at once: from warm processes, and from cold ones
+    (a variable of its own that a warm process did not start with keeps a worker off them,
+    as before warm gangs). The same variables and the same final model, bit for bit."""
+    same_environment(monkeypatch)
+    store, c = service.store, service.c
+    wait_until(service.zygote_ready, "the zygote's imports")
+    jobs = {kind: store.jobs.submit(queue="q", command=[
+        sys.executable, PLAIN_DDP, "--epochs", "3", "--checkpoint-dir", str(tmp_path / kind)],
+        environment={"DYNTRAIN_THREADS": "2", **({"COLD": "1"} if kind == "cold" else {})},
+        resources=SMALL, workers=(2, 2), launcher="torchrun") for kind in ("cold", "warm")}
+    store.environments.update_compute_environment("spot", desired_slots=4)
     try:
-        for kind in ("cold", "warm"):
-            if kind == "warm":
-                wait_until(lambda: zygote_ready(tmp_path), "the zygote's imports")
-            folder = tmp_path / kind
-            job = store.jobs.submit(queue="q", command=[
-                sys.executable, PLAIN_DDP, "--epochs", "3", "--checkpoint-dir", str(folder)],
-                environment={"DYNTRAIN_THREADS": "2"}, resources=SMALL, workers=(1, 2),
-                launcher="torchrun")
-            drive(c, lambda job=job: store.jobs.get_job(job.id).status.is_terminal(),
-                  timeout=240)
-            assert store.jobs.get_job(job.id).status is JobStatus.SUCCEEDED
-            assert [h["restart"] for h in _history(folder / "checkpoint.pt")] == [0] * 3
-            for rank, env in enumerate(told(folder, 0, 2)):
-                assert_torchruns_variables(env, rank=rank, world=2, restart=0, job=job.id,
-                                           threads="2")
-                if kind == "warm":
-                    assert_warm(env)
-                else:
-                    assert not env["torch_preloaded"] and env["cmdline"][0] == PLAIN_DDP, env
-            final[kind] = torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
+        drive(c, lambda: all(store.jobs.get_job(j.id).status.is_terminal()
+                             for j in jobs.values()), timeout=240)
     finally:
-        c.executor.shutdown()
-        store.close()
+        store.environments.update_compute_environment("spot", desired_slots=2)
+    final = {}
+    for kind, job in jobs.items():
+        folder = tmp_path / kind
+        assert store.jobs.get_job(job.id).status is JobStatus.SUCCEEDED
+        assert [h["restart"] for h in _history(folder / "checkpoint.pt")] == [0] * 3
+        for rank, env in enumerate(told(folder, 0, 2)):
+            assert_torchruns_variables(env, rank=rank, world=2, restart=0, job=job.id,
+                                       threads="2")
+            if kind == "warm":
+                assert_warm(env)
+            else:
+                assert not env["torch_preloaded"] and env["cmdline"][0] == PLAIN_DDP, env
+        final[kind] = torch.load(folder / "checkpoint.pt", weights_only=True)["model"]
     assert final["cold"].keys() == final["warm"].keys()
     assert all(torch.equal(final["cold"][k], final["warm"][k]) for k in final["cold"])
