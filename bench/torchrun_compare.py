@@ -77,9 +77,15 @@ NOTES = [
     "(b) and (c): a service in this process (SQLite store, LocalExecutor with one warm worker as "
     "dyntrain server's default, Controller with schedule_every 0.05 s and a 10 s grace period), "
     "a fresh one per mode; one SPOT environment at $0.30 per slot-hour whose desired_slots the "
-    "trace sets (2 -> 3 -> 2); --workers 1:4; kill: SIGKILL to the job's newest worker. A "
-    "torchrun-mode worker's environment holds torchrun's variables, so it never takes the warm "
-    "worker: each gang starts a new Python per worker.",
+    "trace sets (2 -> 3 -> 2); --workers 1:4; kill: SIGKILL to the job's newest worker. The "
+    "torchrun mode's first gang starts new Pythons (its start starts the executor's zygote); "
+    "each later gang's workers are processes the zygote forks with torch imported, which run "
+    "the script with torchrun's variables ('warm gang starts').",
+    "restart phases (torchrun mode): stop = the change -> the old gang's last worker exit as "
+    "the service recorded it; start = -> the last new worker running the script (its first "
+    "line); set-up = -> every rank past the script's first barrier (its imports, "
+    "init_process_group, data, model, checkpoint loaded, DDP built); first step = -> the new "
+    "gang's first step. They add up to the change's latency.",
     "global batch: the torchrun modes train 32 samples per worker (the script's own batch "
     "semantics, as most DDP scripts are written): 64 at 2 workers, 96 at 3, with the same "
     "learning rate; 23 steps per epoch at 2 workers, 15 at 3. The exact mode trains a global "
@@ -164,6 +170,7 @@ def measure_changes(run: dict, steps: list[dict], summary: dict) -> list[dict]:
             row.update(latency_s=round(first["time"] - t, 3),
                        progress_at_new_world=round(first["progress"], 2))
         end = first["time"]
+        row.update(time_changed=t, time_first_step=end)
         before = [x["time"] for x in steps if x["time"] <= t][-1:]
         times = before + [x["time"] for x in steps if t < x["time"] <= end]
         row.update(pause_s=round(max(b - a for a, b in pairwise(times)), 3),
@@ -305,6 +312,28 @@ CHANGE_HEADERS = ["mode", "change", "trigger, epoch", "fired at, epoch", "new si
                   "latency, s", "training stopped, s", "gang restarts", "samples trained again"]
 
 
+PHASE_HEADERS = ["mode", "change", "stop old gang, s", "start processes, s",
+                 "script set-up, s", "first step, s", "latency, s", "warm gang starts"]
+
+
+def phase_rows(modes: dict) -> list[list[str]]:
+    """Where each gang restart's time went (the modes whose restarts have phases)."""
+    rows = []
+    for name in MODES:
+        m = modes.get(name, {})
+        for c in m.get("changes", []):
+            p = c.get("phases")
+            if not p or p.get("stop_s") is None:
+                continue
+            gang = [g for g in m.get("gang_starts", [])
+                    if c["time_changed"] < g["time"] <= c["time_first_step"]]
+            rows.append([m["label"], f"{c['kind']} -> {c['world_after']}",
+                         _num(p["stop_s"], 2), _num(p["start_s"], 2), _num(p["setup_s"], 2),
+                         _num(p["first_step_s"], 2), _num(c.get("latency_s"), 2),
+                         f"{sum(g['warm'] for g in gang)} of {len(gang)}"])
+    return rows
+
+
 def change_rows(modes: dict) -> list[list[str]]:
     rows = []
     for name in MODES:
@@ -371,8 +400,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
-    rows, crows = table_rows(modes, statics), change_rows(modes)
-    table = text_table(HEADERS, rows) + "\n\n" + text_table(CHANGE_HEADERS, crows)
+    rows, crows, prows = table_rows(modes, statics), change_rows(modes), phase_rows(modes)
+    table = (text_table(HEADERS, rows) + "\n\n" + text_table(CHANGE_HEADERS, crows) + "\n\n"
+             + text_table(PHASE_HEADERS, prows))
     print(table)
     for m in [*modes.values(), *statics.values()]:
         m.pop("t0", None)
@@ -390,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                      "global_batch_exact": GLOBAL_BATCH, "batch_per_worker_ddp": 32},
         "wall_s": round(time.time() - t0, 1),
         "headers": HEADERS, "rows": rows, "change_headers": CHANGE_HEADERS,
-        "change_rows": crows, "table": table, "notes": NOTES, "modes": modes, "static": statics,
+        "change_rows": crows, "phase_headers": PHASE_HEADERS, "phase_rows": prows,
+        "table": table, "notes": NOTES, "modes": modes, "static": statics,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(result, indent=2, default=str)  # the run folders' paths, shortened
