@@ -249,6 +249,10 @@ def _torchrun_compare(data: dict, run: Run) -> str:
     return (md_table(data["headers"], data["rows"], right=range(1, n))
             + "\n\nEach change:\n\n"
             + md_table(data["change_headers"], data["change_rows"], right=range(2, m))
+            + ("\n\nWhere each restart of the torchrun mode's gang went:\n\n"
+               + md_table(data["phase_headers"], data["phase_rows"],
+                          right=range(2, len(data["phase_headers"])))
+               if data.get("phase_rows") else "")
             + "\n\nAs the benchmark defines its measures:\n\n"
             + "\n".join(f"- {note}" for note in data["notes"]))
 

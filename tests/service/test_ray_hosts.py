@@ -13,9 +13,10 @@ folder, at the same path on every host, as a shared file system would be.
   earlier run: a short cut (the node stays in the cluster) and a long one (Ray declares the node
   dead) each end the run on the cut-off node before the retry starts, and nothing of it runs on
   when the link heals.
-- A plain DDP script as a torchrun gang spans three hosts: each worker is told rank 0's host as
-  the main node (and the interface it reaches it through, as gloo would bind loopback), and a
-  host cut off restarts the gang on the others from the script's checkpoint.
+- A plain DDP script as a torchrun gang spans hosts: each worker of each gang is told rank 0's
+  host as the main node (and the interface it reaches it through, as gloo would bind
+  loopback); the gang grows onto a third host when a slot is added, shrinks when it is taken
+  back, and a host cut off restarts it on the others, each time from the script's checkpoint.
 - Workers that cannot reach the coordinator (a service told a loopback address) say where they
   tried, and the job fails after a few of them instead of starting more forever.
 
@@ -324,11 +325,14 @@ def test_workers_that_cannot_reach_the_coordinator_fail_the_job_saying_where_the
 PLAIN_DDP = str(Path(__file__).resolve().parent.parent / "scripts" / "plain_ddp.py")
 
 
-def test_a_torchrun_gang_spans_hosts_and_restarts_without_a_cut_off_host(cluster):
-    """A plain DDP script (no dyntrain import) as a torchrun gang on three hosts whose
-    hostnames resolve to loopback: each worker is told its gang's main node (rank 0's host's
-    address, not the service's) and the interface it reaches it through; when a host is cut
-    off, the gang restarts on the others from the script's own checkpoint."""
+def test_a_torchrun_gang_spans_hosts_grows_shrinks_and_restarts_without_a_cut_off_host(
+        cluster):
+    """A plain DDP script (no dyntrain import) as a torchrun gang on hosts whose hostnames
+    resolve to loopback: each worker of each gang is told its gang's main node (rank 0's
+    host's address, which every member reaches: not the service's, not 127.0.0.1) and the
+    interface it reaches it through. The gang grows onto a third host when the environment
+    offers a third slot, shrinks when it is taken back, and when a host is cut off restarts on
+    the others; each gang resumes from the script's own checkpoint."""
     c = cluster
     for i in (1, 2, 3):
         c.node(i)
@@ -336,13 +340,14 @@ def test_a_torchrun_gang_spans_hosts_and_restarts_without_a_cut_off_host(cluster
     pause.touch()  # no epoch starts while it exists
     address = {f"host{i}": c.bed.host(i).address for i in (1, 2, 3)}
 
-    def gang(size: int) -> tuple[int, list[dict]] | None:
-        """The newest gang of ``size`` workers whose every rank started: (restart, envs)."""
+    def gang(size: int, after: int = -1) -> tuple[int, list[dict]] | None:
+        """The newest gang (restart count above ``after``) of ``size`` workers whose every
+        rank started: (restart, envs)."""
         for found in sorted(folder.glob(f"env-r*-rank{size - 1}.json"), reverse=True,
                             key=lambda p: int(p.name.split("-")[1][1:])):
             restart = int(found.name.split("-")[1][1:])
             ranks = [folder / f"env-r{restart}-rank{r}.json" for r in range(size)]
-            if all(p.exists() for p in ranks) and not (
+            if restart > after and all(p.exists() for p in ranks) and not (
                     folder / f"env-r{restart}-rank{size}.json").exists():
                 return restart, [json.loads(p.read_text()) for p in ranks]
         return None
@@ -352,49 +357,68 @@ def test_a_torchrun_gang_spans_hosts_and_restarts_without_a_cut_off_host(cluster
         return torch.load(checkpoint, weights_only=True)["history"] if checkpoint.exists() \
             else []
 
-    with c.client() as client:
-        job = client.submit(queue="spot", workers={"min": 2, "max": 3}, launcher="torchrun",
-                            resources={"cpus": 1, "memory_mib": 128}, command=[
-                                sys.executable, PLAIN_DDP, "--epochs", "6", "--checkpoint-dir",
-                                str(folder), "--epoch-seconds", "1", "--pause-while",
-                                str(pause)])
-        first, envs = wait_job(client, job["id"], lambda: gang(3), "a gang on three hosts", 240)
+    def formed(client: Client, job_id: str, size: int, after: int, what: str):
+        """Wait for the next gang of ``size``, check what its workers were told, let it
+        train an epoch, then hold it between epochs; (restart, hosts)."""
+        restart, envs = wait_job(client, job_id, lambda: gang(size, after), what, 240)
         hosts = [e["host"] for e in envs]
-        assert sorted(hosts) == ["host1", "host2", "host3"], envs
+        assert len(set(hosts)) == size, envs
         for rank, env in enumerate(envs):
             # rank 0's host is the main node; every worker is a node of its own
-            assert env["MASTER_ADDR"] == address[hosts[0]], envs
+            assert env["MASTER_ADDR"] == address[hosts[0]] != "127.0.0.1", envs
             assert env["MASTER_PORT"] == envs[0]["MASTER_PORT"], envs
             assert (env["RANK"], env["GROUP_RANK"], env["LOCAL_RANK"]) == (str(rank),) * 2 + (
                 "0",), env
             assert env["GLOO_SOCKET_IFNAME"], env
         pause.unlink()  # the gang trains across the hosts
-        wait_job(client, job["id"], lambda: any(
-            h["restart"] == first and h["world_size"] == 3 for h in epochs()),
-            "an epoch of the three-host gang", 120)
+        wait_job(client, job_id, lambda: any(
+            h["restart"] == restart and h["world_size"] == size for h in epochs()),
+            f"an epoch of gang {restart}", 120)
         pause.touch()
-        cut = int(hosts[1][-1])  # rank 1's host
-        c.partition(cut)
+        return restart, hosts
+
+    with c.client() as client:
+        client.update_compute_environment("spot", max_slots=2)
         try:
-            second, envs = wait_job(client, job["id"], lambda: (
-                g := gang(2)) and g[0] > first and g, "a gang without the cut-off host", 240)
+            job = client.submit(queue="spot", workers={"min": 2, "max": 3},
+                                launcher="torchrun", resources={"cpus": 1, "memory_mib": 128},
+                                command=[sys.executable, PLAIN_DDP, "--epochs", "6",
+                                         "--checkpoint-dir", str(folder), "--epoch-seconds",
+                                         "1", "--pause-while", str(pause)])
+            first, _ = formed(client, job["id"], 2, -1, "a gang on two hosts")
+            client.update_compute_environment("spot", max_slots=3)  # grow
+            grown, _ = formed(client, job["id"], 3, first, "a gang on three hosts")
+            client.update_compute_environment("spot", max_slots=2)  # shrink
+            shrunk, hosts = formed(client, job["id"], 2, grown, "the gang back on two hosts")
+            cut = int(hosts[1][-1])  # rank 1's host
+            c.partition(cut)
+            try:
+                _, envs = wait_job(client, job["id"], lambda: gang(2, shrunk),
+                                   "a gang without the cut-off host", 240)
+            finally:
+                c.bed.heal(cut)
+            assert f"host{cut}" not in [e["host"] for e in envs], envs
+            assert envs[0]["MASTER_ADDR"] == address[envs[0]["host"]], envs
+            pause.unlink()
+            final = ended(client, job["id"], 240)
         finally:
-            c.bed.heal(cut)
-        assert f"host{cut}" not in [e["host"] for e in envs], envs
-        assert envs[0]["MASTER_ADDR"] == address[envs[0]["host"]], envs
-        pause.unlink()
-        final = ended(client, job["id"], 240)
+            client.update_compute_environment("spot", max_slots=16)
         reasons = [a["reason"] or "" for a in client.get_job(job["id"])["attempt_history"]]
     assert final["status"] == "SUCCEEDED", (final["status_reason"], reasons)
     history = epochs()
     assert [h["epoch"] for h in history] == list(range(1, 7)), history
-    assert {(h["restart"], h["world_size"]) for h in history} >= {(first, 3), (second, 2)}
-    assert all(h["resumed_from"] > 0 for h in history if h["restart"] == second), history
+    assert {(h["restart"], h["world_size"]) for h in history} >= {
+        (first, 2), (grown, 3), (shrunk, 2)}, history
+    assert all(h["resumed_from"] > 0 for h in history if h["restart"] > first), history
+    assert "restart: 2 -> 3 workers (capacity added)" in reasons, reasons
+    assert "restart: 3 -> 2 workers (capacity taken back)" in reasons, reasons
     # the lost host restarted the gang: neither a failed attempt nor a preemption (a gang that
     # could not start on a node the earlier tests' cuts left starting is one, and says so).
     # Whichever notices the cut first restarts it: the worker's exit (its node lost), or a
     # scheduling pass that finds the node's capacity gone (on a loaded machine it may be first)
+    after_shrink = reasons[reasons.index("restart: 3 -> 2 workers (capacity taken back)") + 1:]
     assert any(re.fullmatch(r"restart: worker w\d died \(its node was lost\)", r)
-               or r == "restart: 3 -> 2 workers (capacity taken back)" for r in reasons), reasons
+               or re.fullmatch(r"restart: 2 -> \d workers \(capacity taken back\)", r)
+               for r in after_shrink), reasons
     assert final["attempts"] == 1, final
     assert final["preemptions"] == sum(r.startswith("preempted: ") for r in reasons), reasons
