@@ -53,7 +53,8 @@ def main() -> None:
     told.with_suffix(".partial").write_text(json.dumps(
         {"host": socket.gethostname(), **{k: os.environ.get(k) for k in TORCHRUN_VARS},
          "torch_preloaded": TORCH_PRELOADED, "ppid": os.getppid(), "threads":
-         torch.get_num_threads(), "cmdline": Path("/proc/self/cmdline").read_bytes().decode()
+         torch.get_num_threads(), "deterministic": torch.are_deterministic_algorithms_enabled(),
+         "cmdline": Path("/proc/self/cmdline").read_bytes().decode()
          .split("\0")[1:-1]}))
     os.replace(told.with_suffix(".partial"), told)  # never seen half-written
 

@@ -202,6 +202,8 @@ def assert_torchruns_variables(env: dict, *, rank: int, world: int, restart: int
                           max_restarts=0)
     assert {k: env[k] for k in expected} == expected, env
     assert env["OMP_NUM_THREADS"] == threads and env["threads"] == int(threads), env
+    # the rest of the job's numerics are no variable torch reads: the script's own choice
+    assert env["deterministic"] is False, env
 
 
 def assert_warm(env: dict) -> None:
@@ -210,7 +212,8 @@ def assert_warm(env: dict) -> None:
 
 
 def test_a_warm_gang_trains_the_model_a_cold_gang_trains(service, tmp_path, monkeypatch):
-    """The same job, pinned to 2 threads, twice at once: from warm processes, and from cold ones
+    """The same job, pinned to 2 threads (and naming deterministic algorithms, which only the
+    exact mode applies), twice at once: from warm processes, and from cold ones
     (a variable of its own that a warm process did not start with keeps a worker off them,
     as before warm gangs). The same variables and the same final model, bit for bit."""
     same_environment(monkeypatch)
@@ -218,7 +221,8 @@ def test_a_warm_gang_trains_the_model_a_cold_gang_trains(service, tmp_path, monk
     wait_until(service.zygote_ready, "the zygote's imports")
     jobs = {kind: store.jobs.submit(queue="q", command=[
         sys.executable, PLAIN_DDP, "--epochs", "3", "--checkpoint-dir", str(tmp_path / kind)],
-        environment={"DYNTRAIN_THREADS": "2", **({"COLD": "1"} if kind == "cold" else {})},
+        environment={"DYNTRAIN_THREADS": "2", "DYNTRAIN_DETERMINISTIC": "1",
+                     **({"COLD": "1"} if kind == "cold" else {})},
         resources=SMALL, workers=(2, 2), launcher="torchrun") for kind in ("cold", "warm")}
     store.environments.update_compute_environment("spot", desired_slots=4)
     try:

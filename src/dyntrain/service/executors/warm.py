@@ -110,11 +110,13 @@ def become(assignment: dict) -> None:
 
 def _numerics(env: dict[str, str]) -> None:
     """What a cold start would have read when torch loaded: the job's numerics (threads,
-    deterministic algorithms, matmul precision), or a plain ``OMP_NUM_THREADS``. The kernel
-    level is read from the environment at the first computation, after this."""
+    deterministic algorithms, matmul precision), or a plain ``OMP_NUM_THREADS``. A torchrun
+    gang's worker (``TORCHELASTIC_RUN_ID``) runs a script that knows nothing of the job's
+    numerics: only its ``OMP_NUM_THREADS``, as in a new interpreter. The kernel level is read
+    from the environment at the first computation, after this."""
     from dyntrain.elastic.numerics import apply, numerics_from_env
 
-    pinned = numerics_from_env(env)
+    pinned = None if "TORCHELASTIC_RUN_ID" in env else numerics_from_env(env)
     threads = env.get("OMP_NUM_THREADS", "")
     if pinned is not None:
         apply(pinned)
