@@ -15,8 +15,8 @@ folder, at the same path on every host, as a shared file system would be.
   when the link heals.
 - A plain DDP script as a torchrun gang spans hosts: each worker of each gang is told rank 0's
   host as the main node (and the interface it reaches it through, as gloo would bind
-  loopback); the gang grows onto a third host when a slot is added, shrinks when it is taken
-  back, and a host cut off restarts it on the others, each time from the script's checkpoint.
+  loopback); the gang grows onto a third host when a slot is added and shrinks to the others
+  when a host is cut off, each time from the script's checkpoint.
 - Workers that cannot reach the coordinator (a service told a loopback address) say where they
   tried, and the job fails after a few of them instead of starting more forever.
 
@@ -325,14 +325,14 @@ def test_workers_that_cannot_reach_the_coordinator_fail_the_job_saying_where_the
 PLAIN_DDP = str(Path(__file__).resolve().parent.parent / "scripts" / "plain_ddp.py")
 
 
-def test_a_torchrun_gang_spans_hosts_grows_shrinks_and_restarts_without_a_cut_off_host(
-        cluster):
+def test_a_torchrun_gang_spans_hosts_grows_and_shrinks_without_a_cut_off_host(cluster):
     """A plain DDP script (no dyntrain import) as a torchrun gang on hosts whose hostnames
     resolve to loopback: each worker of each gang is told its gang's main node (rank 0's
     host's address, which every member reaches: not the service's, not 127.0.0.1) and the
     interface it reaches it through. The gang grows onto a third host when the environment
-    offers a third slot, shrinks when it is taken back, and when a host is cut off restarts on
-    the others; each gang resumes from the script's own checkpoint."""
+    offers a third slot, and when a host is cut off shrinks to the others; each gang resumes
+    from the script's own checkpoint. (A shrink by capacity taken back is the same restart,
+    tested on the local executor: here it would cost one more gang of cold processes.)"""
     c = cluster
     for i in (1, 2, 3):
         c.node(i)
@@ -387,13 +387,11 @@ def test_a_torchrun_gang_spans_hosts_grows_shrinks_and_restarts_without_a_cut_of
                                          "1", "--pause-while", str(pause)])
             first, _ = formed(client, job["id"], 2, -1, "a gang on two hosts")
             client.update_compute_environment("spot", max_slots=3)  # grow
-            grown, _ = formed(client, job["id"], 3, first, "a gang on three hosts")
-            client.update_compute_environment("spot", max_slots=2)  # shrink
-            shrunk, hosts = formed(client, job["id"], 2, grown, "the gang back on two hosts")
-            cut = int(hosts[1][-1])  # rank 1's host
+            grown, hosts = formed(client, job["id"], 3, first, "a gang on three hosts")
+            cut = int(hosts[1][-1])  # rank 1's host: the gang shrinks to the other two
             c.partition(cut)
             try:
-                _, envs = wait_job(client, job["id"], lambda: gang(2, shrunk),
+                _, envs = wait_job(client, job["id"], lambda: gang(2, grown),
                                    "a gang without the cut-off host", 240)
             finally:
                 c.bed.heal(cut)
@@ -407,18 +405,14 @@ def test_a_torchrun_gang_spans_hosts_grows_shrinks_and_restarts_without_a_cut_of
     assert final["status"] == "SUCCEEDED", (final["status_reason"], reasons)
     history = epochs()
     assert [h["epoch"] for h in history] == list(range(1, 7)), history
-    assert {(h["restart"], h["world_size"]) for h in history} >= {
-        (first, 2), (grown, 3), (shrunk, 2)}, history
+    assert {(h["restart"], h["world_size"]) for h in history} >= {(first, 2), (grown, 3)}
     assert all(h["resumed_from"] > 0 for h in history if h["restart"] > first), history
     assert "restart: 2 -> 3 workers (capacity added)" in reasons, reasons
-    assert "restart: 3 -> 2 workers (capacity taken back)" in reasons, reasons
     # the lost host restarted the gang: neither a failed attempt nor a preemption (a gang that
     # could not start on a node the earlier tests' cuts left starting is one, and says so).
     # Whichever notices the cut first restarts it: the worker's exit (its node lost), or a
     # scheduling pass that finds the node's capacity gone (on a loaded machine it may be first)
-    after_shrink = reasons[reasons.index("restart: 3 -> 2 workers (capacity taken back)") + 1:]
     assert any(re.fullmatch(r"restart: worker w\d died \(its node was lost\)", r)
-               or re.fullmatch(r"restart: 2 -> \d workers \(capacity taken back\)", r)
-               for r in after_shrink), reasons
+               or r == "restart: 3 -> 2 workers (capacity taken back)" for r in reasons), reasons
     assert final["attempts"] == 1, final
     assert final["preemptions"] == sum(r.startswith("preempted: ") for r in reasons), reasons
