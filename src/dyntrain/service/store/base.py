@@ -55,6 +55,22 @@ class Database:
             return upgrade(conn)
 
     @contextmanager
+    def fenced(self, check: Callable[[Connection], None]) -> Iterator[None]:
+        """Start each write transaction of this thread with ``check`` (which raises to refuse
+        it, nothing written): a leader's fencing, see ``store/leases.py``."""
+        previous = getattr(self._local, "fence", None)
+        self._local.fence = check
+        try:
+            yield
+        finally:
+            self._local.fence = previous
+
+    def _fence(self, conn: Connection) -> None:
+        check = getattr(self._local, "fence", None)
+        if check is not None:
+            check(conn)
+
+    @contextmanager
     def batch(self) -> Iterator[None]:
         """Run this thread's store calls in one write transaction: one commit for all of them.
 
@@ -69,6 +85,7 @@ class Database:
             if self._sqlite:
                 conn.execution_options(dyntrain_write=True)
             with conn.begin():
+                self._fence(conn)
                 self._local.conn = conn
                 try:
                     yield
@@ -88,6 +105,8 @@ class Database:
                 if self._sqlite:
                     conn.execution_options(dyntrain_write=write)
                 with conn.begin():
+                    if write:
+                        self._fence(conn)
                     yield conn
         except IntegrityError as e:
             first = str(e.orig).strip().splitlines()[0] if e.orig else str(e)
