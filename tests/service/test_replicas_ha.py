@@ -119,3 +119,183 @@ def test_ha_a_write_fenced_by_a_stale_epoch_changes_nothing(pg_db):
 def test_ha_replicas_on_sqlite_are_refused_in_one_line(tmp_path):
     proc = cli("server", "--replica", "--port", "0", "--state-dir", tmp_path / "state")
     assert_one_line_error(proc, "several replicas need PostgreSQL")
+
+
+# ---- three server processes on one database and one state directory --------------------------
+
+PLAIN = """import os, sys, time
+open(sys.argv[1], "a").write(f"{os.getpid()}\\n")
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.05)
+"""
+SMALL = {"cpus": 0.25, "memory_mib": 128}
+
+
+class Replicas:
+    """Three `dyntrain server --replica` processes: their processes, URLs and logs."""
+
+    def __init__(self, tmp, db: str) -> None:
+        self.tmp, self.db, self.state = tmp, db, tmp / "state"
+        self.procs: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+        for i in range(3):
+            proc, url = start_server(self.state, tmp / f"replica-{i}.log", "--replica", "--db",
+                                     db, "--lease-ttl-seconds", "3",
+                                     "--lease-renew-seconds", "0.5", "--warm-workers", "0")
+            self.procs.append(proc)
+            self.urls.append(url)
+
+    def live(self) -> list[int]:
+        return [i for i, p in enumerate(self.procs) if p.poll() is None]
+
+    def health(self, i: int) -> dict | None:
+        try:
+            return httpx.get(f"{self.urls[i]}/health", timeout=1).json()
+        except httpx.HTTPError:
+            return None
+
+    def leader(self, among: list[int] | None = None) -> int | None:
+        for i in self.live() if among is None else among:
+            if (self.health(i) or {}).get("leader"):
+                return i
+        return None
+
+    def wait_leader(self, among: list[int] | None = None) -> int:
+        """The replica that leads (of ``among``), once one does."""
+        return wait_until(lambda: self.leader(among), "a replica to lead", 60,
+                          until=lambda i: i is not None)
+
+    def log(self, i: int) -> str:
+        return (self.tmp / f"replica-{i}.log").read_text()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory, pg_server):
+    name = f"ha_{uuid.uuid4().hex[:12]}"
+    db = create_database(pg_server, name)
+    bed = Replicas(tmp_path_factory.mktemp("replicas"), db)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+        drop_database(pg_server, name)
+    for i in range(3):
+        assert "Traceback" not in bed.log(i), bed.log(i)[-3000:]
+
+
+def workers_of(state, job_id: str) -> list[int]:
+    """The pids of a job's workers, from the supervisors' journals of what they started."""
+    return [record["pid"]
+            for path in (state / "executor" / "workers").glob("supervisor-*.started")
+            for line in path.read_text().splitlines()
+            if (record := json.loads(line))["id"].startswith(job_id.replace(":", "_") + "-")]
+
+
+def ended(client: Client, job_id: str) -> dict | None:
+    job = client.get_job(job_id)
+    return job if job["status"] in ("SUCCEEDED", "FAILED") else None
+
+
+@pytest.mark.slow
+def test_ha_leader_sigkilled_another_leads_and_no_job_is_lost_or_run_twice(replicas, tmp_path):
+    static = subprocess.Popen(DIGITS, env=pinned_env(_env(), DYNTRAIN_OUT=str(tmp_path / "s")),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=ROOT)
+    lead = replicas.wait_leader()
+    epoch = replicas.health(lead)["epoch"]
+    others = [i for i in replicas.live() if i != lead]
+    starts, release = tmp_path / "starts", tmp_path / "release"
+    with Client(replicas.urls[others[0]]) as client:  # any replica takes every request
+        client.create_compute_environment(
+            name="ha", capacity_type="ON_DEMAND", price_per_slot_hour=0.0, min_slots=0,
+            desired_slots=8, max_slots=8, slot=SMALL)
+        client.create_job_queue(name="ha", priority=10, compute_environments=["ha"])
+        elastic = client.submit(queue="ha", command=DIGITS + STEP_DELAY,
+                                workers={"min": 2, "max": 2}, resources=SMALL)["id"]
+        plain = client.submit(queue="ha", command=[PY, "-c", PLAIN, str(starts), str(release)],
+                              resources=SMALL)["id"]
+    run = replicas.state / "runs" / "jobs" / elastic
+    wait_until(lambda: starts.exists() and (run / "metrics.jsonl").exists()
+               and len(read_jsonl(run / "metrics.jsonl")) >= 5, "both jobs to run", 180)
+
+    replicas.procs[lead].kill()  # the leader's coordinator and scheduler die with it
+    killed = time.monotonic()
+    replicas.procs[lead].wait()
+    trainers = workers_of(replicas.state, elastic)
+    assert len(trainers) == 2
+    for pid in trainers:  # the job must not end before the takeover, however slow
+        os.killpg(pid, signal.SIGSTOP)
+    urls = ",".join([replicas.urls[lead], *(replicas.urls[i] for i in others)])
+    with Client(urls) as client:  # the dead one first: the next one answers
+        queued = client.submit(queue="ha", command=[PY, "-c", "pass"], resources=SMALL)["id"]
+        assert client.base_url != replicas.urls[lead]
+    new = replicas.wait_leader(others)
+    took = time.monotonic() - killed
+    wait_until(lambda: "re-attach to its coordinator" in replicas.log(new),
+               "the new leader to host the elastic job's coordinator", 60)
+    for pid in trainers:
+        os.killpg(pid, signal.SIGCONT)
+    assert took < TAKEOVER_S, f"the takeover took {took:.1f} s"
+    assert replicas.health(new)["epoch"] == epoch + 1
+    assert [replicas.health(i)["leader"] for i in others].count(True) == 1
+
+    release.touch()
+    with Client(urls) as client:
+        final = {j: wait_until(lambda j=j: ended(client, j), f"job {j} to end", 240)
+                 for j in (elastic, plain, queued)}
+    for job in final.values():
+        assert job["status"] == "SUCCEEDED", job["status_reason"]
+        assert job["attempts"] == 1 and job["preemptions"] == 0
+    assert len(starts.read_text().splitlines()) == 1, "the plain job ran twice"
+
+    events = read_jsonl(run / "events.jsonl")
+    assert [e["event"] for e in events] == ["start", "reattach"], events
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
+    assert sorted(steps) == list(range(1, 89)), "every step once, none lost, none redone"
+    assert static.wait(timeout=180) == 0
+    ours = torch.load(run / "final.pt", weights_only=True)
+    theirs = torch.load(tmp_path / "s" / "final.pt", weights_only=True)
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours), "not bitwise equal"
+
+    survivor = next(i for i in others if i != new)  # AWS Batch's API on one that does not lead
+    batch = boto3.client("batch", endpoint_url=replicas.urls[survivor], region_name="eu-west-1",
+                         aws_access_key_id="ha", aws_secret_access_key="ha")
+    described = batch.describe_jobs(jobs=[elastic, plain, queued])["jobs"]
+    assert {j["jobId"]: j["status"] for j in described} == dict.fromkeys(final, "SUCCEEDED")
+
+
+@pytest.mark.slow
+def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_path):
+    lead = replicas.wait_leader()
+    epoch = replicas.health(lead)["epoch"]
+    others = [i for i in replicas.live() if i != lead]
+    replicas.procs[lead].send_signal(signal.SIGSTOP)  # frozen, or cut off: it cannot tell
+    try:
+        new = replicas.wait_leader(others)
+        starts, release = tmp_path / "starts", tmp_path / "release"
+        with Client(replicas.urls[new]) as client:
+            job = client.submit(queue="ha", command=[PY, "-c", PLAIN, str(starts),
+                                                     str(release)], resources=SMALL)["id"]
+            wait_until(starts.exists, "the new leader to start the job", 60)
+    finally:
+        replicas.procs[lead].send_signal(signal.SIGCONT)  # the partition heals
+    assert replicas.health(new)["epoch"] == epoch + 1
+    wait_until(lambda: replicas.log(lead).count("stops acting"), "the old leader to stop", 30)
+    assert replicas.health(lead) == {"status": "ok", "leader": False, "epoch": epoch + 1}
+    release.touch()
+    with Client(replicas.urls[lead]) as client:  # it still answers, from the database
+        final = wait_until(lambda: ended(client, job), "the job to end", 120)
+    assert final["status"] == "SUCCEEDED" and final["attempts"] == 1, final["status_reason"]
+    assert len(starts.read_text().splitlines()) == 1, "the job ran twice"

@@ -70,6 +70,13 @@ class ServiceConfig:
         return self.db_url or f"sqlite:///{self.state_dir / 'dyntrain.db'}"
 
 
+def _import_coordinators() -> None:
+    try:
+        import dyntrain.service.engine.elastic_host  # noqa: F401
+    except Exception as exc:  # the takeover says it again, in its context
+        log.warning("cannot import the coordinators' modules: %s", exc)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -182,6 +189,9 @@ class Service:
 
         if self.leadership is not None:
             self.leadership.start()
+            # a standby imports what hosting coordinators needs (torch) now, not at takeover
+            threading.Thread(target=_import_coordinators, daemon=True,
+                             name="dyntrain-standby").start()
         self._thread = threading.Thread(
             target=loop if self.leadership is None else self._replica_loop, daemon=True,
             name="dyntrain-controller")
