@@ -299,3 +299,10 @@ def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_
         final = wait_until(lambda: ended(client, job), "the job to end", 120)
     assert final["status"] == "SUCCEEDED" and final["attempts"] == 1, final["status_reason"]
     assert len(starts.read_text().splitlines()) == 1, "the job ran twice"
+    name = replicas.urls[new].removeprefix("http://")
+    page = httpx.get(f"{replicas.urls[lead]}/", timeout=10).text  # the dashboard of any replica
+    assert f"<strong>{name}</strong> leads (epoch {epoch + 1})" in page
+    dead = [i for i in range(3) if replicas.procs[i].poll() is not None]
+    for i in dead:  # the one SIGKILLed before
+        row = page.split(f'data-replica="{replicas.urls[i].removeprefix("http://")}"')[1]
+        assert "not answering" in row.split("</tr>")[0]
