@@ -187,6 +187,11 @@ def replicas(tmp_path_factory, pg_server):
     db = create_database(pg_server, name)
     bed = Replicas(tmp_path_factory.mktemp("replicas"), db)
     try:
+        with Client(bed.urls[-1]) as client:  # any replica takes every request
+            client.create_compute_environment(
+                name="ha", capacity_type="ON_DEMAND", price_per_slot_hour=0.0, min_slots=0,
+                desired_slots=8, max_slots=8, slot=SMALL)
+            client.create_job_queue(name="ha", priority=10, compute_environments=["ha"])
         yield bed
     finally:
         bed.stop()
@@ -217,10 +222,6 @@ def test_ha_leader_sigkilled_another_leads_and_no_job_is_lost_or_run_twice(repli
     others = [i for i in replicas.live() if i != lead]
     starts, release = tmp_path / "starts", tmp_path / "release"
     with Client(replicas.urls[others[0]]) as client:  # any replica takes every request
-        client.create_compute_environment(
-            name="ha", capacity_type="ON_DEMAND", price_per_slot_hour=0.0, min_slots=0,
-            desired_slots=8, max_slots=8, slot=SMALL)
-        client.create_job_queue(name="ha", priority=10, compute_environments=["ha"])
         elastic = client.submit(queue="ha", command=DIGITS + STEP_DELAY,
                                 workers={"min": 2, "max": 2}, resources=SMALL)["id"]
         plain = client.submit(queue="ha", command=[PY, "-c", PLAIN, str(starts), str(release)],
@@ -284,7 +285,7 @@ def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_
     replicas.procs[lead].send_signal(signal.SIGSTOP)  # frozen, or cut off: it cannot tell
     try:
         new = replicas.wait_leader(others)
-        starts, release = tmp_path / "starts", tmp_path / "release"
+        starts, release = tmp_path / "starts", tmp_path / "never"
         with Client(replicas.urls[new]) as client:
             job = client.submit(queue="ha", command=[PY, "-c", PLAIN, str(starts),
                                                      str(release)], resources=SMALL)["id"]
@@ -294,15 +295,19 @@ def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_
     assert replicas.health(new)["epoch"] == epoch + 1
     wait_until(lambda: replicas.log(lead).count("stops acting"), "the old leader to stop", 30)
     assert replicas.health(lead) == {"status": "ok", "leader": False, "epoch": epoch + 1}
-    release.touch()
     with Client(replicas.urls[lead]) as client:  # it still answers, from the database
+        client.terminate(job)  # handed to the leader, whose worker it is
         final = wait_until(lambda: ended(client, job), "the job to end", 120)
-    assert final["status"] == "SUCCEEDED" and final["attempts"] == 1, final["status_reason"]
+    assert final["status"] == "FAILED" and "terminated" in final["status_reason"], final
+    assert final["attempts"] == 1
     assert len(starts.read_text().splitlines()) == 1, "the job ran twice"
+    dead = [i for i in range(3) if replicas.procs[i].poll() is not None]
+    urls = ",".join([*(replicas.urls[i] for i in dead), replicas.urls[lead]])
+    shown = cli("status", job, url=urls)  # the CLI asks the next URL too
+    assert shown.returncode == 0 and "FAILED" in shown.stdout, (shown.stdout, shown.stderr)
     name = replicas.urls[new].removeprefix("http://")
     page = httpx.get(f"{replicas.urls[lead]}/", timeout=10).text  # the dashboard of any replica
     assert f"<strong>{name}</strong> leads (epoch {epoch + 1})" in page
-    dead = [i for i in range(3) if replicas.procs[i].poll() is not None]
     for i in dead:  # the one SIGKILLed before
         row = page.split(f'data-replica="{replicas.urls[i].removeprefix("http://")}"')[1]
         assert "not answering" in row.split("</tr>")[0]
