@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from functools import partial
@@ -114,6 +115,39 @@ def test_ha_a_write_fenced_by_a_stale_epoch_changes_nothing(pg_db):
         assert [e.payload for e in store.logs.list_events(None)][-1] == {"by": "new"}
     finally:
         store.close()
+
+
+def test_ha_a_leader_frozen_inside_a_transaction_does_not_block_the_takeover(pg_db):
+    """The frozen leader's transaction holds the lease row's share lock: the database ends it
+    after the idle timeout, the other replica takes the lease over, and the frozen write,
+    resumed, is not committed."""
+    old, new = Store(pg_db, idle_transaction_ms=500), Store(pg_db)
+    old.create_all()
+    frozen, outcome = threading.Event(), []
+
+    def leader_step() -> None:
+        try:
+            with fence(old, "old", 1), old.batch():
+                old.logs.add_event(None, "frozen", {"by": "old"})
+                frozen.wait(60)  # SIGSTOPped here, inside the transaction
+        except Exception as exc:
+            outcome.append(exc)
+
+    try:
+        old.leases.claim("old", None, ttl=1.0, epoch=None)
+        step = threading.Thread(target=leader_step)
+        step.start()
+        took = wait_until(lambda: new.leases.claim("new", None, ttl=60.0, epoch=None),
+                          "the lease to be taken over", 30, 0.2)
+        assert took.epoch == 2
+        frozen.set()  # SIGCONT: its commit finds its session ended
+        step.join(30)
+        assert outcome, "the frozen transaction committed"
+        assert [e.kind for e in new.logs.list_events(None)].count("frozen") == 0
+    finally:
+        frozen.set()
+        old.close()
+        new.close()
 
 
 def test_ha_replicas_on_sqlite_are_refused_in_one_line(tmp_path):

@@ -125,7 +125,10 @@ class Service:
             raise
 
     def _build(self, config: ServiceConfig, executor: ExecutorSetup) -> None:
-        self.store = Store(config.url)
+        # a replica frozen inside a transaction must not hold the lease's row lock (and so
+        # keep the others from taking it over) for longer than the lease itself lasts
+        self.store = Store(config.url, idle_transaction_ms=int(config.lease_ttl * 1000)
+                           if config.replica else None)
         self._create_schema()
         self._setup = executor
         self.lock = threading.RLock()
@@ -225,6 +228,10 @@ class Service:
                 leadership.lost(held)
                 continue
             except Exception as exc:  # one bad step must not stop scheduling for good
+                if not leadership.valid(held):  # frozen mid-step: the database ended it
+                    log.warning("the step of a term that ended failed (%s): stops acting",
+                                str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                    continue
                 log.exception("controller step failed: %s", exc)
                 self._record_failure(exc)
             self.executor.wait(self.controller.config.tick_seconds)

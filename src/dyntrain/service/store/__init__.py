@@ -42,7 +42,7 @@ class Store(Database):
     """The service's database: one part per aggregate (``store.jobs.get_job(...)``), all over
     one engine. Thread-safe: each call takes a pooled connection of its own."""
 
-    def __init__(self, url: str, **options: bool | int | Callable[[], float]) -> None:
+    def __init__(self, url: str, **options: bool | int | Callable[[], float] | None) -> None:
         super().__init__(url, **options)  # type: ignore[arg-type]
         self.environments = EnvironmentStore(self)
         self.definitions = DefinitionStore(self)

@@ -25,7 +25,11 @@ class Database:
     """The engine and the transactions that every part of the store runs its calls in."""
 
     def __init__(self, url: str, *, echo: bool = False, busy_timeout_ms: int = 30_000,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 idle_transaction_ms: int | None = None) -> None:
+        """``idle_transaction_ms`` (PostgreSQL): the server ends a session that sits this long
+        inside a transaction (a process frozen or cut off while it held row locks), so that
+        its locks never outlive it for long."""
         self.url = url
         self.clock = clock
         self._sqlite = url.startswith("sqlite")
@@ -35,6 +39,9 @@ class Database:
             kw["connect_args"] = {"check_same_thread": False}
         elif not self._sqlite:
             kw["pool_pre_ping"] = True
+            if idle_transaction_ms:
+                kw["connect_args"] = {"options": "-c idle_in_transaction_session_timeout="
+                                                 f"{int(idle_transaction_ms)}"}
         self.engine: Engine = sa.create_engine(url, **kw)
         self._local = threading.local()  # the connection of a batch() on this thread
         if self._sqlite:

@@ -10,7 +10,10 @@ Fencing: ``check`` is the statement a leader's write transaction starts with (``
 runs it): it reads the lease row ``FOR SHARE`` and refuses (``Fenced``) unless this replica
 still holds it at this epoch and it has not lapsed. The share lock keeps a takeover (an update
 of that row) waiting until the write commits, so a write either lands before the lease moved or
-not at all.
+not at all. A replica frozen inside such a transaction would keep every other one from taking
+the lease over: replicas open their sessions with PostgreSQL's
+``idle_in_transaction_session_timeout`` set to the lease's ttl, so the server ends a frozen
+transaction (nothing of it is committed) and its lock goes with it.
 """
 
 from __future__ import annotations
