@@ -52,7 +52,7 @@ class Skewed:
     """A clock ``offset`` seconds off this host's."""
 
     def __init__(self, clock, offset: float) -> None:
-        self.clock, self.offset, self.frozen = clock, offset, False
+        self.clock, self.offset = clock, offset
 
     def __call__(self) -> float:
         return self.clock() + self.offset
