@@ -240,7 +240,8 @@ def test_overview_lists_environments_queues_and_jobs_with_why_they_wait(browser,
     assert spot["available"][-1] == 2 and spot["in_use"][-1] == 1
     assert spot["capacity_type"] == "SPOT"
     parts = browser.get("/ui/part/overview?status=RUNNING").json()
-    assert set(parts) == {"environments", "queues", "jobs"}
+    assert set(parts) == {"replicas", "environments", "queues", "jobs"}
+    assert parts["replicas"].strip() == ""  # one service, no replicas to show
     assert "elastic-run" in parts["jobs"] and "waits-for-capacity" not in parts["jobs"]
 
 

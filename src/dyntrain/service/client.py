@@ -1,10 +1,12 @@
 """A thin client of the job service's REST API (one method per route).
 
 ``Client()`` talks to ``$DYNTRAIN_URL`` (default ``http://127.0.0.1:8642``) with the token in
-``$DYNTRAIN_TOKEN`` (if any). Methods return the decoded JSON. Every failure raises ``ApiError``
-with a one-line message: the server's ``detail`` (and ``status``, the HTTP status code), or,
-when there is no answer, ``ServiceUnreachable`` (``status`` None): "cannot reach the dyntrain
-service at URL (...)", with how to start one or point at another.
+``$DYNTRAIN_TOKEN`` (if any). A comma-separated list of URLs names several replicas of one
+service (``docs/replicas.md``): a request goes to the next one when one does not answer, and
+the one that answered is asked first from then on. Methods return the decoded JSON. Every
+failure raises ``ApiError`` with a one-line message: the server's ``detail`` (and ``status``,
+the HTTP status code), or, when there is no answer, ``ServiceUnreachable`` (``status`` None):
+"cannot reach the dyntrain service at URL (...)", with how to start one or point at another.
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ def unreachable_hint() -> str:
             "DYNTRAIN_URL=URL")
 
 
+def service_urls(value: str) -> list[str]:
+    """The URLs of ``URL[,URL...]``, in order, without trailing slashes."""
+    urls = [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
+    return list(dict.fromkeys(urls)) or [DEFAULT_URL]
+
+
+def _no_answer(error: httpx.TransportError, method: str) -> bool:
+    """Whether the next URL may be asked after ``error``: nothing reached the service (no
+    connection), or the request changes nothing (a GET); a POST that may have landed is not
+    sent twice."""
+    return method == "GET" or isinstance(error, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
 def _seg(value: Any) -> str:
     """One URL path segment (job ids of array children hold ':')."""
     return quote(str(value), safe="")
@@ -91,7 +106,8 @@ class Client:
     ``ServiceUnreachable``. Use it as a context manager, or call ``close()``.
 
     Args:
-        base_url: The service's URL; default ``DYNTRAIN_URL``, else ``http://127.0.0.1:8642``.
+        base_url: The service's URL, or several replicas' URLs separated by commas; default
+            ``DYNTRAIN_URL``, else ``http://127.0.0.1:8642``.
         token: The bearer token of a service started with ``--token``; default
             ``DYNTRAIN_TOKEN``.
         timeout: Seconds to wait for each answer.
@@ -99,10 +115,11 @@ class Client:
 
     def __init__(self, base_url: str | None = None, token: str | None = None,
                  timeout: float = 10) -> None:
-        self.base_url = (base_url or os.environ.get("DYNTRAIN_URL") or DEFAULT_URL).rstrip("/")
+        self.urls = service_urls(base_url or os.environ.get("DYNTRAIN_URL") or DEFAULT_URL)
+        self.base_url = self.urls[0]  # the one asked first: the last that answered
         token = token if token is not None else os.environ.get("DYNTRAIN_TOKEN") or None
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._http = httpx.Client(headers=headers, timeout=timeout)
 
     def close(self) -> None:
         """Close the HTTP connection pool (also done on leaving a ``with`` block)."""
@@ -130,18 +147,25 @@ class Client:
             ServiceUnreachable: No answer at all (refused, unknown host, timed out).
         """
         params = {k: v for k, v in (params or {}).items() if v is not None}
-        try:
-            response = self._http.request(
-                method, path, json=_jsonable(json) if json is not None else None,
-                params=params or None,
-                timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
-        except httpx.TimeoutException as e:
-            raise ServiceUnreachable(f"the dyntrain service at {self.base_url} did not answer "
-                                     f"in time: {e or type(e).__name__}") from None
-        except httpx.TransportError as e:
-            raise ServiceUnreachable(f"cannot reach the dyntrain service at {self.base_url} "
-                                     f"({e or type(e).__name__}): {unreachable_hint()}") \
-                from None
+        order = [self.base_url, *(u for u in self.urls if u != self.base_url)]
+        for i, url in enumerate(order):
+            try:
+                response = self._http.request(
+                    method, url + path, json=_jsonable(json) if json is not None else None,
+                    params=params or None,
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+            except httpx.TransportError as e:
+                if i + 1 < len(order) and _no_answer(e, method.upper()):
+                    continue  # the next replica
+                where = url if i == 0 else f"{url} (nor at {', '.join(order[:i])})"
+                if isinstance(e, httpx.TimeoutException):
+                    raise ServiceUnreachable(f"the dyntrain service at {where} did not answer "
+                                             f"in time: {e or type(e).__name__}") from None
+                raise ServiceUnreachable(f"cannot reach the dyntrain service at {where} "
+                                         f"({e or type(e).__name__}): {unreachable_hint()}") \
+                    from None
+            self.base_url = url
+            break
         if response.status_code >= 400:
             raise ApiError(_detail(response), response.status_code)
         return response.json() if response.content else None

@@ -3,7 +3,8 @@
 ``server`` runs the job service in the foreground; ``submit``, ``status``, ``logs``, ``cancel``,
 ``terminate`` and the ``ce``, ``queue`` and ``jobdef`` groups are thin clients of its REST API.
 Every client command takes ``--url`` and ``--token`` (on the command, or on its group), which
-default to ``$DYNTRAIN_URL`` (else http://127.0.0.1:8642) and ``$DYNTRAIN_TOKEN``. One module per
+default to ``$DYNTRAIN_URL`` (else http://127.0.0.1:8642; several replicas' URLs separated by
+commas) and ``$DYNTRAIN_TOKEN``. One module per
 command or group: ``server``, ``submit``, ``follow`` (logs), ``jobs`` (status, cancel,
 terminate), ``compute`` (ce), ``queues``, ``definitions`` (jobdef).
 """

@@ -36,9 +36,10 @@ def conn_options(f: Callable) -> Callable:
     """``--url`` and ``--token``; on a group they apply to each of its commands."""
     f = click.option("--token", default=None, metavar="TOKEN",
                      help="API token [default: $DYNTRAIN_TOKEN].")(f)
-    return click.option("--url", default=None, metavar="URL",
-                        help="Service URL [default: $DYNTRAIN_URL or "
-                             f"http://127.0.0.1:{DEFAULT_PORT}].")(f)
+    return click.option("--url", default=None, metavar="URL[,URL...]",
+                        help="Service URL, or several replicas' URLs separated by commas (the "
+                             "next is asked when one does not answer) [default: $DYNTRAIN_URL "
+                             f"or http://127.0.0.1:{DEFAULT_PORT}].")(f)
 
 
 def remember_conn(ctx: click.Context, url: str | None, token: str | None) -> None:

@@ -86,14 +86,27 @@ def _url_for(host: str, port: int) -> str:
               help="How running elastic jobs share free slots: fifo (by priority, then first "
                    "in, first out, each to its max), fair (even shares) or goodput (by each "
                    "job's measured speed-up, per dollar).")
+@click.option("--replica", is_flag=True,
+              help="One of several replicas on one PostgreSQL database (--db): every replica "
+                   "answers every API, the one holding the controller's lease runs the "
+                   "controller; the replicas share --state-dir (a shared file system).")
+@click.option("--replica-name", default=None,
+              help="This replica's name among the replicas [default: HOST:PORT].")
+@click.option("--lease-ttl-seconds", default=5.0, show_default=True, type=float,
+              help="With --replica: a leader that has not renewed its lease this long (by the "
+                   "database's clock) is replaced.")
+@click.option("--lease-renew-seconds", default=1.0, show_default=True, type=float,
+              help="With --replica: how often the leader renews its lease.")
 def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds,
            warm_workers, aws_credentials, executor, ray_address, ray_namespace, ray_placement,
-           ray_fence_seconds, coordinator_host, policy):
+           ray_fence_seconds, coordinator_host, policy, replica, replica_name,
+           lease_ttl_seconds, lease_renew_seconds):
     """Run the job service (REST API and scheduler) in the foreground; Ctrl-C stops it."""
     import uvicorn
 
     from dyntrain.service.assembly import LocalExecutorSetup, RayExecutorSetup, build_service
     from dyntrain.service.aws.sigv4 import load_credentials
+    from dyntrain.service.engine.leadership import LeaseConfig
     from dyntrain.service.engine.service import ServiceConfig
     from dyntrain.service.engine.statelock import StateDirLock
     from dyntrain.service.server import create_server_app
@@ -112,33 +125,41 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     aws_keys = load_credentials(aws_credentials) if aws_credentials else None
     config = ServiceConfig(Path(state_dir), db_url=db_url, host=host, port=port, token=token,
                            grace_seconds=grace_seconds, reattach_seconds=reattach_seconds,
-                           policy=policy)
+                           policy=policy, replica=replica, replica_name=replica_name,
+                           lease_ttl=lease_ttl_seconds, lease_renew=lease_renew_seconds)
+    if replica:
+        LeaseConfig(replica_name or "-", None, lease_ttl_seconds, lease_renew_seconds)  # checks
     setup = (RayExecutorSetup(address=ray_address or os.environ.get("RAY_ADDRESS") or "auto",
                               namespace=ray_namespace, placement=ray_placement,
                               fence_seconds=ray_fence_seconds, coordinator_host=coordinator_host)
              if executor == "ray" else
              LocalExecutorSetup(warm_workers=warm_workers, coordinator_host=coordinator_host))
-    state_lock = StateDirLock(config.state_dir)
+    state_lock = None if replica else StateDirLock(config.state_dir)  # replicas: the lease
     try:  # before the port: a second server on this state dir is told who runs, not "in use"
-        state_lock.acquire()
+        if state_lock is not None:
+            state_lock.acquire()
     except OSError as e:
         raise DyntrainError(f"cannot use the state directory {state_dir}: "
                             f"{e.strerror or e}") from None
     try:
         sock = _bind(host, port)
     except BaseException:
-        state_lock.release()
+        if state_lock is not None:
+            state_lock.release()
         raise
     config.port = sock.getsockname()[1]
     try:
         try:
-            state_lock.record(_url_for(host, config.port))
+            if state_lock is not None:
+                state_lock.record(_url_for(host, config.port))
             service = build_service(config, setup, state_lock)
         except DyntrainError:
-            state_lock.release()
+            if state_lock is not None:
+                state_lock.release()
             raise
         except Exception as e:  # a bad --db URL, an unreadable state dir, ...
-            state_lock.release()
+            if state_lock is not None:
+                state_lock.release()
             raise DyntrainError(f"cannot start the service: {one_line(e)[:300]}") from None
         try:
             app = create_server_app(service, aws_keys)
@@ -147,6 +168,9 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
             service.start()
             url = _url_for(host, config.port)
             click.echo(f"dyntrain service listening on {url} (state: {config.state_dir})")
+            if replica:
+                click.echo(f"replica {service.leadership.config.name}: leads while it holds "
+                           f"the controller's lease (ttl {lease_ttl_seconds:g} s)")
             click.echo(f"dashboard: {url}/  metrics: {url}/metrics")
             levels = ", ".join(k.value for k in service.executor.kernel_levels())
             click.echo(f"the hosts run cpu kernels {levels or 'none'}; a job pinned to "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -150,8 +150,11 @@ def create_api(ops: Operations, session: BrowserSession | None = None) -> FastAP
                             status_code=500)
 
     @app.get("/health", tags=["service"], summary="Liveness (needs no token)")
-    def health() -> dict[str, str]:
-        return {"status": "ok"}
+    def health() -> dict[str, Any]:
+        """``leader``: whether this service runs the controller; ``epoch``: the controller's
+        lease (several replicas, ``docs/replicas.md``), null for a single service."""
+        leader, epoch = ops.leader()
+        return {"status": "ok", "leader": leader, "epoch": epoch}
 
     secured = [Depends(_bearer)]
     for module in (compute, queues, definitions, jobs):

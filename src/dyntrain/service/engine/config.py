@@ -28,6 +28,8 @@ class ControllerConfig:
             that an API request never waits long.
         policy: how running elastic jobs share slots (``core/allocation.py``; default:
             by priority, then first in, first out).
+        replicated: one of several service replicas runs it (``engine/leadership.py``): the
+            terminations that the other replicas hand over are taken from the store.
     """
 
     state_dir: Path
@@ -40,3 +42,4 @@ class ControllerConfig:
     resolve_per_step: int = 1000
     starts_per_step: int = 64
     policy: AllocationPolicy = FIFO
+    replicated: bool = False

@@ -96,6 +96,9 @@ class Controller:
         self._last_schedule = 0.0
         self._changed = True  # something happened that the scheduler has not seen yet
         self._early_exits: list[WorkerExit] = []  # polled before a step could handle them
+        # False in a service replica that does not lead: it runs no step, and hands the
+        # terminations it is asked for to the leader (through the store)
+        self.leading = True
 
     @property
     def waiting(self):
@@ -143,6 +146,9 @@ class Controller:
         if self._changed or now - self._last_schedule >= self.config.schedule_every:
             self._last_schedule, self._changed = now, False
             started = time.perf_counter()
+            if self.config.replicated:  # handed over by replicas that do not lead
+                for job_id, reason in self.store.leases.take_terminations():
+                    self.terminate(job_id, reason)
             self._resolve_waiting()
             self._update_array_parents()
             if self.launcher.refusals:  # offered again once the executor has more room
@@ -188,6 +194,9 @@ class Controller:
         """Stop a job whatever its state (AWS Batch: terminate); it ends FAILED, not retried.
         Running workers get their notice now and end in the background."""
         self.cancel(job_id, reason)
+        if not self.leading:  # its workers are the leader's
+            self.store.leases.request_termination(job_id, reason)
+            return
         for attempt in self.attempts.values():
             if attempt.job_id == job_id or attempt.job.array_parent_id == job_id:
                 attempt.claim(Ending(EndKind.TERMINATED, reason=reason))

@@ -30,6 +30,7 @@ from dyntrain.service.operations.environments import Environments, Queues
 from dyntrain.service.operations.jobs import Jobs
 from dyntrain.service.operations.logs import Logs
 from dyntrain.service.operations.tags import Tags
+from dyntrain.service.store.leases import Lease, Replica
 
 
 class Operations:
@@ -56,6 +57,19 @@ class Operations:
     def clock(self) -> float:
         """The service's time (epoch seconds), as its records are stamped."""
         return self._service.store.clock()
+
+    def leader(self) -> tuple[bool, int | None]:
+        """Whether this service runs the controller, and the epoch of the controller's lease
+        (None: a single service, no replicas)."""
+        return self._service.leader()
+
+    def replicas(self) -> tuple[Lease | None, list[Replica]]:
+        """The controller's lease and every replica's last heartbeat (nothing without
+        replicas)."""
+        if self._service.leadership is None:
+            return None, []
+        store = self._service.store
+        return store.leases.current(), store.leases.list_replicas()
 
     def observe_passes(self, observer: Callable[[float], None]) -> None:
         """Call ``observer`` with each scheduling pass's seconds, in the controller's thread

@@ -63,8 +63,9 @@ class Jobs:
     def cancel(self, job_id: str, reason: str | None = None) -> Job:
         """Cancel a job that has not started (an array job: its children that have not);
         refused (``JobNotCancellable``, ``JobFinished``) once it started or finished."""
-        store, controller = self._service.store, self._service.controller
+        store = self._service.store
         with self._service.lock:  # the controller cannot start it between the check and cancel
+            controller = self._service.controller  # a replica's changes with its term
             job = found(store.jobs.get_job, job_id)
             if job.status.is_active():
                 raise JobNotCancellable(job_id, job.status,
@@ -83,8 +84,9 @@ class Jobs:
     def terminate(self, job_id: str, reason: str | None = None) -> Job:
         """Stop a job whatever its state; it ends FAILED and is not retried (its running
         workers end in the background). Refused (``JobFinished``) once it finished."""
-        store, controller = self._service.store, self._service.controller
+        store = self._service.store
         with self._service.lock:
+            controller = self._service.controller  # a replica's changes with its term
             job = found(store.jobs.get_job, job_id)
             if job.status.is_terminal():
                 raise JobFinished(job_id, job.status)

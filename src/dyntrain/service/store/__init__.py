@@ -18,7 +18,8 @@ columns and back; the records themselves are ``dyntrain.service.core.records``),
 ``environments`` (compute environments, queues, capacity traces), ``definitions``, ``jobs``
 (jobs, attempts), ``dependencies`` (a job's, checked and read), ``scheduling`` (the
 controller's bulk reads and writes), ``workers`` (workers, usage), ``logs`` (log lines, events),
-``summaries`` (counts and searches for the dashboard and /metrics), ``tags``; ``Store`` holds
+``summaries`` (counts and searches for the dashboard and /metrics), ``tags``, ``leases``
+(which replica leads, fencing); ``Store`` holds
 one of each, as ``store.environments``, ``store.jobs``, ..., over one engine (``base.Database``).
 """
 
@@ -28,6 +29,7 @@ from dyntrain.service.store.base import Database
 from dyntrain.service.store.definitions import DefinitionStore
 from dyntrain.service.store.environments import EnvironmentStore
 from dyntrain.service.store.jobs import JobStore
+from dyntrain.service.store.leases import LeaseStore
 from dyntrain.service.store.logs import LogStore
 from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
@@ -40,7 +42,7 @@ class Store(Database):
     """The service's database: one part per aggregate (``store.jobs.get_job(...)``), all over
     one engine. Thread-safe: each call takes a pooled connection of its own."""
 
-    def __init__(self, url: str, **options: bool | int | Callable[[], float]) -> None:
+    def __init__(self, url: str, **options: bool | int | Callable[[], float] | None) -> None:
         super().__init__(url, **options)  # type: ignore[arg-type]
         self.environments = EnvironmentStore(self)
         self.definitions = DefinitionStore(self)
@@ -50,6 +52,7 @@ class Store(Database):
         self.logs = LogStore(self)
         self.summaries = SummaryStore(self)
         self.tags = TagStore(self)
+        self.leases = LeaseStore(self)
 
 
 __all__ = ["Store", "metadata"]

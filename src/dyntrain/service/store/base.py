@@ -25,7 +25,11 @@ class Database:
     """The engine and the transactions that every part of the store runs its calls in."""
 
     def __init__(self, url: str, *, echo: bool = False, busy_timeout_ms: int = 30_000,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 idle_transaction_ms: int | None = None) -> None:
+        """``idle_transaction_ms`` (PostgreSQL): the server ends a session that sits this long
+        inside a transaction (a process frozen or cut off while it held row locks), so that
+        its locks never outlive it for long."""
         self.url = url
         self.clock = clock
         self._sqlite = url.startswith("sqlite")
@@ -35,6 +39,9 @@ class Database:
             kw["connect_args"] = {"check_same_thread": False}
         elif not self._sqlite:
             kw["pool_pre_ping"] = True
+            if idle_transaction_ms:
+                kw["connect_args"] = {"options": "-c idle_in_transaction_session_timeout="
+                                                 f"{int(idle_transaction_ms)}"}
         self.engine: Engine = sa.create_engine(url, **kw)
         self._local = threading.local()  # the connection of a batch() on this thread
         if self._sqlite:
@@ -55,6 +62,22 @@ class Database:
             return upgrade(conn)
 
     @contextmanager
+    def fenced(self, check: Callable[[Connection], None]) -> Iterator[None]:
+        """Start each write transaction of this thread with ``check`` (which raises to refuse
+        it, nothing written): a leader's fencing, see ``store/leases.py``."""
+        previous = getattr(self._local, "fence", None)
+        self._local.fence = check
+        try:
+            yield
+        finally:
+            self._local.fence = previous
+
+    def _fence(self, conn: Connection) -> None:
+        check = getattr(self._local, "fence", None)
+        if check is not None:
+            check(conn)
+
+    @contextmanager
     def batch(self) -> Iterator[None]:
         """Run this thread's store calls in one write transaction: one commit for all of them.
 
@@ -69,6 +92,7 @@ class Database:
             if self._sqlite:
                 conn.execution_options(dyntrain_write=True)
             with conn.begin():
+                self._fence(conn)
                 self._local.conn = conn
                 try:
                     yield
@@ -88,6 +112,8 @@ class Database:
                 if self._sqlite:
                     conn.execution_options(dyntrain_write=write)
                 with conn.begin():
+                    if write:
+                        self._fence(conn)
                     yield conn
         except IntegrityError as e:
             first = str(e.orig).strip().splitlines()[0] if e.orig else str(e)

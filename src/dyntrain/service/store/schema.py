@@ -201,6 +201,33 @@ capacity_traces = sa.Table(
 )
 
 
+# Several service replicas on one database (``store/leases.py``): the controller's lease, each
+# replica's heartbeat and the terminations a replica that does not lead hands to the one that does.
+leases = sa.Table(
+    "leases", metadata,
+    sa.Column("name", _Name, primary_key=True),
+    sa.Column("holder", _Name, nullable=False),
+    sa.Column("url", sa.Text),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    *_times("acquired_at", "expires_at"),  # the database's clock, never a host's
+)
+
+replicas = sa.Table(
+    "replicas", metadata,
+    sa.Column("name", _Name, primary_key=True),
+    sa.Column("url", sa.Text),
+    sa.Column("leader", sa.Boolean, nullable=False),
+    *_times("started_at", "seen_at"),
+)
+
+termination_requests = sa.Table(
+    "termination_requests", metadata,
+    sa.Column("job_id", _Id, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    *_times("requested_at"),
+)
+
+
 def upgrade(conn: Connection) -> list[str]:
     """Bring a database up to these tables; returns what it changed, one line each.
 

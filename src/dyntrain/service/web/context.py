@@ -75,6 +75,27 @@ def _array_counts(ops: Operations, parents: list[Job]) -> dict[str, dict[str, in
     return {job_id: {s.value: c.get(s, 0) for s in JobStatus} for job_id, c in counts.items()}
 
 
+REPLICA_STALE_S = 5.0  # a replica whose last heartbeat is older is shown as not answering
+
+
+def replicas(ops: Operations) -> dict[str, Any] | None:
+    """Which replica leads, since when, and each replica's last heartbeat (None: a single
+    service, no replicas)."""
+    lease, found = ops.replicas()
+    if lease is None and not found:
+        return None
+    return {
+        "leader": lease.holder if lease is not None and lease.remaining > 0 else None,
+        "last_leader": lease.holder if lease is not None else None,
+        "epoch": lease.epoch if lease is not None else None,
+        "since": lease.acquired_at if lease is not None else None,
+        "replicas": [{"name": r.name, "url": r.url, "started_at": r.started_at, "age": r.age,
+                      "healthy": r.age <= REPLICA_STALE_S,
+                      "leader": lease is not None and lease.remaining > 0
+                      and r.name == lease.holder} for r in found],
+    }
+
+
 def overview(ops: Operations, filters: JobFilters) -> dict[str, Any]:
     counts = ops.jobs.counts()
     jobs, total = ops.jobs.search(
@@ -83,6 +104,7 @@ def overview(ops: Operations, filters: JobFilters) -> dict[str, Any]:
     why = ops.jobs.wait_reasons()
     arrays = _array_counts(ops, jobs)
     return {
+        "replicas": replicas(ops),
         "environments": environments(ops),
         "queues": queues(ops, counts),
         "jobs": [dict(views.job(j, why(j)), array=arrays.get(j.id))

@@ -25,7 +25,7 @@ from dyntrain.service.operations import Operations
 from dyntrain.service.web import auth, context, lab
 from dyntrain.service.web.capacity import CapacityHistory
 
-OVERVIEW_PARTS = ("environments", "queues", "jobs")
+OVERVIEW_PARTS = ("replicas", "environments", "queues", "jobs")
 JOB_PARTS = ("summary", "membership", "checkpoints", "cost", "workers", "attempts", "array")
 CAPACITY_WINDOW = 3600.0  # seconds of capacity history the overview plots
 AMBIGUOUS_SHOWN = 10  # job ids listed on the page of an ambiguous short id
