@@ -23,6 +23,7 @@ from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics, host_refusal, merge_pin
 from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
 from dyntrain.elastic.runs.folder import read_numerics
+from dyntrain.elastic.runs.rows import EventKind, EventRow
 from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
 from dyntrain.elastic.worker.address import is_wildcard, machine_addresses
 from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
@@ -30,10 +31,20 @@ from dyntrain.launch import forkserver
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
-from dyntrain.launch.fit import Machine, cores_note, local_workers, memory_refusal, nproc_refusal
+from dyntrain.launch.fit import (
+    Machine,
+    cores_note,
+    join_fit,
+    join_short_line,
+    memory_refusal,
+    nproc_refusal,
+    peak_local_workers,
+    peak_note,
+)
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
 from dyntrain.launch.sink import FIRED_FILE, RunSink
+from dyntrain.procstat import memory_available_mib
 
 TICK_SECONDS = 0.01
 # A worker that reported an exception exits by itself, printing its traceback into its log;
@@ -97,13 +108,13 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     refusal = host_refusal(numerics, "this machine")
     if refusal and (opts.nproc or any(e.action == "join" for e in opts.events) or opts.chaos):
         raise DyntrainError(f"local workers cannot run: {refusal}")
-    machine = Machine.here()
-    local = local_workers(opts.nproc + opts.standby, opts.events)
-    refusal = memory_refusal(local, machine, joined=local > opts.nproc)
+    machine, forked = Machine.here(), forkserver.wanted()
+    refusal = memory_refusal(opts.nproc + opts.standby, machine, forked)
     if refusal:
         raise DyntrainError(refusal)
+    local = peak_local_workers(opts.nproc + opts.standby, opts.events)
     # before the store's server and anything else that starts a thread: forked from here
-    server = start_fork_server(logs, numerics.env()) if forkserver.wanted() else None
+    server = start_fork_server(logs, numerics.env()) if forked else None
     try:
         tcp = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
                             timeout=timedelta(seconds=30))
@@ -142,6 +153,9 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
     sink.log(f"coordinator listening on {address}; join with: {join}")
     sink.log(_numerics_line(numerics, local, machine.cores))
+    note = peak_note(opts.nproc + opts.standby, local, machine, forked)
+    if note:
+        sink.log(note)
     if opts.nproc == 0:  # said even with --quiet: nothing happens until someone runs it
         local = (" (it listens on 127.0.0.1: workers on this machine only; --host 0.0.0.0 "
                  "accepts other machines)" if opts.host in ("127.0.0.1", "localhost") else "")
@@ -357,10 +371,19 @@ def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
 
 def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink) -> list[str]:
     if event.action == "join":
-        asked = coord.clock()
-        started = [workers.start() for _ in range(int(event.target))]
-        coord.expect_joiners(started, within=JOIN_BATCH_SECONDS, requested_at=asked)
-        sink.log(f"event {event.text}: started {', '.join(started)}")
+        asked, wanted = coord.clock(), int(event.target)
+        forked, available = workers.forks, memory_available_mib()
+        started = [workers.start() for _ in range(join_fit(wanted, available, forked))]
+        if len(started) < wanted:  # the wave starts what fits, and says so
+            world = coord.current.world_size if coord.current else 0
+            sink.unstarted(EventRow(
+                EventKind.UNSTARTED, world_before=world, world_after=world,
+                requested_at=round(asked - coord.started_at, 4),
+                reason=join_short_line(wanted, len(started), available, forked),
+                extra={"asked": wanted, "started": len(started)}), event.text)
+        if started:
+            coord.expect_joiners(started, within=JOIN_BATCH_SECONDS, requested_at=asked)
+            sink.log(f"event {event.text}: started {', '.join(started)}")
         return started
     members = list(coord.current.members) if coord.current else []
     targets = choose_targets(event.target, members)
