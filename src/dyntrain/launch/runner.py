@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from dyntrain.elastic.runs.folder import read_numerics
 from dyntrain.elastic.runs.rows import EventKind, EventRow
 from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
 from dyntrain.elastic.worker.address import is_wildcard, machine_addresses
+from dyntrain.elastic.worker.succession import Takeover
 from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
 from dyntrain.launch import forkserver
 from dyntrain.launch.chaos import Chaos
@@ -44,6 +46,7 @@ from dyntrain.launch.fit import (
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
 from dyntrain.launch.sink import FIRED_FILE, RunSink
+from dyntrain.launch.successor import claim
 from dyntrain.procstat import memory_available_mib
 
 TICK_SECONDS = 0.01
@@ -79,6 +82,9 @@ class RunOptions:
     # the defaults), and whether a worker that computes other bits may join anyway
     numerics: dict = field(default_factory=dict)
     allow_mixed_numerics: bool = False
+    # when this host is lost for good, a worker on another host hosts the coordinator
+    # (``dyntrain.elastic.worker.succession``)
+    takeover: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -128,7 +134,11 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     host = (machine_addresses() or ["127.0.0.1"])[0] if is_wildcard(opts.host) else opts.host
     address = f"{host}:{tcp.port}"
     out = str(store.local.resolve()) if store.local is not None else store.location
-    tcp.set(p.JOB_INFO, json.dumps({"out_dir": out, "numerics": numerics.to_json()}))
+    info = {"out_dir": out, "numerics": numerics.to_json()}
+    if opts.takeover:
+        info.update(job=f"run-{secrets.token_hex(6)}", takeover=_takeover(opts).to_json())
+        claim(store, address, info["job"], 0, "launcher")
+    tcp.set(p.JOB_INFO, json.dumps(info))
     sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every, opts.tensorboard)
 
     def find_checkpoint():
@@ -193,6 +203,16 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                 chaos.close()
             if store.local is None:
                 _upload_logs(store, logs, sink.announce)
+
+
+def _takeover(opts: RunOptions) -> Takeover:
+    """How the workers take the coordinator over: the first successor after two failure
+    timeouts (at least 4 s) without it; each worker waits long enough for every successor."""
+    after = max(2 * opts.failure_timeout, 4.0)
+    return Takeover(after, after * (opts.max_workers + 1) + 60.0, {
+        "min_workers": opts.min_workers, "max_workers": opts.max_workers,
+        "settle_seconds": opts.settle_seconds, "failure_timeout": opts.failure_timeout,
+        "allow_mixed_numerics": opts.allow_mixed_numerics})
 
 
 def _numerics_line(numerics: Numerics, local: int, cores: int) -> str:

@@ -18,6 +18,7 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.reach import ProbeListener
 from dyntrain.elastic.runs.coordinator_file import read_coordinator_file
 from dyntrain.elastic.worker.address import advertise_address
+from dyntrain.elastic.worker.succession import Succession, Takeover
 from dyntrain.errors import DyntrainError, Unreachable
 
 POLL_SECONDS = 0.005
@@ -104,15 +105,15 @@ class WorkerChannel:
     sender thread (consecutive metrics rows packed into one message), and the control key of
     the current generation is polled by a watcher thread that also sends the heartbeat.
 
-    With ``reattach_seconds`` > 0 a lost coordinator is not the end: the worker keeps its
-    generation's group (which does not need the store) and trains on, while the watcher
-    reconnects - to the same address, or to the one the host recorded in the run folder's
-    ``coordinator.json`` - and checks that the store belongs to the same job (``job/info``).
-    Then the sender first delivers a ``Reattach`` message (``position()``: the worker's
-    ``Position``, its state, generation and applied step), then every message that was not
-    delivered. Whatever needs the
-    coordinator meanwhile (a new generation, the final flush) waits for it. After
-    ``reattach_seconds`` without it, ``CoordinatorGone`` is raised where the worker next asks.
+    With ``reattach_seconds`` > 0 (or a job of ``--takeover``) a lost coordinator is not the
+    end: the worker keeps its generation's group (which does not need the store) and trains on,
+    while the watcher reconnects - to the same address, to the one the host recorded in the run
+    folder's ``coordinator.json``, or to a successor's (``succession``, which also hosts one
+    when this worker is due) - and checks that the store belongs to the same job
+    (``job/info``). Then the sender first delivers a ``Reattach`` message (``position()``: the
+    worker's ``Position``, its state, generation and applied step), then every message that was
+    not delivered. Whatever needs the coordinator meanwhile (a new generation, the final flush)
+    waits for it. After ``reattach_seconds`` without it, ``CoordinatorGone`` is raised.
 
     ``advertise`` is the address the worker's process groups bind and its peers connect to
     (``dyntrain.elastic.worker.address.advertise_address``: by default the local address of its
@@ -129,13 +130,14 @@ class WorkerChannel:
         self.address = address
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.connect_timeout = connect_timeout
-        self.reattach_seconds = reattach_seconds
         self.position = position
         self._connect(address, connect_timeout)
         self.advertise = advertise_address(parse_address(address), advertise, iface)
         self.probe = ProbeListener(self.advertise)
         info = self.job_info()
         self.job, self.run_dir = info.get("job"), info.get("out_dir")
+        self.succession = Succession(Takeover.from_info(info), info, self.worker, position)
+        self.reattach_seconds = reattach_seconds or self.succession.within
         self.lost: str | None = None
         self._lost_at = 0.0
         self._epoch = 0  # bumped at each reconnection: a failure on an older store is old news
@@ -186,6 +188,7 @@ class WorkerChannel:
         """Find the coordinator again (bounded); False once the bound has passed."""
         deadline = self._lost_at + self.reattach_seconds
         while not self._stop.is_set():
+            self.succession.poll(self.address, time.monotonic() - self._lost_at)
             for address in self._candidates():
                 try:
                     left = max(0.2, min(2.0, deadline - time.monotonic()))
@@ -220,7 +223,8 @@ class WorkerChannel:
         record = read_coordinator_file(self.run_dir) if self.run_dir else {}
         found = [record["address"]] if record.get("job") == self.job and "address" in record \
             else []
-        return found + [a for a in (self.address,) if a not in found]
+        more = [self.address, *self.succession.addresses(self.address)]
+        return found + [a for a in dict.fromkeys(more) if a not in found]
 
     def _wait_online(self, should_stop=lambda: False) -> None:
         """Block while the coordinator is away; raise CoordinatorGone once it is given up."""
