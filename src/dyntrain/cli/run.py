@@ -132,7 +132,7 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
         ENV_WORKER_ARGV,
     )
     from dyntrain.elastic.worker import address
-    from dyntrain.elastic.worker.channel import connect_store, parse_address, wait_job_info
+    from dyntrain.elastic.worker.connect import connect_store, parse_address, wait_job_info
 
     command = _script_command(script, args)
     if advertise_address and iface:

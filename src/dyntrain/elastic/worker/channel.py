@@ -10,7 +10,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -18,8 +17,9 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.reach import ProbeListener
 from dyntrain.elastic.runs.coordinator_file import read_coordinator_file
 from dyntrain.elastic.worker.address import advertise_address
+from dyntrain.elastic.worker.connect import connect_store, parse_address
 from dyntrain.elastic.worker.succession import Succession, Takeover
-from dyntrain.errors import DyntrainError, Unreachable
+from dyntrain.errors import DyntrainError
 
 POLL_SECONDS = 0.005
 
@@ -32,61 +32,6 @@ class JobOver(Exception):
         super().__init__(str(status))
         self.status = status
         self.at_join = at_join
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise DyntrainError(f"coordinator address must be HOST:PORT, got {address!r}")
-    return host, int(port)
-
-
-def connect_store(address: str, timeout: float) -> dist.Store:
-    """A client connection to the coordinator's TCPStore, with a one-line error if unreachable;
-    under the job's secret (``DYNTRAIN_COORDINATOR_SECRET``) when the environment has one."""
-    host, port = parse_address(address)
-    _wait_for_listener(host, port, timeout)
-    try:
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
-                              wait_for_workers=False)
-        secret = os.environ.get(p.ENV_SECRET)
-        return dist.PrefixStore(secret, store) if secret else store
-    except Exception as exc:  # torch raises RuntimeError/DistNetworkError with a long message
-        raise Unreachable(
-            f"cannot reach the coordinator at {host}:{port} within {timeout:g} s "
-            f"({str(exc).splitlines()[0][:120]})"
-        ) from None
-
-
-def wait_job_info(store: dist.Store, address: str, timeout: float) -> dict:
-    """The job's ``job/info`` (its run folder, who hosts it), waiting up to ``timeout`` seconds
-    for the coordinator to publish it: a worker may connect between the moment the coordinator
-    listens and the moment it publishes (a worker started with the launcher, on a loaded
-    machine), and one that read nothing then trained without the run folder - its checkpoints
-    and ``final.pt`` went nowhere, silently."""
-    deadline, pause = time.monotonic() + timeout, 0.01
-    while not store.check([p.JOB_INFO]):  # (store.wait logs a C++ warning on its timeout)
-        if time.monotonic() >= deadline:
-            raise Unreachable(f"the coordinator at {address} published no job within "
-                              f"{timeout:g} s (no {p.JOB_INFO!r} in its store): is it a "
-                              f"dyntrain job's coordinator?")
-        time.sleep(pause)
-        pause = min(0.2, pause * 1.5)
-    return json.loads(store.get(p.JOB_INFO))
-
-
-def _wait_for_listener(host: str, port: int, timeout: float) -> None:
-    """Probe the port first: torch logs a C++ stack trace for every failed connect attempt."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, timeout))):
-                return
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                raise Unreachable(f"cannot reach the coordinator at {host}:{port} within "
-                                    f"{timeout:g} s ({exc.strerror or exc})") from None
-            time.sleep(0.1)
 
 
 class CoordinatorGone(DyntrainError):
@@ -131,6 +76,7 @@ class WorkerChannel:
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.connect_timeout = connect_timeout
         self.position = position
+        self.succession = Succession(None, {}, self.worker, position)  # (job/info says)
         self._connect(address, connect_timeout)
         self.advertise = advertise_address(parse_address(address), advertise, iface)
         self.probe = ProbeListener(self.advertise)
@@ -138,6 +84,7 @@ class WorkerChannel:
         self.job, self.run_dir = info.get("job"), info.get("out_dir")
         self.succession = Succession(Takeover.from_info(info), info, self.worker, position)
         self.reattach_seconds = reattach_seconds or self.succession.within
+        self.succession.bound(self.store, self._send_store, self._watch_store)
         self.lost: str | None = None
         self._lost_at = 0.0
         self._epoch = 0  # bumped at each reconnection: a failure on an older store is old news
@@ -168,6 +115,7 @@ class WorkerChannel:
         stores = [connect_store(address, timeout) for _ in range(3)]
         self.store, self._send_store, self._watch_store = stores
         self.address = address
+        self.succession.bound(*stores)
 
     def group_store(self) -> dist.TCPStore:
         """A connection of its own for one generation's process group. A creation that was

@@ -10,6 +10,8 @@ the last generation it took part in:
   lost with it (the launcher's local workers die with the launcher);
 - the successors are the other members in rank order: every member of the generation computes
   the same list from the same message, without asking anyone (``successors``);
+- a worker notices the loss within half the delay even when the host's connections stay open
+  and silent (``Succession.bound``: its store calls time out);
 - successor ``k`` hosts a new coordinator once the old one has been away for ``after * (k +
   1)`` seconds and no successor answered (``due``): the first one, unless it is lost too;
 - it listens on its own host at the old coordinator's port (``successor_addresses``): every
@@ -32,6 +34,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from dyntrain.elastic import protocol as p
@@ -119,6 +122,14 @@ class Succession:
     def within(self) -> float:
         """Seconds to wait for a coordinator, old or new (0: no takeover)."""
         return self.takeover.within if self.takeover else 0.0
+
+    def bound(self, *stores) -> None:
+        """With a takeover, a store call waits at most half its delay (at least 2 s): a host
+        cut off leaves its connections open and silent, and a worker must notice it lost the
+        coordinator long before the store's own timeout."""
+        if self.takeover is not None:
+            for store in stores:
+                store.set_timeout(timedelta(seconds=max(2.0, self.takeover.after / 2)))
 
     def addresses(self, coordinator: str) -> list[str]:
         """The successors' addresses after losing ``coordinator`` (none before a generation)."""
