@@ -17,7 +17,7 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.reach import ProbeListener
 from dyntrain.elastic.runs.coordinator_file import read_coordinator_file
 from dyntrain.elastic.worker.address import advertise_address
-from dyntrain.elastic.worker.connect import connect_store, parse_address
+from dyntrain.elastic.worker.connect import connect_store, parse_address, sever
 from dyntrain.elastic.worker.succession import Succession, Takeover
 from dyntrain.errors import DyntrainError
 
@@ -84,7 +84,6 @@ class WorkerChannel:
         self.job, self.run_dir = info.get("job"), info.get("out_dir")
         self.succession = Succession(Takeover.from_info(info), info, self.worker, position)
         self.reattach_seconds = reattach_seconds or self.succession.within
-        self.succession.bound(self.store, self._send_store, self._watch_store)
         self.lost: str | None = None
         self._lost_at = 0.0
         self._epoch = 0  # bumped at each reconnection: a failure on an older store is old news
@@ -109,13 +108,16 @@ class WorkerChannel:
                                          args=(heartbeat_interval, watch_interval),
                                          name="dyntrain-watcher")
         self._watcher.start()
+        if self.succession.takeover is not None:
+            threading.Thread(target=self._guard_loop, daemon=True, name="dyntrain-guard",
+                             args=(self.succession.silence_bound,)).start()
 
     def _connect(self, address: str, timeout: float) -> None:
         # Each thread gets its own connection; group creation blocks on keys in another thread.
         stores = [connect_store(address, timeout) for _ in range(3)]
         self.store, self._send_store, self._watch_store = stores
         self.address = address
-        self.succession.bound(*stores)
+        self._answered = time.monotonic()  # the watcher's last answer from this store
 
     def group_store(self) -> dist.TCPStore:
         """A connection of its own for one generation's process group. A creation that was
@@ -208,12 +210,23 @@ class WorkerChannel:
                     value = (p.Control(self._watch_store.get(key).decode())
                              if self._watch_store.check([key]) else self._ctl_value(gen))
                     self._ctl = (gen, value, time.monotonic())
+                self._answered = time.monotonic()
             except Exception as exc:
                 self._on_lost(exc, epoch)
                 if not self.reattach_seconds:
                     return
                 continue
             self._stop.wait(interval)
+
+    def _guard_loop(self, bound: float) -> None:
+        """(``--takeover``) A coordinator's host that is cut off leaves its connections open
+        and silent, and a store call on them never returns. Once the watcher has had no answer
+        for ``bound`` seconds, they are cut (``connect.sever``): every blocked call fails, and
+        the worker looks for its coordinator again, or for a successor."""
+        while not self._stop.wait(0.2):
+            if self.lost is None and time.monotonic() - self._answered > bound:
+                sever(self.address)
+                self._answered = time.monotonic()  # once per silence
 
     def _ctl_value(self, generation: int) -> p.Control:
         gen, value, _ = self._ctl

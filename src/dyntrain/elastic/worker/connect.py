@@ -67,3 +67,36 @@ def _wait_for_listener(host: str, port: int, timeout: float) -> None:
                 raise Unreachable(f"cannot reach the coordinator at {host}:{port} within "
                                     f"{timeout:g} s ({exc.strerror or exc})") from None
             time.sleep(0.1)
+
+
+def sever(address: str) -> int:
+    """Shut down every connection of this process to ``address`` (HOST:PORT); how many.
+
+    A TCPStore call on a connection whose peer went silent (its host cut off: nothing answers,
+    nothing resets) blocks for good, whatever the store's timeout; shut down here, the blocked
+    call returns with an error at once, as if the peer had closed it."""
+    host, port = parse_address(address)
+    cut = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = os.dup(int(name))
+        except OSError:
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # not a socket
+            os.close(fd)
+            continue
+        with sock:
+            try:
+                peer = sock.getpeername()
+            except OSError:
+                continue
+            if isinstance(peer, tuple) and peer[1] == port and \
+                    str(peer[0]).removeprefix("::ffff:") == host:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    cut += 1
+                except OSError:
+                    pass
+    return cut

@@ -11,7 +11,7 @@ the last generation it took part in:
 - the successors are the other members in rank order: every member of the generation computes
   the same list from the same message, without asking anyone (``successors``);
 - a worker notices the loss within half the delay even when the host's connections stay open
-  and silent (``Succession.bound``: its store calls time out);
+  and silent (``silence_bound``: the channel then cuts them, ``connect.sever``);
 - successor ``k`` hosts a new coordinator once the old one has been away for ``after * (k +
   1)`` seconds and no successor answered (``due``): the first one, unless it is lost too;
 - it listens on its own host at the old coordinator's port (``successor_addresses``): every
@@ -34,7 +34,6 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 from dyntrain.elastic import protocol as p
@@ -123,13 +122,11 @@ class Succession:
         """Seconds to wait for a coordinator, old or new (0: no takeover)."""
         return self.takeover.within if self.takeover else 0.0
 
-    def bound(self, *stores) -> None:
-        """With a takeover, a store call waits at most half its delay (at least 2 s): a host
-        cut off leaves its connections open and silent, and a worker must notice it lost the
-        coordinator long before the store's own timeout."""
-        if self.takeover is not None:
-            for store in stores:
-                store.set_timeout(timedelta(seconds=max(2.0, self.takeover.after / 2)))
+    @property
+    def silence_bound(self) -> float:
+        """Seconds without an answer from the coordinator's store before its connections are
+        cut (half the takeover's delay, at least 2 s): see ``WorkerChannel._guard_loop``."""
+        return max(2.0, self.takeover.after / 2) if self.takeover else 0.0
 
     def addresses(self, coordinator: str) -> list[str]:
         """The successors' addresses after losing ``coordinator`` (none before a generation)."""
