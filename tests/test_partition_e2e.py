@@ -234,8 +234,11 @@ def test_the_launchers_host_lost_for_good_a_worker_hosts_the_coordinator(hosts, 
     assert record["epoch"] == 1 and successor.index in (1, 2), record
     assert record["address"] == f"{successor.address}:{job.command_port}", record
     log = successor.path(f"/tmp/dyntrain-successor-{record['by']}.log")
-    wait_until(lambda: "job done" in log.read_text(), "the successor's coordinator to end",
-               timeout=120)
+    try:
+        wait_until(lambda: "job done" in log.read_text(), "the successor's coordinator to end",
+                   timeout=120)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{log.read_text()[-4000:]}") from None
     assert_exactly_once(job.out)
     assert max_param_diff(static_ledger, job.out) == 0.0
     seen = events(job.out)

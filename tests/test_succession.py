@@ -2,6 +2,7 @@
 
 from dyntrain.elastic import protocol as p
 from dyntrain.elastic.worker.succession import (
+    STARTUP_SECONDS,
     Succession,
     Takeover,
     due,
@@ -32,8 +33,9 @@ def test_successor_k_hosts_after_k_plus_one_waits_and_a_lost_member_never():
     lost = lost_host(COORDINATOR)
     assert not due(GEN, lost, "b", away=5.9, after=6.0)
     assert due(GEN, lost, "b", away=6.0, after=6.0)
-    assert not due(GEN, lost, "a", away=6.0, after=6.0)  # the second waits for the first
-    assert due(GEN, lost, "a", away=12.0, after=6.0)
+    # the second waits for the first, and for its process to start
+    assert not due(GEN, lost, "a", away=12.0 + STARTUP_SECONDS - 0.1, after=6.0)
+    assert due(GEN, lost, "a", away=12.0 + STARTUP_SECONDS, after=6.0)
     assert not due(GEN, lost, "w0", away=1e9, after=6.0)
 
 

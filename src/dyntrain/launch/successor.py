@@ -35,10 +35,11 @@ from dyntrain.elastic.membership.members import CoordinatorConfig
 from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import Numerics
 from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
-from dyntrain.elastic.runs.coordinator_file import COORDINATOR_FILE
+from dyntrain.elastic.runs.coordinator_file import COORDINATOR_FILE, read_coordinator_file
 from dyntrain.elastic.runs.folder import read_numerics
 from dyntrain.elastic.runs.log import last_step
 from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
+from dyntrain.elastic.worker.connect import connect_store
 from dyntrain.elastic.worker.succession import INFO_KEY, Takeover
 from dyntrain.launch.sink import RunSink
 
@@ -58,6 +59,23 @@ def claim(store: RunStore, address: str, job: str, epoch: int, by: str) -> None:
     """Record in the run folder that the coordinator moved to ``address`` (epoch ``epoch``)."""
     store.put(COORDINATOR_FILE, (json.dumps({"address": address, "job": job, "epoch": epoch,
                                              "by": by}) + "\n").encode())
+
+
+def _rival(store: RunStore, spec: dict, job: str | None, epoch: int) -> str | None:
+    """Who hosts the job's coordinator already, if anyone: a successor before this one in
+    rank order whose address answers with the job, or another's claim of this epoch."""
+    for address in spec.get("earlier", []):
+        try:
+            info = json.loads(connect_store(address, 1.0).get(p.JOB_INFO))
+        except Exception:  # not listening (yet), or not that job's
+            continue
+        if info.get("job") == job:
+            return f"the successor at {address}"
+    record = read_coordinator_file(store.location)
+    if record.get("job") == job and record.get("epoch", 0) >= epoch and \
+            record.get("by") != spec["by"]:
+        return f"worker {record.get('by')} (the run folder's claim)"
+    return None
 
 
 def _listen(port: int) -> dist.TCPStore:
@@ -101,6 +119,11 @@ def host(spec: dict, stream=sys.stdout) -> int:
     coord.expect_reattach(list(spec["expect"]), last_step(store) if kept else 0)
     for worker in spec["lost"]:
         coord.mark_dead(worker, f"lost with the coordinator's host {spec['lost_host']}")
+    rival = _rival(store, spec, info.get("job"), takeover.epoch)
+    if rival:  # before job/info: no worker has come to this one
+        sink.announce(f"{rival} already hosts the job's coordinator: worker {by} yields")
+        sink.close()
+        return 0
     # last: a worker that finds job/info finds the coordinator ready for its report
     tcp.set(p.JOB_INFO, json.dumps({**info, INFO_KEY: takeover.to_json()}))
     try:

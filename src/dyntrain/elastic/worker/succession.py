@@ -13,7 +13,9 @@ the last generation it took part in:
 - a worker notices the loss within half the delay even when the host's connections stay open
   and silent (``silence_bound``: the channel then cuts them, ``connect.sever``);
 - successor ``k`` hosts a new coordinator once the old one has been away for ``after * (k +
-  1)`` seconds and no successor answered (``due``): the first one, unless it is lost too;
+  1) + k * STARTUP_SECONDS`` seconds and no successor answered (``due``): the first one,
+  unless it is lost too; one that finds an earlier successor hosting the job (its address
+  answers with the job, or the run folder's claim of that epoch is another's) yields;
 - it listens on its own host at the old coordinator's port (``successor_addresses``): every
   survivor knows that address without the store or the run folder, and tries it beside the
   run folder's ``coordinator.json``, where the successor claims the coordinator with the
@@ -96,10 +98,19 @@ def successor_addresses(gen: p.Generation, lost: str, port: int) -> list[str]:
     return list(dict.fromkeys(f"{domains[w]}:{port}" for w in successors(gen, lost)))
 
 
+#: seconds a successor's process may take to listen (it imports torch) before the next
+#: successor may start one too
+STARTUP_SECONDS = 60.0
+
+
 def due(gen: p.Generation, lost: str, worker: str, away: float, after: float) -> bool:
-    """Whether ``worker`` should host a coordinator now, the old one away for ``away`` s."""
+    """Whether ``worker`` should host a coordinator now, the old one away for ``away`` s:
+    successor ``k`` after ``after * (k + 1) + k * STARTUP_SECONDS``."""
     order = successors(gen, lost)
-    return worker in order and away >= after * (order.index(worker) + 1)
+    if worker not in order:
+        return False
+    k = order.index(worker)
+    return away >= after * (k + 1) + k * STARTUP_SECONDS
 
 
 class Succession:
@@ -146,7 +157,9 @@ class Succession:
         spec = {"info": self.info, "takeover": self.takeover.to_json(), "by": self.worker,
                 "host": gen.failure_domains()[self.worker],
                 "port": int(coordinator.rpartition(":")[2]), "lost_host": lost,
-                "expect": list(gen.members), "lost": presumed_lost(gen, lost)}
+                "expect": list(gen.members), "lost": presumed_lost(gen, lost),
+                "earlier": successor_addresses(gen, lost, int(coordinator.rpartition(":")[2]))[
+                    :successors(gen, lost).index(self.worker)]}
         log = Path(tempfile.gettempdir()) / f"dyntrain-successor-{self.worker}.log"
         with open(log, "ab") as out:
             self.started = subprocess.Popen(
