@@ -163,6 +163,9 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
     sink.log(f"coordinator listening on {address}; join with: {join}")
     sink.log(_numerics_line(numerics, local, machine.cores))
+    if opts.takeover and not is_wildcard(opts.host) and host.startswith("127."):
+        sink.log(f"--takeover: only a worker on another host can host the coordinator should "
+                 f"this one be lost, and none can join {address} (--host 0.0.0.0 lets them)")
     note = peak_note(opts.nproc + opts.standby, local, machine, forked)
     if note:
         sink.log(note)
