@@ -1,6 +1,7 @@
 """Who hosts a ``dyntrain run --takeover`` job's coordinator when its host is lost: pure."""
 
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.runs.storage import open_store
 from dyntrain.elastic.worker.succession import (
     STARTUP_SECONDS,
     Succession,
@@ -11,6 +12,7 @@ from dyntrain.elastic.worker.succession import (
     successor_addresses,
     successors,
 )
+from dyntrain.launch.successor import Superseded, claim
 
 # rank order: w0 (the launcher's local worker, on the coordinator's host 10.0.0.10), a and b on
 # host 11, c on host 12
@@ -52,3 +54,15 @@ def test_a_job_without_takeover_looks_nowhere_else_and_hosts_nothing():
     during = Succession(takeover, {}, "b", lambda: p.Position(p.WorkerState.RUNNING, GEN, 90))
     assert during.within == 90.0
     assert during.addresses(COORDINATOR) == ["10.0.0.11:29400", "10.0.0.12:29400"]
+
+
+def test_a_launcher_learns_from_the_run_folder_that_a_successor_took_its_job(tmp_path):
+    store = open_store(tmp_path)
+    superseded = Superseded(store, "run-1", every=0.0)
+    assert superseded() is None  # nothing recorded
+    claim(store, "10.0.0.10:29400", "run-1", 0, "launcher")
+    assert superseded() is None  # its own claim
+    claim(store, "10.0.0.11:29400", "run-2", 1, "x")
+    assert superseded() is None  # another job's
+    claim(store, "10.0.0.11:29400", "run-1", 1, "b")
+    assert superseded() == {"address": "10.0.0.11:29400", "job": "run-1", "epoch": 1, "by": "b"}

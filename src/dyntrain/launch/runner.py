@@ -46,7 +46,7 @@ from dyntrain.launch.fit import (
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
 from dyntrain.launch.sink import FIRED_FILE, RunSink
-from dyntrain.launch.successor import claim
+from dyntrain.launch.successor import Superseded, claim
 from dyntrain.procstat import memory_available_mib
 
 TICK_SECONDS = 0.01
@@ -184,7 +184,8 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
         for _ in range(opts.nproc + opts.standby):
             workers.start()
         try:
-            code = _loop(opts, coord, workers, schedule, sink, signals, chaos)
+            superseded = Superseded(store, info["job"]) if opts.takeover else None
+            code = _loop(opts, coord, workers, schedule, sink, signals, chaos, superseded)
             if code is None:
                 return _interrupted(opts, coord, workers, sink, signals)
             _report_unfired(schedule, scheduled, coord, sink)
@@ -268,7 +269,8 @@ def _interrupted(opts: RunOptions, coord: Coordinator, workers: LocalWorkers, si
 
 
 def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedule,
-          sink: RunSink, signals: StopSignals, chaos: ChaosDriver | None = None) -> int | None:
+          sink: RunSink, signals: StopSignals, chaos: ChaosDriver | None = None,
+          superseded: Superseded | None = None) -> int | None:
     """Run until the job ends (its exit code) or a stop signal arrives (None)."""
     last_fired: tuple[str, list[str]] | None = None
     startup_failure, startup_code = "", 0
@@ -299,6 +301,13 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
                     now - errored_at.setdefault(worker_id, now) < ERROR_EXIT_SECONDS:
                 continue  # it is writing its traceback and exiting
             workers.signal(worker_id, "kill")  # declared dead (e.g. hung): make sure it is
+        claim = superseded() if superseded is not None else None
+        if claim:  # said even with --quiet: the job goes on elsewhere
+            sink.announce(f"worker {claim.get('by')} hosts the job's coordinator at "
+                          f"{claim.get('address')} (takeover {claim.get('epoch')}): this "
+                          "launcher stops its workers and ends")
+            coord.fail("taken over")
+            return EXIT_FAILED
         if phase is Phase.DONE:
             workers.stop_all(timeout=30.0)
             coord.drain()

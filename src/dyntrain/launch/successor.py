@@ -78,6 +78,23 @@ def _rival(store: RunStore, spec: dict, job: str | None, epoch: int) -> str | No
     return None
 
 
+class Superseded:
+    """The launcher's side of a takeover: whether a successor has claimed the job's coordinator
+    in the run folder (read at most once a second). A launcher whose host was cut off, not lost,
+    and that finds its job taken over stops instead of training on beside the successor."""
+
+    def __init__(self, store: RunStore, job: str, every: float = 1.0) -> None:
+        self.store, self.job, self.every, self._next = store, job, every, 0.0
+
+    def __call__(self) -> dict | None:
+        now = time.monotonic()
+        if now < self._next:
+            return None
+        self._next = now + self.every
+        record = read_coordinator_file(self.store.location)
+        return record if record.get("job") == self.job and record.get("epoch", 0) > 0 else None
+
+
 def _listen(port: int) -> dist.TCPStore:
     """A TCPStore server on the old coordinator's port if it is free here, else a free one."""
     for candidate in dict.fromkeys((port, 0)):
