@@ -7,6 +7,7 @@ from dyntrain.elastic.worker.succession import (
     Succession,
     Takeover,
     due,
+    earlier_addresses,
     lost_host,
     presumed_lost,
     successor_addresses,
@@ -29,6 +30,10 @@ def test_every_member_names_the_same_successors_from_the_generation_alone():
     assert presumed_lost(GEN, lost) == ["w0"]
     # each successor listens on its own host at the old port: one address per host
     assert successor_addresses(GEN, lost, 29400) == ["10.0.0.11:29400", "10.0.0.12:29400"]
+    # each yields to those ranked before it
+    assert earlier_addresses(GEN, lost, "b", 29400) == []
+    assert earlier_addresses(GEN, lost, "a", 29400) == ["10.0.0.11:29400"]
+    assert earlier_addresses(GEN, lost, "c", 29400) == ["10.0.0.11:29400"]
 
 
 def test_successor_k_hosts_after_k_plus_one_waits_and_a_lost_member_never():

@@ -61,10 +61,12 @@ def claim(store: RunStore, address: str, job: str, epoch: int, by: str) -> None:
                                              "by": by}) + "\n").encode())
 
 
-def _rival(store: RunStore, spec: dict, job: str | None, epoch: int) -> str | None:
+def _rival(store: RunStore, spec: dict, own: str, job: str | None, epoch: int) -> str | None:
     """Who hosts the job's coordinator already, if anyone: a successor before this one in
     rank order whose address answers with the job, or another's claim of this epoch."""
     for address in spec.get("earlier", []):
+        if address == own:  # (one on this host would hold the port: this one has it)
+            continue
         try:
             info = json.loads(connect_store(address, 1.0).get(p.JOB_INFO))
         except Exception:  # not listening (yet), or not that job's
@@ -136,7 +138,7 @@ def host(spec: dict, stream=sys.stdout) -> int:
     coord.expect_reattach(list(spec["expect"]), last_step(store) if kept else 0)
     for worker in spec["lost"]:
         coord.mark_dead(worker, f"lost with the coordinator's host {spec['lost_host']}")
-    rival = _rival(store, spec, info.get("job"), takeover.epoch)
+    rival = _rival(store, spec, address, info.get("job"), takeover.epoch)
     if rival:  # before job/info: no worker has come to this one
         sink.announce(f"{rival} already hosts the job's coordinator: worker {by} yields")
         sink.close()

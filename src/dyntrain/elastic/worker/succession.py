@@ -98,6 +98,13 @@ def successor_addresses(gen: p.Generation, lost: str, port: int) -> list[str]:
     return list(dict.fromkeys(f"{domains[w]}:{port}" for w in successors(gen, lost)))
 
 
+def earlier_addresses(gen: p.Generation, lost: str, worker: str, port: int) -> list[str]:
+    """Where the successors ranked before ``worker`` would listen (it yields to them)."""
+    order, domains = successors(gen, lost), gen.failure_domains()
+    before = order[:order.index(worker)] if worker in order else order
+    return list(dict.fromkeys(f"{domains[w]}:{port}" for w in before))
+
+
 #: seconds a successor's process may take to listen (it imports torch) before the next
 #: successor may start one too
 STARTUP_SECONDS = 60.0
@@ -158,8 +165,8 @@ class Succession:
                 "host": gen.failure_domains()[self.worker],
                 "port": int(coordinator.rpartition(":")[2]), "lost_host": lost,
                 "expect": list(gen.members), "lost": presumed_lost(gen, lost),
-                "earlier": successor_addresses(gen, lost, int(coordinator.rpartition(":")[2]))[
-                    :successors(gen, lost).index(self.worker)]}
+                "earlier": earlier_addresses(gen, lost, self.worker,
+                                             int(coordinator.rpartition(":")[2]))}
         log = Path(tempfile.gettempdir()) / f"dyntrain-successor-{self.worker}.log"
         with open(log, "ab") as out:
             self.started = subprocess.Popen(
