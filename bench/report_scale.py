@@ -27,10 +27,12 @@ def _real(data: dict) -> str:
         for c in r["changes"]:
             parts.append([r["n"], f"{c['event']} {c['world'][0]} -> {c['world'][1]}",
                           num(c["latency_s"], 3), num(c["detect_s"], 3), num(c["decide_s"], 3),
-                          num(c["first_step_s"], 3), num(c["state_sync_s"], 3)])
+                          num(c["first_step_s"], 3), num(c.get("connect_s"), 3),
+                          num(c["state_sync_s"], 3)])
     parts_table = md_table(["N", "change", "request -> first step", "request -> detected",
                             "detected -> published", "published -> first step",
-                            "state hand-over"], parts, right=(0, 2, 3, 4, 5, 6))
+                            "group connect", "state hand-over"], parts,
+                           right=(0, 2, 3, 4, 5, 6, 7))
     fits = data["growth_exponents"]
     fit_rows = [[k, "-" if v is None else f"{v:+.2f}"] for k, v in fits.items()]
     return ("### Per world size\n\n" + table

@@ -5,15 +5,16 @@ that compute does not drown the control plane; the fork server shares torch's me
 workers) with this schedule of injected changes, ``GAP`` steps apart:
 
 1. ``join=1`` (N -> N+1), 2. ``leave=1`` (N+1 -> N), 3. ``kill=1`` (N -> N-1),
-4. a wave: ``kill=K`` (N-1 -> N-1-K, K = N/2 from N = 4, or the most that the launcher's
-   memory check lets the run join), 5. a wave: ``join=K`` back.
+4. a wave: ``kill=K`` (N-1 -> N-1-K, K = N/2 from N = 4), 5. a wave: ``join=K`` back (the
+   launcher starts those of it that the memory available holds, and says so).
 
 From the run's ``events.jsonl``, for each change: the seconds from its request to the first step
 in the new world, and its parts: request -> detected (the coordinator sees it), detected ->
 published (its decision), published -> first step (group connect, state hand-over, the step),
-and the hand-over alone. From ``metrics.jsonl``: the steady-state step time (the median gap
-between consecutive steps of the longest generation of N or N + 1). Beside it, in the same run, a
-plain gloo all-reduce of the same bytes among N processes (``torch.distributed``, no dyntrain).
+and the group connect (the leader's, creating the new process group) and the hand-over alone.
+From ``metrics.jsonl``: the steady-state step time (the median gap between consecutive steps of
+the longest generation of N or N + 1). Beside it, in the same run, a plain gloo all-reduce of
+the same bytes among N processes (``torch.distributed``, no dyntrain).
 While the job runs: the launcher's CPU seconds per wall second (it hosts the coordinator and
 the store) and each worker's memory (PSS: its share of pages shared with the fork server and the
 others).
@@ -51,8 +52,6 @@ from _common import (
     process_cpu_seconds,
     write_result,
 )
-from dyntrain.launch.fit import WORKER_MIB
-from dyntrain.procstat import memory_available_mib
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results" / "scale.json"
@@ -60,11 +59,9 @@ GAP = 8  # steps between two changes
 HIDDEN = 128  # the digits MLP's width (its default)
 
 
-def schedule(n: int, fit: int) -> list[tuple[str, str]]:
-    """(name, --events action) of each change, in order. ``fit``: how many local workers the
-    launcher lets a run have (it counts every join as if no worker had gone before): a wave
-    of N/2 where that fits, else the largest that does."""
-    wave = min(n // 2, fit - n - 1) if n >= 4 else 0
+def schedule(n: int) -> list[tuple[str, str]]:
+    """(name, --events action) of each change, in order."""
+    wave = n // 2 if n >= 4 else 0
     items = [("join", "join=1"), ("leave", "leave=1")]
     if n >= 2:
         items.append(("kill", "kill=1"))
@@ -98,6 +95,7 @@ def parts(record: dict) -> dict:
             "detect_s": gap("requested_at", "detected_at"),
             "decide_s": gap("detected_at", "reformed_at"),
             "first_step_s": gap("reformed_at", "first_step_at"),
+            "connect_s": record.get("group_connect_s"),
             "state_sync_s": record.get("state_sync_s")}
 
 
@@ -124,7 +122,7 @@ def steady_gaps(rows: list[dict], n: int) -> list[float]:
 
 def one_run(n: int, work: Path, timeout: float, global_batch: int) -> dict:
     out = work / f"n{n}"
-    items = schedule(n, (memory_available_mib() or 10**6) // WORKER_MIB)
+    items = schedule(n)
     first = 4 * GAP  # the first generation's steps give the steady-state step time
     cmd = [sys.executable, "-m", "dyntrain.cli.main", "run", "--workers", f"1:{n + 1}",
            "--nproc", str(n), "--out", str(out), "--quiet", "--no-tensorboard",

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from conftest import SCRIPTS, run_cli
-from dyntrain.launch.fit import WORKER_MIB
+from dyntrain.launch import forkserver
+from dyntrain.launch.fit import first_workers_mib, worker_mib
 from dyntrain.procstat import memory_available_mib
 
 
@@ -173,10 +174,10 @@ def test_nproc_above_max_is_refused_before_anything_starts(tmp_path):
 
 
 def test_more_local_workers_than_memory_holds_are_refused_saying_how_many_fit(tmp_path):
-    many = memory_available_mib() // WORKER_MIB + 1  # one more than fits, without the join
-    proc = run_cli(["run", "--workers", f"1:{many + 1}", "--nproc", str(many), "--events",
-                    "step=5:join=1", "--out", tmp_path / "o", SCRIPTS / "ledger_train.py"])
-    assert_one_line_error(proc, f"{many + 1} local workers (--nproc and the joins of --events) "
-                          f"need at least {(many + 1) * WORKER_MIB} MiB",
-                          "MiB available: at most")
+    forked = forkserver.wanted()
+    many = 2 * memory_available_mib() // worker_mib(forked)  # twice what fits
+    proc = run_cli(["run", "--workers", f"1:{many + 1}", "--nproc", str(many - 1), "--standby",
+                    "1", "--out", tmp_path / "o", SCRIPTS / "ledger_train.py"])
+    assert_one_line_error(proc, f"{many} local workers (--nproc and --standby) need at least "
+                          f"{first_workers_mib(many, forked)} MiB", "MiB available: at most")
     assert not (tmp_path / "o" / "logs").exists()

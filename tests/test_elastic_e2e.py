@@ -83,6 +83,8 @@ def test_elastic_run_matches_static_run(tmp_path):
     assert all(e["steps_redone"] == 0 for e in events_seen if e["event"] in ("join", "leave"))
     # the leader's time in each hand-over to joiners (flat buffers, transfer.broadcast_state)
     assert all(e["state_sync_s"] < e["latency_s"] for e in events_seen if e["event"] == "join")
+    # and in creating each new world's process group
+    assert all(0 < e["group_connect_s"] < e["latency_s"] for e in events_seen[1:])
     assert events_seen[-1]["workers"] == ["w0"]  # rank 0 left: any member can go
     assert max_param_diff(static, elastic) < ATOL
     assert "val_accuracy" in (elastic / "result.json").read_text()

@@ -157,7 +157,7 @@ def test_one_failure_is_one_crash_and_a_removed_joiner_is_no_join():
     gen = p.Generation(1, ("d",), 7, source="d")
     log.published(gen, now=6.0, redone=2, origin="members")
     assert log.pending == [] and not log.settled()
-    due = log.stepped(8.0, {"state_sync_s": 0.25})
+    due = log.stepped(8.0, {"state_sync_s": 0.25, "group_connect_s": 0.125})
     assert [c.kind for c in due] == [EventKind.CRASH, EventKind.REMOVED]
     assert log.awaiting == [] and log.settled()
     record = due[0].record(started_at=1.0)
@@ -165,8 +165,8 @@ def test_one_failure_is_one_crash_and_a_removed_joiner_is_no_join():
                       "requested_at": 1.0, "detected_at": 3.0,
                       "reason": "no heartbeat for 3 s", "generation": 1, "world_after": 1,
                       "start_step": 7, "steps_redone": 2, "origin": "members",
-                      "state_sync_s": 0.25, "reformed_at": 5.0, "first_step_at": 7.0,
-                      "latency_s": 6.0}
+                      "state_sync_s": 0.25, "group_connect_s": 0.125, "reformed_at": 5.0,
+                      "first_step_at": 7.0, "latency_s": 6.0}
 
 
 def test_a_re_attached_generation_is_reported_at_its_first_step_after_the_rebuild():

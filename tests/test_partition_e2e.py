@@ -17,6 +17,7 @@ failure timeout while its workers live, and comes back while the others train.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -115,7 +116,7 @@ def host_job(hosts, name: str, *run_args: str, remote: tuple[int, ...] = (1, 2),
                      "s.bind(('', 0)); print(s.getsockname()[1])"], check=True).stdout.strip()
     job = HostJob(home, hosts.shared / name, [LEDGER, "--slow-while", gate, *workload],
                   ["--port", port, "--workers", "1:3", "--failure-timeout", "2", *run_args])
-    job.gate, job.remote = gate, {}
+    job.gate, job.remote, job.command_port = gate, {}, int(port)
     for index in remote:
         job.remote[index] = Output(hosts.host(index).popen(
             [*CLI, "worker", "--coordinator", f"{home.address}:{port}", "--connect-timeout",
@@ -212,3 +213,35 @@ def test_partition_and_heal_of_the_coordinators_host(hosts, static_ledger):
     cut = [worker_on(job, hosts.host(1)), worker_on(job, hosts.host(2))]
     partition_and_heal(hosts, job, 0, cut)
     assert_healed_like_static(job, cut, static_ledger)
+
+
+def test_the_launchers_host_lost_for_good_a_worker_hosts_the_coordinator(hosts, static_ledger):
+    """``--takeover``: the launcher's host (the coordinator, its store and a local worker) is
+    cut off and its processes SIGKILLed mid-run. The workers of the other two hosts agree
+    without a store on the first of them in rank order to host a new coordinator on its own
+    host at the old port, re-attach to it, and finish the job on their own, bitwise the static
+    run, every sample applied once."""
+    job = host_job(hosts, "takeover", "--nproc", "1", "--takeover")
+    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
+    first = events(job.out)[0]["generation"]
+    hosts.lose(0)
+    job.gate.unlink()
+    codes = [worker.wait(240) for worker in job.workers]
+    said = "\n".join(w.text() for w in job.workers)
+    assert codes == [0, 0], said[-3000:]
+    record = json.loads((job.out / "coordinator.json").read_text())
+    successor = hosts.host(host_of(record["by"]))
+    assert record["epoch"] == 1 and successor.index in (1, 2), record
+    assert record["address"] == f"{successor.address}:{job.command_port}", record
+    log = successor.path(f"/tmp/dyntrain-successor-{record['by']}.log")
+    try:
+        wait_until(lambda: "job done" in log.read_text(), "the successor's coordinator to end",
+                   timeout=120)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{log.read_text()[-4000:]}") from None
+    assert_exactly_once(job.out)
+    assert max_param_diff(static_ledger, job.out) == 0.0
+    seen = events(job.out)
+    assert "reattach" in [e["event"] for e in seen], seen
+    assert job.world() == 2 and first is not None
+    assert "w0 lost: lost with the coordinator's host" in log.read_text()

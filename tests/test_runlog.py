@@ -24,14 +24,16 @@ from dyntrain.elastic.runs.rows import EventKind, EventRow, MetricsRow, NoiseSca
 from dyntrain.elastic.runs.storage import LocalStore, open_store
 
 # a row as the coordinator hands it to the launcher: every field the runtime writes
-LEADER_ROW = {"gen": 2, "chunks": [3, 5], "state_sync_s": 0.25, "step": 7, "epoch": 1,
+LEADER_ROW = {"gen": 2, "chunks": [3, 5], "state_sync_s": 0.25, "group_connect_s": 0.125,
+              "step": 7, "epoch": 1,
               "world_size": 2, "total_steps": 40, "loss": 0.412345, "samples_per_s": 1520.3,
               "time": 1700000000.5, "b_simple": None, "b_simple_raw": 812.5, "g2": 0.0,
               "trace_sigma": 3.25, "grad_norm": 1.5, "val_accuracy": 0.93, "val_seconds": 0.1,
               "recomputed": True}
 EVENT = {"event": "join", "workers": ["w2"], "world_before": 1, "requested_at": 3.5,
          "detected_at": 3.5, "generation": 2, "world_after": 2, "start_step": 20,
-         "steps_redone": 0, "origin": "members", "state_sync_s": 0.2, "reformed_at": 4.0,
+         "steps_redone": 0, "origin": "members", "state_sync_s": 0.2, "group_connect_s": 0.1,
+         "reformed_at": 4.0,
          "first_step_at": 4.5, "latency_s": 1.0}
 
 

@@ -65,6 +65,9 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
                    "before they are killed.")
 @click.option("--quiet", is_flag=True,
               help="No progress output; how the run ended (a failure and why) is still said.")
+@click.option("--takeover", is_flag=True,
+              help="Should this host be lost for good, a worker on another host hosts the "
+                   "job's coordinator and the job goes on (see docs/several-hosts.md).")
 @click.option("--tensorboard/--no-tensorboard", default=None,
               help="TensorBoard event files in OUT/tensorboard [default: on when the "
                    "tensorboard package is installed].")
@@ -72,8 +75,8 @@ def _script_command(script: str, args: tuple[str, ...]) -> list[str]:
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(workers, nproc, standby, events, chaos, out_dir, host, port, failure_timeout,
-        grace_seconds, quiet, tensorboard, threads, cpu_kernels, deterministic, matmul_precision,
-        allow_mixed_numerics, script, args):
+        grace_seconds, quiet, takeover, tensorboard, threads, cpu_kernels, deterministic,
+        matmul_precision, allow_mixed_numerics, script, args):
     """Train SCRIPT elastically with local worker processes.
 
     SCRIPT is a Python file (or -m MODULE) that builds an ElasticTrainer and calls fit().
@@ -99,7 +102,7 @@ def run(workers, nproc, standby, events, chaos, out_dir, host, port, failure_tim
                       quiet=quiet, tensorboard=tensorboard,
                       numerics=asked_numerics(threads, cpu_kernels, deterministic,
                                               matmul_precision),
-                      allow_mixed_numerics=allow_mixed_numerics)
+                      allow_mixed_numerics=allow_mixed_numerics, takeover=takeover)
     sys.exit(run_job(opts))
 
 
@@ -129,7 +132,7 @@ def worker(coordinator, connect_timeout, advertise_address, iface, script, args)
         ENV_WORKER_ARGV,
     )
     from dyntrain.elastic.worker import address
-    from dyntrain.elastic.worker.channel import connect_store, parse_address, wait_job_info
+    from dyntrain.elastic.worker.connect import connect_store, parse_address, wait_job_info
 
     command = _script_command(script, args)
     if advertise_address and iface:

@@ -194,7 +194,8 @@ class ElasticTrainer:
         self._alone = AloneOutput(self.store, tensorboard=tensorboard)  # a world of one's output
         # the current generation's chunk plan: ``balancer.plan(step)`` for this step and the next
         self.balancer: ChunkBalancer | None = None
-        self._state_sync_s: float | None = None  # this generation's state hand-over, seconds
+        # this generation's group connect and state hand-over, seconds (with its first step)
+        self._formed: dict[str, float] = {}
 
     # ---- public --------------------------------------------------------------------------------
 
@@ -376,8 +377,10 @@ class ElasticTrainer:
                 return Outcome.REFORM
             # a connection per generation: see WorkerChannel.group_store
             store = run_abortable(ch.group_store, aborted) if gen.world_size > 1 else None
+            began = time.perf_counter()
             group = create_group(store, gen.number, self.rank, gen.world_size, self.backend,
                                  self.device, self.collective_timeout, aborted, ch.advertise)
+            self._formed = {"group_connect_s": round(time.perf_counter() - began, 4)}
             self.sharding.before_handover()
             self._sync_state(gen, group, aborted)
             lost = self.sharding.reshard(group, gen, self.worker_id, aborted, self.store)
@@ -408,7 +411,7 @@ class ElasticTrainer:
         if handed is not None:
             self.step, self.has_state = handed.step, True
             if handed.seconds is not None:
-                self._state_sync_s = handed.seconds
+                self._formed["state_sync_s"] = round(handed.seconds, 4)
         if self.step != gen.start_step:
             raise RuntimeError(f"worker {self.worker_id} holds step {self.step}, generation "
                                f"{gen.number} starts at {gen.start_step}")
@@ -442,11 +445,10 @@ class ElasticTrainer:
             if self.is_leader:  # (before the step is reported: its checkpoint is on disk)
                 self.writer.maybe_checkpoint(self.step, ending, gen.number, result.checkpoint)
                 now = time.perf_counter()
-                # the state hand-over's time is reported with the generation's first step
-                sync, self._state_sync_s = self._state_sync_s, None
+                # the group connect's and state hand-over's times come with the first step
+                formed, self._formed = self._formed, {}
                 row = replace(self.rows.row(self.step, result, gen.world_size, now - last),
-                              generation=gen.number, chunks=tuple(counts),
-                              state_sync_s=None if sync is None else round(sync, 4))
+                              generation=gen.number, chunks=tuple(counts), **formed)
                 ch.send(p.Metrics((row.to_json(),)))
                 last = time.perf_counter()  # validation time is not step time
             if self.step == self.total_steps:

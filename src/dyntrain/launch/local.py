@@ -85,6 +85,11 @@ class LocalWorkers:
             self.server = start_fork_server(self.logs_dir, self.extra_env) if use else None
         self.forking = True  # workers are forked by the server while it answers
 
+    @property
+    def forks(self) -> bool:
+        """Whether the next worker is forked by the fork server (a fresh process otherwise)."""
+        return self.server is not None and self.forking
+
     def start(self) -> str:
         worker_id = f"w{self._next}"
         self._next += 1

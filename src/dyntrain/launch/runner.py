@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -23,17 +24,30 @@ from dyntrain.elastic.membership.phases import Phase
 from dyntrain.elastic.numerics import NUMERICS_FILE, Numerics, host_refusal, merge_pin
 from dyntrain.elastic.runs.checkpoints import latest_valid_checkpoint
 from dyntrain.elastic.runs.folder import read_numerics
+from dyntrain.elastic.runs.rows import EventKind, EventRow
 from dyntrain.elastic.runs.storage import RunStore, StorageError, open_store
 from dyntrain.elastic.worker.address import is_wildcard, machine_addresses
+from dyntrain.elastic.worker.succession import Takeover
 from dyntrain.errors import EXIT_FAILED, EXIT_USAGE, ConfigError, DyntrainError
 from dyntrain.launch import forkserver
 from dyntrain.launch.chaos import Chaos
 from dyntrain.launch.chaos_driver import ChaosDriver
 from dyntrain.launch.events import Event, EventSchedule, choose_targets
-from dyntrain.launch.fit import Machine, cores_note, local_workers, memory_refusal, nproc_refusal
+from dyntrain.launch.fit import (
+    Machine,
+    cores_note,
+    join_fit,
+    join_short_line,
+    memory_refusal,
+    nproc_refusal,
+    peak_local_workers,
+    peak_note,
+)
 from dyntrain.launch.interrupt import StopSignals, stop_workers
 from dyntrain.launch.local import SIGNALS, LocalWorkers, start_fork_server
 from dyntrain.launch.sink import FIRED_FILE, RunSink
+from dyntrain.launch.successor import Superseded, claim
+from dyntrain.procstat import memory_available_mib
 
 TICK_SECONDS = 0.01
 # A worker that reported an exception exits by itself, printing its traceback into its log;
@@ -68,6 +82,9 @@ class RunOptions:
     # the defaults), and whether a worker that computes other bits may join anyway
     numerics: dict = field(default_factory=dict)
     allow_mixed_numerics: bool = False
+    # when this host is lost for good, a worker on another host hosts the coordinator
+    # (``dyntrain.elastic.worker.succession``)
+    takeover: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers:
@@ -97,13 +114,13 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     refusal = host_refusal(numerics, "this machine")
     if refusal and (opts.nproc or any(e.action == "join" for e in opts.events) or opts.chaos):
         raise DyntrainError(f"local workers cannot run: {refusal}")
-    machine = Machine.here()
-    local = local_workers(opts.nproc + opts.standby, opts.events)
-    refusal = memory_refusal(local, machine, joined=local > opts.nproc)
+    machine, forked = Machine.here(), forkserver.wanted()
+    refusal = memory_refusal(opts.nproc + opts.standby, machine, forked)
     if refusal:
         raise DyntrainError(refusal)
+    local = peak_local_workers(opts.nproc + opts.standby, opts.events)
     # before the store's server and anything else that starts a thread: forked from here
-    server = start_fork_server(logs, numerics.env()) if forkserver.wanted() else None
+    server = start_fork_server(logs, numerics.env()) if forked else None
     try:
         tcp = dist.TCPStore(opts.host, opts.port, is_master=True, wait_for_workers=False,
                             timeout=timedelta(seconds=30))
@@ -117,7 +134,11 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     host = (machine_addresses() or ["127.0.0.1"])[0] if is_wildcard(opts.host) else opts.host
     address = f"{host}:{tcp.port}"
     out = str(store.local.resolve()) if store.local is not None else store.location
-    tcp.set(p.JOB_INFO, json.dumps({"out_dir": out, "numerics": numerics.to_json()}))
+    info = {"out_dir": out, "numerics": numerics.to_json()}
+    if opts.takeover:
+        info.update(job=f"run-{secrets.token_hex(6)}", takeover=_takeover(opts).to_json())
+        claim(store, address, info["job"], 0, "launcher")
+    tcp.set(p.JOB_INFO, json.dumps(info))
     sink = RunSink(store, "?", stream, opts.quiet, opts.progress_every, opts.tensorboard)
 
     def find_checkpoint():
@@ -142,6 +163,12 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
     join = f"dyntrain worker --coordinator {address} {' '.join(opts.command)}"
     sink.log(f"coordinator listening on {address}; join with: {join}")
     sink.log(_numerics_line(numerics, local, machine.cores))
+    if opts.takeover and not is_wildcard(opts.host) and host.startswith("127."):
+        sink.log(f"--takeover: only a worker on another host can host the coordinator should "
+                 f"this one be lost, and none can join {address} (--host 0.0.0.0 lets them)")
+    note = peak_note(opts.nproc + opts.standby, local, machine, forked)
+    if note:
+        sink.log(note)
     if opts.nproc == 0:  # said even with --quiet: nothing happens until someone runs it
         local = (" (it listens on 127.0.0.1: workers on this machine only; --host 0.0.0.0 "
                  "accepts other machines)" if opts.host in ("127.0.0.1", "localhost") else "")
@@ -157,7 +184,8 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
         for _ in range(opts.nproc + opts.standby):
             workers.start()
         try:
-            code = _loop(opts, coord, workers, schedule, sink, signals, chaos)
+            superseded = Superseded(store, info["job"]) if opts.takeover else None
+            code = _loop(opts, coord, workers, schedule, sink, signals, chaos, superseded)
             if code is None:
                 return _interrupted(opts, coord, workers, sink, signals)
             _report_unfired(schedule, scheduled, coord, sink)
@@ -179,6 +207,16 @@ def run_job(opts: RunOptions, stream: TextIO = sys.stdout) -> int:
                 chaos.close()
             if store.local is None:
                 _upload_logs(store, logs, sink.announce)
+
+
+def _takeover(opts: RunOptions) -> Takeover:
+    """How the workers take the coordinator over: the first successor after two failure
+    timeouts (at least 4 s) without it; each worker waits long enough for every successor."""
+    after = max(2 * opts.failure_timeout, 4.0)
+    return Takeover(after, after * (opts.max_workers + 1) + 60.0, {
+        "min_workers": opts.min_workers, "max_workers": opts.max_workers,
+        "settle_seconds": opts.settle_seconds, "failure_timeout": opts.failure_timeout,
+        "allow_mixed_numerics": opts.allow_mixed_numerics})
 
 
 def _numerics_line(numerics: Numerics, local: int, cores: int) -> str:
@@ -231,7 +269,8 @@ def _interrupted(opts: RunOptions, coord: Coordinator, workers: LocalWorkers, si
 
 
 def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedule,
-          sink: RunSink, signals: StopSignals, chaos: ChaosDriver | None = None) -> int | None:
+          sink: RunSink, signals: StopSignals, chaos: ChaosDriver | None = None,
+          superseded: Superseded | None = None) -> int | None:
     """Run until the job ends (its exit code) or a stop signal arrives (None)."""
     last_fired: tuple[str, list[str]] | None = None
     startup_failure, startup_code = "", 0
@@ -262,6 +301,13 @@ def _loop(opts, coord: Coordinator, workers: LocalWorkers, schedule: EventSchedu
                     now - errored_at.setdefault(worker_id, now) < ERROR_EXIT_SECONDS:
                 continue  # it is writing its traceback and exiting
             workers.signal(worker_id, "kill")  # declared dead (e.g. hung): make sure it is
+        claim = superseded() if superseded is not None else None
+        if claim:  # said even with --quiet: the job goes on elsewhere
+            sink.announce(f"worker {claim.get('by')} hosts the job's coordinator at "
+                          f"{claim.get('address')} (takeover {claim.get('epoch')}): this "
+                          "launcher stops its workers and ends")
+            coord.fail("taken over")
+            return EXIT_FAILED
         if phase is Phase.DONE:
             workers.stop_all(timeout=30.0)
             coord.drain()
@@ -357,10 +403,19 @@ def _settled(coord: Coordinator, last: tuple[str, list[str]] | None) -> bool:
 
 def _fire(event: Event, coord: Coordinator, workers: LocalWorkers, sink: RunSink) -> list[str]:
     if event.action == "join":
-        asked = coord.clock()
-        started = [workers.start() for _ in range(int(event.target))]
-        coord.expect_joiners(started, within=JOIN_BATCH_SECONDS, requested_at=asked)
-        sink.log(f"event {event.text}: started {', '.join(started)}")
+        asked, wanted = coord.clock(), int(event.target)
+        forked, available = workers.forks, memory_available_mib()
+        started = [workers.start() for _ in range(join_fit(wanted, available, forked))]
+        if len(started) < wanted:  # the wave starts what fits, and says so
+            world = coord.current.world_size if coord.current else 0
+            sink.unstarted(EventRow(
+                EventKind.UNSTARTED, world_before=world, world_after=world,
+                requested_at=round(asked - coord.started_at, 4),
+                reason=join_short_line(wanted, len(started), available, forked),
+                extra={"asked": wanted, "started": len(started)}), event.text)
+        if started:
+            coord.expect_joiners(started, within=JOIN_BATCH_SECONDS, requested_at=asked)
+            sink.log(f"event {event.text}: started {', '.join(started)}")
         return started
     members = list(coord.current.members) if coord.current else []
     targets = choose_targets(event.target, members)

@@ -79,6 +79,17 @@ class RunSink:
                   f"{record['latency_s']:.3f} s after the request{ready} "
                   f"(steps redone: {record.get('steps_redone', 0)})")
 
+    def unstarted(self, row: EventRow, event: str) -> None:
+        """Workers of a join that the launcher did not start: its ``events.jsonl`` row and one
+        line, said even with --quiet (the run has fewer workers than its events asked for)."""
+        record = row.to_json()
+        self.events.append(record)
+        self.events_file.write(record)
+        if self.tensorboard is not None:
+            self.tensorboard.event(row)
+        self.catch_up()
+        self.announce(f"event {event}: {row.reason}")
+
     def metrics(self, record: dict) -> None:
         self.last_metrics = record
         self.metrics_file.write(record)  # checked against the row type: RowError if bad

@@ -48,6 +48,7 @@ class Change:
             start_step=f.pop("start_step", None), steps_redone=f.pop("steps_redone", 0),
             origin=f.pop("origin", None), reason=f.pop("reason", None),
             state_sync_s=f.pop("state_sync_s", None),
+            group_connect_s=f.pop("group_connect_s", None),
             requested_at=round(self.requested_at - t0, 4),
             detected_at=round(self.detected_at - t0, 4), reformed_at=round(reformed - t0, 4),
             first_step_at=round(first - t0, 4), latency_s=round(first - self.requested_at, 4),

@@ -359,8 +359,8 @@ class Coordinator:
         self.sink.metrics(row)
         if self.membership.is_current(row.get("gen")):
             self.formation.stepped(self.current.number)
-            # the leader's time in this generation's hand-over comes with its first step
-            extra = {"state_sync_s": row["state_sync_s"]} if "state_sync_s" in row else {}
+            # the leader's group connect and hand-over times come with its first step
+            extra = {k: row[k] for k in ("state_sync_s", "group_connect_s") if k in row}
             for change in self.changes.stepped(row["time"], extra):
                 self.sink.event(change.record(self.started_at))
 

@@ -29,6 +29,7 @@ class EventKind(StrEnum):
     CRASH = "crash"  # workers lost without asking (an exit, a hang, a failed collective)
     REATTACH = "reattach"  # a coordinator that restarted found its workers again
     REMOVED = "removed"  # a worker the coordinator removed (it cannot reach the others)
+    UNSTARTED = "unstarted"  # workers of a join the launcher did not start: too little memory
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class MetricsRow:
         chunks: how many chunks each member computed, in rank order.
         recomputed: the step had been applied before (by a world that then failed).
         state_sync_s: with a generation's first step: how long its state hand-over took.
+        group_connect_s: with a generation's first step: how long the leader took to create
+            the generation's process group (connecting to every member).
         grad_norm: the norm of the reduced gradient, when the trainer clips or reports it.
         noise: the gradient noise scale fields, when the trainer measures them.
         validation: the ``val_*`` fields of a validation run after this step.
@@ -83,6 +86,7 @@ class MetricsRow:
     chunks: tuple[int, ...] | None = None
     recomputed: bool = False
     state_sync_s: float | None = None
+    group_connect_s: float | None = None
     grad_norm: float | None = None
     noise: NoiseScale | None = None
     validation: Mapping[str, float | None] = field(default_factory=dict)
@@ -101,7 +105,8 @@ class MetricsRow:
                    samples_per_s=f.number("samples_per_s"), time=f.number("time"),
                    total_steps=f.integer("total_steps"), generation=f.integer("gen"),
                    chunks=f.integers("chunks"), recomputed=f.flag("recomputed"),
-                   state_sync_s=f.number("state_sync_s"), grad_norm=f.number("grad_norm"),
+                   state_sync_s=f.number("state_sync_s"),
+                   group_connect_s=f.number("group_connect_s"), grad_norm=f.number("grad_norm"),
                    noise=noise,
                    validation={k: f.number(k) for k in list(f.rest) if k.startswith("val_")},
                    extra=f.rest)  # last: what the others did not take
@@ -118,7 +123,8 @@ class MetricsRow:
         out.update(self.validation)
         out.update(_present(gen=self.generation,
                             chunks=None if self.chunks is None else list(self.chunks),
-                            state_sync_s=self.state_sync_s))
+                            state_sync_s=self.state_sync_s,
+                            group_connect_s=self.group_connect_s))
         out["recomputed"] = self.recomputed
         return {**out, **self.extra}
 
@@ -145,6 +151,7 @@ class EventRow:
         first_step_at: when the new world completed its first step.
         latency_s: from the request to that first step.
         state_sync_s: how long the new world's state hand-over took.
+        group_connect_s: how long the new world's leader took to create its process group.
         extra: fields this version does not know, kept as they were.
     """
 
@@ -163,6 +170,7 @@ class EventRow:
     first_step_at: float | None = None
     latency_s: float | None = None
     state_sync_s: float | None = None
+    group_connect_s: float | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -183,6 +191,7 @@ class EventRow:
                    detected_at=f.number("detected_at"), reformed_at=f.number("reformed_at"),
                    first_step_at=f.number("first_step_at"), latency_s=f.number("latency_s"),
                    state_sync_s=f.number("state_sync_s"),
+                   group_connect_s=f.number("group_connect_s"),
                    extra=f.rest)  # last: what the others did not take
 
     def to_json(self) -> dict[str, Any]:
@@ -193,7 +202,8 @@ class EventRow:
             detected_at=self.detected_at, generation=self.generation,
             world_after=self.world_after, start_step=self.start_step,
             steps_redone=self.steps_redone, origin=self.origin, reason=self.reason,
-            state_sync_s=self.state_sync_s, reformed_at=self.reformed_at,
+            state_sync_s=self.state_sync_s, group_connect_s=self.group_connect_s,
+            reformed_at=self.reformed_at,
             first_step_at=self.first_step_at, latency_s=self.latency_s))
         return {**out, **self.extra}
 

@@ -10,7 +10,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -18,7 +17,9 @@ from dyntrain.elastic import protocol as p
 from dyntrain.elastic.collective.reach import ProbeListener
 from dyntrain.elastic.runs.coordinator_file import read_coordinator_file
 from dyntrain.elastic.worker.address import advertise_address
-from dyntrain.errors import DyntrainError, Unreachable
+from dyntrain.elastic.worker.connect import connect_store, parse_address, sever
+from dyntrain.elastic.worker.succession import Succession, Takeover
+from dyntrain.errors import DyntrainError
 
 POLL_SECONDS = 0.005
 
@@ -31,61 +32,6 @@ class JobOver(Exception):
         super().__init__(str(status))
         self.status = status
         self.at_join = at_join
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise DyntrainError(f"coordinator address must be HOST:PORT, got {address!r}")
-    return host, int(port)
-
-
-def connect_store(address: str, timeout: float) -> dist.Store:
-    """A client connection to the coordinator's TCPStore, with a one-line error if unreachable;
-    under the job's secret (``DYNTRAIN_COORDINATOR_SECRET``) when the environment has one."""
-    host, port = parse_address(address)
-    _wait_for_listener(host, port, timeout)
-    try:
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
-                              wait_for_workers=False)
-        secret = os.environ.get(p.ENV_SECRET)
-        return dist.PrefixStore(secret, store) if secret else store
-    except Exception as exc:  # torch raises RuntimeError/DistNetworkError with a long message
-        raise Unreachable(
-            f"cannot reach the coordinator at {host}:{port} within {timeout:g} s "
-            f"({str(exc).splitlines()[0][:120]})"
-        ) from None
-
-
-def wait_job_info(store: dist.Store, address: str, timeout: float) -> dict:
-    """The job's ``job/info`` (its run folder, who hosts it), waiting up to ``timeout`` seconds
-    for the coordinator to publish it: a worker may connect between the moment the coordinator
-    listens and the moment it publishes (a worker started with the launcher, on a loaded
-    machine), and one that read nothing then trained without the run folder - its checkpoints
-    and ``final.pt`` went nowhere, silently."""
-    deadline, pause = time.monotonic() + timeout, 0.01
-    while not store.check([p.JOB_INFO]):  # (store.wait logs a C++ warning on its timeout)
-        if time.monotonic() >= deadline:
-            raise Unreachable(f"the coordinator at {address} published no job within "
-                              f"{timeout:g} s (no {p.JOB_INFO!r} in its store): is it a "
-                              f"dyntrain job's coordinator?")
-        time.sleep(pause)
-        pause = min(0.2, pause * 1.5)
-    return json.loads(store.get(p.JOB_INFO))
-
-
-def _wait_for_listener(host: str, port: int, timeout: float) -> None:
-    """Probe the port first: torch logs a C++ stack trace for every failed connect attempt."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, timeout))):
-                return
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                raise Unreachable(f"cannot reach the coordinator at {host}:{port} within "
-                                    f"{timeout:g} s ({exc.strerror or exc})") from None
-            time.sleep(0.1)
 
 
 class CoordinatorGone(DyntrainError):
@@ -104,15 +50,15 @@ class WorkerChannel:
     sender thread (consecutive metrics rows packed into one message), and the control key of
     the current generation is polled by a watcher thread that also sends the heartbeat.
 
-    With ``reattach_seconds`` > 0 a lost coordinator is not the end: the worker keeps its
-    generation's group (which does not need the store) and trains on, while the watcher
-    reconnects - to the same address, or to the one the host recorded in the run folder's
-    ``coordinator.json`` - and checks that the store belongs to the same job (``job/info``).
-    Then the sender first delivers a ``Reattach`` message (``position()``: the worker's
-    ``Position``, its state, generation and applied step), then every message that was not
-    delivered. Whatever needs the
-    coordinator meanwhile (a new generation, the final flush) waits for it. After
-    ``reattach_seconds`` without it, ``CoordinatorGone`` is raised where the worker next asks.
+    With ``reattach_seconds`` > 0 (or a job of ``--takeover``) a lost coordinator is not the
+    end: the worker keeps its generation's group (which does not need the store) and trains on,
+    while the watcher reconnects - to the same address, to the one the host recorded in the run
+    folder's ``coordinator.json``, or to a successor's (``succession``, which also hosts one
+    when this worker is due) - and checks that the store belongs to the same job
+    (``job/info``). Then the sender first delivers a ``Reattach`` message (``position()``: the
+    worker's ``Position``, its state, generation and applied step), then every message that was
+    not delivered. Whatever needs the coordinator meanwhile (a new generation, the final flush)
+    waits for it. After ``reattach_seconds`` without it, ``CoordinatorGone`` is raised.
 
     ``advertise`` is the address the worker's process groups bind and its peers connect to
     (``dyntrain.elastic.worker.address.advertise_address``: by default the local address of its
@@ -129,13 +75,15 @@ class WorkerChannel:
         self.address = address
         self.worker = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.connect_timeout = connect_timeout
-        self.reattach_seconds = reattach_seconds
         self.position = position
+        self.succession = Succession(None, {}, self.worker, position)  # (job/info says)
         self._connect(address, connect_timeout)
         self.advertise = advertise_address(parse_address(address), advertise, iface)
         self.probe = ProbeListener(self.advertise)
         info = self.job_info()
         self.job, self.run_dir = info.get("job"), info.get("out_dir")
+        self.succession = Succession(Takeover.from_info(info), info, self.worker, position)
+        self.reattach_seconds = reattach_seconds or self.succession.within
         self.lost: str | None = None
         self._lost_at = 0.0
         self._epoch = 0  # bumped at each reconnection: a failure on an older store is old news
@@ -160,12 +108,16 @@ class WorkerChannel:
                                          args=(heartbeat_interval, watch_interval),
                                          name="dyntrain-watcher")
         self._watcher.start()
+        if self.succession.takeover is not None:
+            threading.Thread(target=self._guard_loop, daemon=True, name="dyntrain-guard",
+                             args=(self.succession.silence_bound,)).start()
 
     def _connect(self, address: str, timeout: float) -> None:
         # Each thread gets its own connection; group creation blocks on keys in another thread.
         stores = [connect_store(address, timeout) for _ in range(3)]
         self.store, self._send_store, self._watch_store = stores
         self.address = address
+        self._answered = time.monotonic()  # the watcher's last answer from this store
 
     def group_store(self) -> dist.TCPStore:
         """A connection of its own for one generation's process group. A creation that was
@@ -186,6 +138,7 @@ class WorkerChannel:
         """Find the coordinator again (bounded); False once the bound has passed."""
         deadline = self._lost_at + self.reattach_seconds
         while not self._stop.is_set():
+            self.succession.poll(self.address, time.monotonic() - self._lost_at)
             for address in self._candidates():
                 try:
                     left = max(0.2, min(2.0, deadline - time.monotonic()))
@@ -220,7 +173,8 @@ class WorkerChannel:
         record = read_coordinator_file(self.run_dir) if self.run_dir else {}
         found = [record["address"]] if record.get("job") == self.job and "address" in record \
             else []
-        return found + [a for a in (self.address,) if a not in found]
+        more = [self.address, *self.succession.addresses(self.address)]
+        return found + [a for a in dict.fromkeys(more) if a not in found]
 
     def _wait_online(self, should_stop=lambda: False) -> None:
         """Block while the coordinator is away; raise CoordinatorGone once it is given up."""
@@ -256,12 +210,23 @@ class WorkerChannel:
                     value = (p.Control(self._watch_store.get(key).decode())
                              if self._watch_store.check([key]) else self._ctl_value(gen))
                     self._ctl = (gen, value, time.monotonic())
+                self._answered = time.monotonic()
             except Exception as exc:
                 self._on_lost(exc, epoch)
                 if not self.reattach_seconds:
                     return
                 continue
             self._stop.wait(interval)
+
+    def _guard_loop(self, bound: float) -> None:
+        """(``--takeover``) A coordinator's host that is cut off leaves its connections open
+        and silent, and a store call on them never returns. Once the watcher has had no answer
+        for ``bound`` seconds, they are cut (``connect.sever``): every blocked call fails, and
+        the worker looks for its coordinator again, or for a successor."""
+        while not self._stop.wait(0.2):
+            if self.lost is None and time.monotonic() - self._answered > bound:
+                sever(self.address)
+                self._answered = time.monotonic()  # once per silence
 
     def _ctl_value(self, generation: int) -> p.Control:
         gen, value, _ = self._ctl

@@ -27,7 +27,7 @@ from dyntrain.elastic.runs.folder import read_numerics
 from dyntrain.elastic.runs.log import last_step
 from dyntrain.elastic.runs.progress import result_line
 from dyntrain.elastic.runs.storage import LocalStore, RunStore, StorageError
-from dyntrain.elastic.worker.channel import parse_address
+from dyntrain.elastic.worker.connect import parse_address
 from dyntrain.errors import ConfigError
 from dyntrain.launch.sink import RunSink
 from dyntrain.service.core.jobtext import short_worker
