@@ -207,3 +207,20 @@ class ShareUsage:
             else:
                 self.averages[share] = value
         return dict(self.averages)
+
+
+def check_share(queue: str, policy: str | None, share: str | None,
+                priority: int | None) -> None:
+    """A job's share identifier and scheduling priority against its queue: a queue with a
+    fair-share policy (``policy``) needs a share identifier, a first in, first out one refuses
+    it (AWS Batch's rules)."""
+    if share is not None:
+        check_share_identifier(share)
+    if priority is not None:
+        check_priority(priority, "schedulingPriority")
+    if policy is not None and share is None:
+        raise ValidationError(f"job queue {queue} has a fair share scheduling policy "
+                              f"({policy}): the job needs a shareIdentifier")
+    if policy is None and share is not None:
+        raise ValidationError(f"job queue {queue} has no fair share scheduling policy: a job "
+                              "submitted to it cannot have a shareIdentifier")

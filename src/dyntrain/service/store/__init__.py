@@ -18,7 +18,8 @@ columns and back; the records themselves are ``dyntrain.service.core.records``),
 ``environments`` (compute environments, queues, capacity traces), ``definitions``, ``jobs``
 (jobs, attempts), ``dependencies`` (a job's, checked and read), ``scheduling`` (the
 controller's bulk reads and writes), ``workers`` (workers, usage), ``logs`` (log lines, events),
-``summaries`` (counts and searches for the dashboard and /metrics), ``tags``; ``Store`` holds
+``summaries`` (counts and searches for the dashboard and /metrics), ``tags``, ``policies``
+(fair-share scheduling policies); ``Store`` holds
 one of each, as ``store.environments``, ``store.jobs``, ..., over one engine (``base.Database``).
 """
 
@@ -29,6 +30,7 @@ from dyntrain.service.store.definitions import DefinitionStore
 from dyntrain.service.store.environments import EnvironmentStore
 from dyntrain.service.store.jobs import JobStore
 from dyntrain.service.store.logs import LogStore
+from dyntrain.service.store.policies import PolicyStore
 from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
 from dyntrain.service.store.summaries import SummaryStore
@@ -50,6 +52,7 @@ class Store(Database):
         self.logs = LogStore(self)
         self.summaries = SummaryStore(self)
         self.tags = TagStore(self)
+        self.policies = PolicyStore(self)
 
 
 __all__ = ["Store", "metadata"]
