@@ -10,7 +10,7 @@ from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of, page, page_offset
 from dyntrain.service.core.records import JobDefinition
-from dyntrain.service.operations.errors import EnvironmentInUse, QueueExists
+from dyntrain.service.operations.errors import EnvironmentInUse, PolicyChange, QueueExists
 
 MAX_RESULTS = 100
 
@@ -76,8 +76,14 @@ def update_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     if p.get("computeEnvironmentOrder"):
         envs, orders = mapping.job_queue_order(p)
         aws = {"orders": orders}
-    ctx.ops.queues.update(name, priority=p.get("priority"), state=p.get("state"),
-                          compute_environments=envs, aws=aws)
+    policy = p.get("schedulingPolicyArn")
+    try:
+        ctx.ops.queues.update(name, priority=p.get("priority"), state=p.get("state"),
+                              compute_environments=envs, aws=aws,
+                              scheduling_policy=None if policy is None
+                              else name_of(policy, "scheduling-policy"))
+    except PolicyChange as e:
+        raise client_error(str(e)) from None
     return {"jobQueueName": name, "jobQueueArn": ctx.arns.job_queue(name)}
 
 
@@ -143,9 +149,9 @@ def deregister_job_definition(ctx: Context, p: dict) -> dict[str, Any]:
 def _resource(arn: str) -> tuple[str, str]:
     parsed = shapes.parse_arn(arn)
     if parsed is None or parsed[0] not in ("compute-environment", "job-queue", "job-definition",
-                                            "job"):
+                                            "job", "scheduling-policy"):
         raise client_error(f"{arn!r} is not the ARN of a compute environment, job queue, job "
-                           "definition or job of this service")
+                           "definition, job or scheduling policy of this service")
     return parsed
 
 

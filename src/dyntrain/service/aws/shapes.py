@@ -67,6 +67,9 @@ class Arns:
     def job(self, job_id: str) -> str:
         return self._batch("job", job_id)
 
+    def scheduling_policy(self, name: str) -> str:
+        return self._batch("scheduling-policy", name)
+
     def log_group(self) -> str:
         return f"arn:aws:logs:{self.region}:{ACCOUNT}:log-group:{LOG_GROUP}"
 
@@ -148,7 +151,8 @@ def job_queue(q: JobQueue, arns: Arns) -> dict[str, Any]:
         "computeEnvironmentOrder": [
             {"order": order, "computeEnvironment": arns.compute_environment(ce)}
             for order, ce in zip(orders, q.spec.compute_environments, strict=False)],
-        "schedulingPolicyArn": q.aws.get("schedulingPolicyArn"),
+        "schedulingPolicyArn": (arns.scheduling_policy(q.spec.scheduling_policy)
+                                if q.spec.scheduling_policy else None),
     })
 
 
@@ -265,7 +269,8 @@ def job_detail(job: Job, attempts: list[AttemptRecord], arns: Arns,
                     else {"attemptDurationSeconds": int(job.timeout_seconds)}),
         "propagateTags": aws.get("propagateTags"),
         "platformCapabilities": aws.get("platformCapabilities"),
-        "attempts": [],
+        "attempts": [], "shareIdentifier": job.share,
+        "schedulingPriority": job.scheduling_priority if job.share is not None else None,
     }
     if job.is_array_parent:
         counts = Counter(s.value for s in children or ())
