@@ -277,14 +277,14 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
     rank = state.rank[queue.name]
     usable_by_size: dict[Resources, list[str]] = {}
     ahead = 0  # jobs of this queue before this one that did not start
-    held = state.held_by_share(queue.name) if queue.fairshare is not None else {}
+    by_share = state.held_by_share(queue.name) if queue.fairshare is not None else {}
     for i, job in enumerate(jobs):
         never = fit.never_reason(job.resources)
         if never:
             state.single[job.id] = WaitInfo(never, ahead + 1)
             ahead += 1
             continue
-        reserved = _reservation(state, queue, job, held)
+        reserved = _reservation(state, queue, job, by_share)
         if reserved:
             state.single[job.id] = WaitInfo(reserved, ahead + 1)
             ahead += 1
@@ -304,7 +304,7 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
             return
         state.start(job, placement)
         if queue.fairshare is not None:
-            held[job.share or ""] = held.get(job.share or "", 0) + sum(placement.values())
+            by_share[job.share or ""] = by_share.get(job.share or "", 0) + sum(placement.values())
 
 
 def _reservation(state: _Pass, queue: QueueView, job: JobView, held: dict[str, int]) -> str:
