@@ -92,6 +92,8 @@ class AwsRouter:
                 body=body)
             name, handler, params = (_logs_call(headers, body) if is_logs
                                      else _batch_call(scope, body))
+            if name == "CreateComputeEnvironment":
+                batch_resources.check_compute_environment(params)
             validate.check(_model("logs" if is_logs else "batch").operation_model(name)
                            .input_shape, params, bad_request)
             auth = parse_authorization(headers.get("authorization"))

@@ -25,6 +25,14 @@ def _limit(p: dict, default: int = MAX_RESULTS, most: int = MAX_RESULTS) -> int:
 # --------------------------------------------------------------------- compute environments
 
 
+def check_compute_environment(p: dict) -> None:
+    """What AWS says before it checks the request's shape: a compute environment of no known
+    type needs a service role first."""
+    if p.get("type") not in ("MANAGED", "UNMANAGED") and not p.get("serviceRole"):
+        raise client_error(f"Error executing request, Exception : ServiceRole is required., "
+                           f"type {p.get('type')} must be one of MANAGED | UNMANAGED")
+
+
 def create_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.compute_environment(p)
     ctx.ops.environments.create(spec, tags=p.get("tags"), aws=aws)
@@ -61,8 +69,16 @@ def delete_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- job queues
 
 
+def _known_environments(ctx: Context, names: tuple[str, ...]) -> None:
+    """AWS's answer to an order naming an environment that does not exist."""
+    known = {ce.name for ce in ctx.ops.environments.list()}
+    if any(name not in known for name in names):
+        raise client_error("computeEnvironmentOrder is malformed")
+
+
 def create_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.job_queue(p)
+    _known_environments(ctx, spec.compute_environments)
     try:
         ctx.ops.queues.create(spec, tags=p.get("tags"), aws=aws)
     except QueueExists:
@@ -75,6 +91,7 @@ def update_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     envs, aws = None, None
     if p.get("computeEnvironmentOrder"):
         envs, orders = mapping.job_queue_order(p)
+        _known_environments(ctx, envs)
         aws = {"orders": orders}
     policy = p.get("schedulingPolicyArn")
     try:

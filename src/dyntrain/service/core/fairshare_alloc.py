@@ -24,7 +24,8 @@ active while it has a job running or a queue head waiting. Three phases:
 Hysteresis: a worker moves from share ``o`` to share ``u`` only when
 ``(held_o - entitled_o) - (held_u - entitled_u) >= 2`` slots. A move lowers that difference by
 exactly 2, so the reverse move is never justified right after, and shares settle within one
-slot of their entitlements instead of trading a worker back and forth.
+slot of their entitlements instead of trading a worker back and forth. A job whose workers
+are still starting neither grows nor gives a worker until they run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dyntrain.service.core.allocation import AllocationPolicy, Holding, Move, Pool
+from dyntrain.service.core.model import JobStatus
 from dyntrain.service.core.speedup import SpeedupModel
 
 PERFECT = SpeedupModel()
@@ -40,6 +42,12 @@ BAND = 2.0 - 1e-9  # the hysteresis band, in slots
 
 def share_of(h: Holding) -> str:
     return h.job.share or ""
+
+
+def starting(h: Holding) -> bool:
+    """A job whose workers are still starting: it neither grows nor gives a worker until they
+    run (its placement is not known yet)."""
+    return h.job.status is JobStatus.STARTING
 
 
 class _Shares:
@@ -89,7 +97,8 @@ class _Shares:
         best = None
         for h in self.pool.holdings:
             s = share_of(h)
-            if (s == receiver or not h.job.preemptible or self.count[h.job.id] <= h.job.min_workers
+            if (s == receiver or not h.job.preemptible or starting(h)
+                    or self.count[h.job.id] <= h.job.min_workers
                     or self.over(s) - self.over(receiver) < BAND):
                 continue
             env = next((e for e in envs if self.placement[h.job.id].get(e, 0) > 0), None)
@@ -162,7 +171,7 @@ class ShareGoodput(AllocationPolicy):
             best = None
             for h in plan.pool.holdings:
                 w = plan.count[h.job.id]
-                if w >= h.job.max_workers:
+                if w >= h.job.max_workers or starting(h):
                     continue
                 env = next((e for e in h.envs if plan.free.get(e, 0) > 0), None)
                 if env is None:
@@ -180,7 +189,7 @@ class ShareGoodput(AllocationPolicy):
         """Phase 3: one worker from an over-entitled share's elastic job to the job of the
         share furthest below its entitlement that can grow on the same environment."""
         receivers = sorted((h for h in plan.pool.holdings
-                            if plan.count[h.job.id] < h.job.max_workers),
+                            if plan.count[h.job.id] < h.job.max_workers and not starting(h)),
                            key=lambda h: (plan.over(share_of(h)) / plan.weight[share_of(h)],
                                           -self._gain(h, plan.count[h.job.id]),
                                           plan.count[h.job.id], h.job.created, h.job.id))
