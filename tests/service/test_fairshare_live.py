@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import shared_static_run
 from dyntrain.service.core.allocation import policy_by_name
 from dyntrain.service.core.fairshare import FairsharePolicy
 from dyntrain.service.core.model import (
@@ -48,7 +49,12 @@ def drive(controller: Controller, until, timeout: float) -> None:
                        f"last plan {controller.plan}")
 
 
-def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path, static_ledger):
+EPOCHS = ("--epochs", "10")  # a short ledger run: 60 steps
+
+
+def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path,
+                                                                      tmp_path_factory):
+    static = shared_static_run(tmp_path_factory, "ledger-10-epochs", LEDGER, *EPOCHS)
     store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
     store.create_all()
     store.environments.create_compute_environment(ComputeEnvironmentSpec(
@@ -63,9 +69,9 @@ def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path, s
     for hold in holds.values():
         hold.touch()
 
-    def submit(team: str) -> str:  # the default ledger run, slowed while its hold file exists
-        return store.jobs.submit(queue="q", command=[sys.executable, LEDGER, "--step-delay",
-                                                     "0.002", "--slow-while", str(holds[team])],
+    def submit(team: str) -> str:  # the ledger run, slowed while its hold file exists
+        return store.jobs.submit(queue="q", command=[sys.executable, LEDGER, *EPOCHS,
+                                                     "--slow-while", str(holds[team])],
                                  resources=SMALL, workers=(1, 4), share=team).id
 
     ids: list[str] = []
@@ -78,6 +84,7 @@ def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path, s
         arrived = time.monotonic()
         drive(controller, lambda: running(store, red) == 2 and running(store, blue) == 2, 120)
         took = time.monotonic() - arrived
+        print(f"the second team had its share {took:.1f} s after it arrived")
         assert took < 60, took
         reasons = [w.leave_reason or "" for w in store.workers.list_workers(red, active=False)]
         assert sum("shrink: fair share" in r for r in reasons) == 2, reasons
@@ -97,4 +104,4 @@ def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path, s
         job = store.jobs.get_job(job_id)
         assert job.status is JobStatus.SUCCEEDED, (job.status_reason, job.attempts)
         assert job.attempts == 1  # a shrink is no failed attempt
-        assert max_param_diff(static_ledger, controller.run_dir(job_id)) == 0.0
+        assert max_param_diff(static, controller.run_dir(job_id)) == 0.0

@@ -303,7 +303,10 @@ class Controller:
         for grow in plan.grows:
             attempt = self.attempts.get(grow.job)
             if (attempt is not None and attempt.stop_reason is None and grow.job not in restarted
-                    and grow.job not in self.launcher.refusals):
+                    and grow.job not in self.launcher.refusals
+                    and all(w.handle is not None for w in attempt.workers.values())):
+                # (a start still unanswered: the grow waits for a later pass, or the pending
+                # worker would be started a second time)
                 try:
                     self.launcher.grow(attempt, {grow.env: grow.count}, envs)
                 except ExecutorError as exc:  # the job goes on with the workers it has
