@@ -183,6 +183,12 @@ class Queues:
         runnable = store.jobs.list_jobs(name, JobStatus.RUNNABLE, limit=10 * most)
         infos = [(job, wait_info(waiting, job)) for job in runnable]
         infos.sort(key=lambda ji: (ji[1].position if ji[1] else 1 << 30, ji[0].created_at))
+        return QueueSnapshot(queue, infos[:most], self.shares(name), store.clock())
+
+    def shares(self, name: str) -> dict[str, int]:
+        """The slots the active workers of queue ``name``'s jobs hold, by share (``""``: jobs
+        without one)."""
+        store = self._service.store
         held: Counter = Counter()
         workers = store.workers.list_workers(active=True)
         jobs = store.scheduling.get_jobs(sorted({w.job_id for w in workers}))
@@ -190,7 +196,7 @@ class Queues:
             job = jobs.get(w.job_id)
             if job is not None and job.queue == name:
                 held[job.share or ""] += 1
-        return QueueSnapshot(queue, infos[:most], dict(held), store.clock())
+        return dict(held)
 
     def delete(self, name: str) -> None:
         store = self._service.store
