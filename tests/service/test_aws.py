@@ -614,3 +614,93 @@ def test_an_elastic_multinode_job_follows_capacity_and_ends_with_the_static_mode
     static = torch.load(runs / static_id / "final.pt", weights_only=True)
     assert elastic.keys() == static.keys()
     assert all(torch.equal(elastic[k], static[k]) for k in static)  # bitwise the same model
+
+
+def test_fair_share_scheduling_policies_queues_and_snapshot(batch):
+    """Create a fair-share policy, attach it to a queue, submit jobs of two shares: the
+    queue's front interleaves the shares (by weight), priorities order a share's jobs."""
+    arn = batch.create_scheduling_policy(
+        name="teams", tags={"org": "ml"},
+        fairsharePolicy={"shareDecaySeconds": 3600, "computeReservation": 10,
+                         "shareDistribution": [{"shareIdentifier": "blue", "weightFactor": 0.5},
+                                               {"shareIdentifier": "red*",
+                                                "weightFactor": 1.0}]})["arn"]
+    assert arn == f"arn:aws:batch:{REGION}:123456789012:scheduling-policy/teams"
+    assert {"arn": arn} in batch.list_scheduling_policies()["schedulingPolicies"]
+    [policy] = batch.describe_scheduling_policies(arns=[arn, arn + "x"])["schedulingPolicies"]
+    assert policy == {"name": "teams", "arn": arn, "tags": {"org": "ml"}, "fairsharePolicy": {
+        "shareDecaySeconds": 3600, "computeReservation": 10, "shareDistribution": [
+            {"shareIdentifier": "blue", "weightFactor": 0.5},
+            {"shareIdentifier": "red*", "weightFactor": 1.0}]}}
+    batch.create_compute_environment(  # no slots: every job stays at the front of the queue
+        computeEnvironmentName="fs-none", type="MANAGED",
+        computeResources={"type": "FARGATE", "maxvCpus": 4, "desiredvCpus": 0,
+                          "subnets": ["subnet-1"]})
+    queue = batch.create_job_queue(
+        jobQueueName="fsq", priority=1, schedulingPolicyArn=arn,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": "fs-none"}])["jobQueueArn"]
+    assert batch.describe_job_queues(jobQueues=["fsq"])["jobQueues"][0][
+        "schedulingPolicyArn"] == arn
+    definition = container_definition(batch, "fs-def", ["true"], schedulingPriority=5)
+    ids = {}
+    for name, share, override in (("r1", "red1", None), ("r2", "red1", 9), ("r3", "red1", None),
+                                  ("b1", "blue", None)):
+        kw = {} if override is None else {"schedulingPriorityOverride": override}
+        ids[name] = batch.submit_job(jobName=name, jobQueue=queue, jobDefinition=definition,
+                                     shareIdentifier=share, **kw)["jobId"]
+    for job_id in ids.values():
+        wait_for_status(batch, job_id, ("RUNNABLE",))
+    described = batch.describe_jobs(jobs=[ids["r2"]])["jobs"][0]
+    assert (described["shareIdentifier"], described["schedulingPriority"]) == ("red1", 9)
+    # blue (weight 2) first, then red's priority-9 job, then first in, first out
+    want = [ids["b1"], ids["r2"], ids["r1"], ids["r3"]]
+    snap = wait_until(lambda: batch.get_job_queue_snapshot(jobQueue="fsq"),
+                      "the snapshot in fair-share order", 30, 0.1,
+                      until=lambda s: [j["jobArn"].rsplit("/", 1)[1]
+                                       for j in s["frontOfQueue"]["jobs"]] == want)
+    assert all(j["earliestTimeAtPosition"] > 0 for j in snap["frontOfQueue"]["jobs"])
+    assert snap["queueUtilization"]["fairshareUtilization"]["activeShareCount"] == 0
+
+    def refused(call, *args, **kw) -> str:
+        with pytest.raises(ClientError) as e:
+            call(*args, **kw)
+        assert e.value.response["Error"]["Code"] == "ClientException", e.value.response
+        return e.value.response["Error"]["Message"]
+
+    assert "needs a shareIdentifier" in refused(
+        batch.submit_job, jobName="x", jobQueue=queue, jobDefinition=definition)
+    assert "no fair share scheduling policy" in refused(
+        batch.submit_job, jobName="x", jobQueue="default", jobDefinition=definition,
+        shareIdentifier="blue")
+    assert "schedulingPriorityOverride must be an integer between 0 and 9999" in refused(
+        batch.submit_job, jobName="x", jobQueue=queue, jobDefinition=definition,
+        shareIdentifier="blue", schedulingPriorityOverride=10000)
+    assert "in use by job queue(s) fsq" in refused(batch.delete_scheduling_policy, arn=arn)
+    assert "computeReservation must be between 0 and 99" in refused(
+        batch.create_scheduling_policy, name="bad", fairsharePolicy={"computeReservation": 100})
+    assert "weightFactor of share a must be between" in refused(
+        batch.create_scheduling_policy, name="bad", fairsharePolicy={
+            "shareDistribution": [{"shareIdentifier": "a", "weightFactor": 0}]})
+    assert "overlaps" in refused(batch.create_scheduling_policy, name="bad", fairsharePolicy={
+        "shareDistribution": [{"shareIdentifier": "a*"}, {"shareIdentifier": "ab"}]})
+    assert "unknown scheduling policy nope" in refused(
+        batch.create_job_queue, jobQueueName="fsq2", priority=1,
+        schedulingPolicyArn=arn.replace("teams", "nope"),
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": "fs-none"}])
+    assert "can only be given when it is created" in refused(
+        batch.update_job_queue, jobQueue="default", schedulingPolicyArn=arn)
+    batch.update_scheduling_policy(arn=arn, fairsharePolicy={"shareDecaySeconds": 60})
+    assert batch.describe_scheduling_policies(arns=[arn])["schedulingPolicies"][0][
+        "fairsharePolicy"] == {"shareDecaySeconds": 60, "computeReservation": 0,
+                               "shareDistribution": []}
+    for job_id in ids.values():
+        batch.cancel_job(jobId=job_id, reason="done")
+    batch.update_job_queue(jobQueue="fsq", state="DISABLED")
+    wait_until(lambda: [j for j in ids.values()
+                        if batch.describe_jobs(jobs=[j])["jobs"][0]["status"] != "FAILED"],
+               "the jobs cancelled", 30, 0.1, until=lambda left: not left)
+    batch.delete_job_queue(jobQueue="fsq")
+    wait_until(lambda: "fsq" in {q["jobQueueName"] for q in batch.describe_job_queues()[
+        "jobQueues"]}, "the queue gone", 30, 0.1, until=lambda there: not there)
+    batch.delete_scheduling_policy(arn=arn)
+    assert batch.describe_scheduling_policies(arns=[arn])["schedulingPolicies"] == []

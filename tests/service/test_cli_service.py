@@ -45,7 +45,7 @@ def cli(*args, url: str | None = None, timeout: float = 180, cwd=ROOT):
     argv = [*DYNTRAIN, *map(str, args)]
     if url is not None and "--url" not in args:
         # --url goes right after the command (and its subcommand, for the groups)
-        cut = 2 if args[0] in ("ce", "queue", "jobdef") else 1
+        cut = 2 if args[0] in ("ce", "queue", "jobdef", "policy") else 1
         argv = [*DYNTRAIN, *map(str, args[:cut]), "--url", url, *map(str, args[cut:])]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_env(),
                           cwd=cwd)
@@ -389,3 +389,31 @@ def test_a_job_the_machine_cannot_hold_now_waits_with_the_reason_everywhere(tmp_
     finally:
         gate.unlink(missing_ok=True)
         assert stop_server(proc) == 0
+
+
+def test_fair_share_policy_queue_submit_and_snapshot(service):
+    """A fair-share policy by the CLI, a queue that uses it, jobs of two shares: the queue's
+    snapshot lists them in the order they would start; bad input is one line."""
+    for proc in parallel(("policy", "create", "teams", "--share", "blue=0.5", "--share", "red*"),
+                         ("ce", "create", "fs-none", "--slots", "0:0:2"), url=service):
+        ok(proc)
+    ok(cli("queue", "create", "fsq", "--ce", "fs-none", "--scheduling-policy", "teams",
+           url=service))
+    ids = {}
+    for name, share in (("r1", "red1"), ("r2", "red1"), ("b1", "blue")):
+        ids[name] = ok(cli("submit", "-q", "fsq", "-n", name, "--share", share, "--", "true",
+                           url=service)).strip()
+    for job_id in ids.values():
+        wait_status(service, job_id, {"RUNNABLE"})
+    want = [ids["b1"], ids["r1"], ids["r2"]]  # blue first: weight 2 against red's 1
+    snap = wait_until(lambda: ok(cli("queue", "snapshot", "fsq", url=service)),
+                      "the snapshot in fair-share order", 30,
+                      until=lambda out: re.findall(r"^\s*\d+\s+([0-9a-f]{32})", out,
+                                                   re.MULTILINE) == want)
+    assert "teams" in ok(cli("policy", "list", url=service)) and "blue" in snap
+    no_share, in_use = parallel(("submit", "-q", "fsq", "--", "true"),
+                                ("policy", "delete", "teams"), url=service)
+    assert_one_line_error(no_share, "needs a shareIdentifier")
+    assert_one_line_error(in_use, "is used by job queue(s) fsq")
+    for job_id in ids.values():
+        ok(cli("cancel", job_id, url=service))

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dyntrain.elastic.runs.storage import LocalStore
 from dyntrain.lab import Measurement, Study, Trial, write_study
 from dyntrain.service.assembly import build_service
+from dyntrain.service.core.fairshare import FairsharePolicy, ShareAttributes
 from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
@@ -70,6 +71,9 @@ def seeded(tmp_path_factory):
         "od", CapacityType.ON_DEMAND, 1.0, SMALL, 0, 0, 2))
     store.environments.create_job_queue(JobQueueSpec("train", 10, ("spot",)))
     store.environments.create_job_queue(JobQueueSpec("wait", 5, ("od",)))
+    store.policies.create("teams", FairsharePolicy(shares=(ShareAttributes("blue", 0.5),)))
+    store.environments.create_job_queue(JobQueueSpec("shared", 1, ("od",),
+                                                     scheduling_policy="teams"))
 
     now = time.time()
     elastic = store.jobs.submit(
@@ -226,6 +230,8 @@ def test_overview_lists_environments_queues_and_jobs_with_why_they_wait(browser,
     row = re.search(f'data-job="{seeded["waiting"]}".*?</tr>', page, re.S).group(0)
     assert "#1" in row and "RUNNABLE" in row  # queue position and reason from the scheduler
     assert re.search(r"<b class=\"in-use\">1</b> / <b class=\"available\">2</b>", page)
+    shared = re.search(r"<strong>shared</strong>.*?</tr>", page, re.S).group(0)
+    assert re.search(r"teams:\s+blue 0 \(×0.5\)", shared), shared  # its policy and shares
 
     only_running = browser.get("/?status=RUNNING").text
     assert "elastic-run" in only_running and "waits-for-capacity" not in only_running

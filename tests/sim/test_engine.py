@@ -149,3 +149,30 @@ def test_the_built_in_trace_is_seeded():
     assert a == b and len(a.jobs) == 50
     assert builtin_jobs(seed=2) != a
     assert all(j.arrival_s <= 10 * 86400 * 1.5 for j in a.jobs)
+
+
+def test_fairshare_gives_each_team_its_weighted_share_as_teams_arrive():
+    from dyntrain.sim.jobs import parse_jobs
+
+    doc = {"queues": [{"name": "teams", "fairshare": {"shareDistribution": [
+        {"shareIdentifier": "c", "weightFactor": 0.5}]}}],
+        "jobs": [{"id": f"{team}{i}", "arrival_s": arrival, "samples": 1e6, "workers": "1:12",
+                  "curve": {"parallel": 0.1}, "start_s": 5, "reform_s": 1, "share": team}
+                 for team, arrival in (("a", 0), ("b", 600), ("c", 1200)) for i in (1, 2)]}
+    jobs = parse_jobs(doc)
+    result = run_simulation([spot([(0, 12)])], jobs, policy_by_name("fairshare"),
+                            SimConfig(pass_every_s=30, until_s=1800, record=True))
+    team_of = {j.id: j.share for j in jobs.jobs}
+
+    def held(t):
+        _, _, by_job = max((e for e in result.timeline if e[0] <= t), key=lambda e: e[0])
+        out = dict.fromkeys("abc", 0)
+        for job_id, n in by_job.items():
+            out[team_of[job_id]] += n
+        return out
+
+    assert held(590) == {"a": 12, "b": 0, "c": 0}  # alone, a team takes every slot
+    assert held(900) == {"a": 6, "b": 6, "c": 0}
+    assert held(1790) == {"a": 3, "b": 3, "c": 6}  # c's weight factor 0.5: twice the others
+    with pytest.raises(ValidationError, match="needs a share"):
+        parse_jobs({**doc, "jobs": [{**doc["jobs"][0], "share": None}]})

@@ -38,12 +38,11 @@ from pathlib import Path
 # moto's Batch test files that test AWS Batch's API, and those that do not (with why)
 FILES = ["test_batch.py", "test_batch_compute_envs.py", "test_batch_job_queue.py",
          "test_batch_jobs.py", "test_batch_tags_job.py", "test_batch_tags_job_definition.py",
-         "test_batch_tags_job_queue.py", "test_batch_task_definition.py"]
+         "test_batch_tags_job_queue.py", "test_batch_task_definition.py",
+         "test_batch_scheduling_policy.py", "test_batch_tags_scheduling_policy.py"]
 LEFT_OUT = {
     "test_batch_cloudformation.py": "CloudFormation templates: moto's CloudFormation service",
     "test_batch_eks.py": "EKS job definitions and properties: not implemented",
-    "test_batch_scheduling_policy.py": "scheduling policies: not implemented",
-    "test_batch_tags_scheduling_policy.py": "scheduling policies: not implemented",
     "test_server.py": "moto's own in-process server app",
     "test_utils.py": "moto's internal helpers (moto.batch.utils)",
 }

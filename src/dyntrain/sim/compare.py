@@ -1,4 +1,5 @@
-"""Policies side by side: the same capacity and job traces under static, fifo, fair, goodput.
+"""Policies side by side: the same capacity and job traces under static, fifo, fair, goodput
+and fairshare.
 
 ``static`` is the fixed cluster that *Dynamic Training* (AWS, 2018) compares with: every job
 runs at a fixed size (its max, at most the cluster) on ``static_slots`` on-demand slots that
@@ -18,7 +19,7 @@ from dyntrain.sim.engine import EnvSpec, SimConfig, run_simulation
 from dyntrain.sim.jobs import JobTrace
 from dyntrain.sim.results import SimResult
 
-POLICIES = ("static", "fifo", "fair", "goodput")
+POLICIES = ("static", "fifo", "fair", "goodput", "fairshare")
 # p3.2xlarge (one V100), us-west-2: the on-demand list price, and spot at 30 % of it (an
 # assumption: the public traces carry availability, not prices)
 ON_DEMAND_PRICE = 3.06

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from dyntrain.service.core.allocation import AllocationPolicy
 from dyntrain.service.core.capacity import CapacityTrace
+from dyntrain.service.core.fairshare import ShareUsage
 from dyntrain.service.core.model import CapacityType, JobStatus, Resources, ValidationError
 from dyntrain.service.core.plan import EnvView, JobView, Plan, QueueView, Snapshot
 from dyntrain.service.core.scheduler import schedule
@@ -130,8 +131,10 @@ class Simulation:
         self.jobs = [_Job(s) for s in sorted(jobs.jobs, key=lambda s: (s.arrival_s, s.id))]
         self.by_id = {j.spec.id: j for j in self.jobs}
         self.active: list[_Job] = []  # arrived and not done, in arrival order
-        self.queues = tuple(QueueView(q.name, q.priority, tuple(e.name for e in self.envs))
-                            for q in jobs.queues)
+        self.queues = tuple(QueueView(q.name, q.priority, tuple(e.name for e in self.envs),
+                                      fairshare=q.fairshare) for q in jobs.queues)
+        self.windows = {q.name: q.fairshare.window_s for q in jobs.queues if q.fairshare}
+        self.share_usage = ShareUsage()
         self.leaving: dict[str, list[tuple[float, _Job]]] = defaultdict(list)
         self.timeline: list = []
         self.cost = self.used = self.available = 0.0
@@ -259,13 +262,28 @@ class Simulation:
                 (spec.max_workers, spec.max_workers)
             if job.status is JobStatus.RUNNABLE:
                 views.append(JobView(spec.id, spec.queue, spec.arrival_s, Resources(), lo, hi,
-                                     JobStatus.RUNNABLE, preemptible=spec.elastic))
+                                     JobStatus.RUNNABLE, preemptible=spec.elastic,
+                                     share=spec.share,
+                                     scheduling_priority=spec.scheduling_priority))
             elif job.status is JobStatus.RUNNING:
                 status = JobStatus.RUNNING if job.formed else JobStatus.STARTING
                 views.append(JobView(spec.id, spec.queue, spec.arrival_s, Resources(), lo, hi,
                                      status, {k: len(v) for k, v in job.workers.items() if v},
-                                     spec.elastic, self._profile(job)))
-        return Snapshot(tuple(envs), self.queues, tuple(views))
+                                     spec.elastic, self._profile(job), spec.share,
+                                     spec.scheduling_priority))
+        return Snapshot(tuple(envs), self.queues, tuple(views), share_usage=self._usage(t))
+
+    def _usage(self, t: float) -> dict[str, float]:
+        """Each share's slots, decayed over its queue's window (as the controller keeps it)."""
+        if not self.windows:
+            return {}
+        held: dict[str, int] = defaultdict(int)
+        window: dict[str, float] = {}
+        for job in self.active:
+            if job.spec.share is not None and job.spec.queue in self.windows:
+                held[job.spec.share] += job.held()
+                window[job.spec.share] = self.windows[job.spec.queue]
+        return self.share_usage.update(t, held, window)
 
     def _profile(self, job: _Job) -> JobProfile | None:
         model = job.spec.model

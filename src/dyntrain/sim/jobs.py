@@ -9,9 +9,12 @@ A job trace is a JSON file::
         "start_s": 60, "reform_s": 2, "queue": "default", "elastic": true},
        ...]}
 
-``workers`` is ``"MIN:MAX"`` (or one number); ``samples`` the work (samples to train);
-``start_s`` the seconds from a worker's start until it trains (for a new job: until its first
-step), ``reform_s`` the seconds of training one membership change costs. ``curve`` is one of:
+A queue may carry ``"fairshare"``: an AWS Batch ``fairsharePolicy`` (``shareDecaySeconds``,
+``computeReservation``, ``shareDistribution``); its jobs then each name a ``"share"`` (and
+may set ``"scheduling_priority"``, 0-9999). ``workers`` is ``"MIN:MAX"`` (or one number);
+``samples`` the work (samples to train); ``start_s`` the seconds from a worker's start until
+it trains (for a new job: until its first step), ``reform_s`` the seconds of training one
+membership change costs. ``curve`` is one of:
 
 * ``{"serial": S, "parallel": P, "comm": C, "chunks": K}``: a speed-up model's parts
   (``dyntrain.service.core.speedup``; seconds per sample);
@@ -32,6 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dyntrain.service.core.fairshare import (
+    FairsharePolicy,
+    ShareAttributes,
+    check_priority,
+    check_share_identifier,
+)
 from dyntrain.service.core.model import ValidationError
 from dyntrain.service.core.speedup import (
     SpeedupModel,
@@ -41,7 +50,7 @@ from dyntrain.service.core.speedup import (
 )
 
 JOB_FIELDS = {"id", "arrival_s", "samples", "workers", "curve", "start_s", "reform_s", "queue",
-              "elastic"}
+              "elastic", "share", "scheduling_priority"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class QueueSpec:
 
     name: str = "default"
     priority: int = 1
+    fairshare: FairsharePolicy | None = None  # None: first in, first out
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,8 @@ class JobSpec:
     reform_s: float = 0.0
     queue: str = "default"
     elastic: bool = True
+    share: str | None = None  # its share identifier, in a fair-share queue
+    scheduling_priority: int = 0
 
     def __post_init__(self) -> None:
         where = f"job {self.id}"
@@ -86,7 +98,9 @@ class JobSpec:
         return {"id": self.id, "arrival_s": self.arrival_s, "samples": self.samples,
                 "workers": f"{self.min_workers}:{self.max_workers}",
                 "curve": self.model.to_dict(), "start_s": self.start_s,
-                "reform_s": self.reform_s, "queue": self.queue, "elastic": self.elastic}
+                "reform_s": self.reform_s, "queue": self.queue, "elastic": self.elastic,
+                **({"share": self.share, "scheduling_priority": self.scheduling_priority}
+                   if self.share is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -96,8 +110,36 @@ class JobTrace:
     source: str = "<jobs>"
 
     def to_dict(self) -> dict:
-        return {"queues": [{"name": q.name, "priority": q.priority} for q in self.queues],
+        return {"queues": [{"name": q.name, "priority": q.priority,
+                            **({} if q.fairshare is None else
+                               {"fairshare": fairshare_dict(q.fairshare)})}
+                           for q in self.queues],
                 "jobs": [j.to_dict() for j in self.jobs]}
+
+
+def fairshare_dict(policy: FairsharePolicy) -> dict:
+    """A policy in AWS's ``fairsharePolicy`` shape."""
+    return {"shareDecaySeconds": policy.share_decay_seconds,
+            "computeReservation": policy.compute_reservation,
+            "shareDistribution": [{"shareIdentifier": a.identifier,
+                                   "weightFactor": a.weight_factor} for a in policy.shares]}
+
+
+def _fairshare(raw, where: str) -> FairsharePolicy | None:
+    """A queue's ``fairshare`` (AWS's ``fairsharePolicy`` shape), or None."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError(f"{where}: fairshare must be an object (AWS's fairsharePolicy)")
+    try:
+        return FairsharePolicy(
+            int(raw.get("shareDecaySeconds", 0)), int(raw.get("computeReservation", 0)),
+            tuple(ShareAttributes(str(a["shareIdentifier"]), float(a.get("weightFactor", 1.0)))
+                  for a in raw.get("shareDistribution") or ()))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValidationError(f"{where}: fairshare: {exc}") from None
+    except ValidationError as exc:
+        raise ValidationError(f"{where}: {exc}") from None
 
 
 def _queues(raw, source: str) -> tuple[QueueSpec, ...]:
@@ -109,7 +151,8 @@ def _queues(raw, source: str) -> tuple[QueueSpec, ...]:
         if not isinstance(q, dict) or not q.get("name"):
             raise ValidationError(f"{source}: queue {i + 1} must be an object with a name")
         try:
-            queues.append(QueueSpec(str(q["name"]), int(q.get("priority", 1))))
+            queues.append(QueueSpec(str(q["name"]), int(q.get("priority", 1)),
+                                    _fairshare(q.get("fairshare"), f"{source}: queue {q['name']}")))
         except (TypeError, ValueError):
             raise ValidationError(f"{source}: queue {q['name']}: priority must be an integer, "
                                   f"got {q.get('priority')!r}") from None
@@ -227,11 +270,21 @@ def parse_jobs(doc, source: str = "<jobs>", base: Path = Path(".")) -> JobTrace:
         queue = str(raw.get("queue", queues[0].name))
         if queue not in names:
             raise ValidationError(f"{where}: unknown queue {queue!r}")
+        share = raw.get("share")
+        fair = next(q.fairshare for q in queues if q.name == queue) is not None
+        if fair and share is None:
+            raise ValidationError(f"{where}: queue {queue} has a fair-share policy: the job "
+                                  "needs a share")
+        if share is not None and not fair:
+            raise ValidationError(f"{where}: queue {queue} has no fair-share policy: a job "
+                                  "of it has no share")
         try:
             jobs.append(JobSpec(jid, float(raw.get("arrival_s", 0.0)), float(raw["samples"]),
                                 parse_curve(raw["curve"], where, base), lo, hi,
                                 float(raw.get("start_s", 0.0)), float(raw.get("reform_s", 0.0)),
-                                queue, bool(raw.get("elastic", True))))
+                                queue, bool(raw.get("elastic", True)),
+                                None if share is None else check_share_identifier(str(share)),
+                                check_priority(raw.get("scheduling_priority", 0))))
         except ValidationError as exc:
             text = str(exc)
             raise ValidationError(text if text.startswith(source) else f"{source}: {text}") \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import click
 
@@ -35,9 +36,12 @@ def queue(ctx, url, token):
 @click.option("--ce", "envs", default=None, metavar="A,B",
               help="Compute environments, in order of preference.")
 @click.option("--state", default=None, type=click.Choice(STATES, case_sensitive=False))
+@click.option("--scheduling-policy", "policy", default=None, metavar="NAME",
+              help="A fair-share scheduling policy (`dyntrain policy`); none: first in, first "
+                   "out.")
 @conn_options
 @friendly
-def queue_create(name, path, priority, envs, state, url, token):
+def queue_create(name, path, priority, envs, state, policy, url, token):
     """Create job queue NAME from flags or -f FILE.yaml."""
     body = load_body(path, "JobQueueIn") if path else {}
     if name:
@@ -50,6 +54,8 @@ def queue_create(name, path, priority, envs, state, url, token):
         body["compute_environments"] = split_names(envs, "--ce")
     if state:
         body["state"] = state.upper()
+    if policy:
+        body["scheduling_policy"] = policy
     if not path and "compute_environments" not in body:
         raise click.UsageError("queue create needs --ce A[,B...]")
     client = make_client(url, token)
@@ -66,10 +72,11 @@ def queue_list(url, token):
     if not queues:
         make_console().print("no job queues")
         return
-    table = make_table("NAME", "PRIORITY", "COMPUTE ENVIRONMENTS", "STATE")
+    table = make_table("NAME", "PRIORITY", "COMPUTE ENVIRONMENTS", "STATE", "POLICY")
     for q in queues:
         table.add_row(str(q.get("name", "")), str(q.get("priority", "")),
-                      ",".join(q.get("compute_environments") or []), str(q.get("state", "")))
+                      ",".join(q.get("compute_environments") or []), str(q.get("state", "")),
+                      str(q.get("scheduling_policy") or "-"))
     make_console().print(table)
 
 
@@ -78,9 +85,11 @@ def queue_list(url, token):
 @click.option("--priority", type=int, default=None)
 @click.option("--ce", "envs", default=None, metavar="A,B")
 @click.option("--state", default=None, type=click.Choice(STATES, case_sensitive=False))
+@click.option("--scheduling-policy", "policy", default=None, metavar="NAME",
+              help="Replace the queue's fair-share scheduling policy.")
 @conn_options
 @friendly
-def queue_update(name, priority, envs, state, url, token):
+def queue_update(name, priority, envs, state, policy, url, token):
     """Change job queue NAME's priority, environments or state."""
     fields: dict[str, Any] = {}
     if priority is not None:
@@ -89,8 +98,11 @@ def queue_update(name, priority, envs, state, url, token):
         fields["compute_environments"] = split_names(envs, "--ce")
     if state:
         fields["state"] = state.upper()
+    if policy:
+        fields["scheduling_policy"] = policy
     if not fields:
-        raise click.UsageError("queue update needs at least one of --priority, --ce, --state")
+        raise click.UsageError("queue update needs at least one of --priority, --ce, --state, "
+                               "--scheduling-policy")
     make_client(url, token).update_job_queue(name, **fields)
     click.echo(f"updated job queue {name}")
 
@@ -103,3 +115,25 @@ def queue_delete(name, url, token):
     """Delete job queue NAME."""
     make_client(url, token).delete_job_queue(name)
     click.echo(f"deleted job queue {name}")
+
+
+@queue.command("snapshot")
+@click.argument("name")
+@conn_options
+@friendly
+def queue_snapshot(name, url, token):
+    """The front of job queue NAME (in the order its jobs would start) and each share's
+    slots."""
+    snap = make_client(url, token).request("GET", f"/job-queues/{quote(name, safe='')}/snapshot")
+    console = make_console()
+    shares = snap.get("shares") or {}
+    if shares:
+        console.print("shares: " + ", ".join(f"{s or '-'}={n}" for s, n in sorted(shares.items())))
+    if not snap.get("front"):
+        console.print("no job waits")
+        return
+    table = make_table("#", "JOB", "NAME", "SHARE", "PRIORITY", "WHY IT WAITS")
+    for i, job in enumerate(snap["front"], 1):
+        table.add_row(str(i), job["id"], str(job.get("name") or ""), str(job.get("share") or "-"),
+                      str(job.get("scheduling_priority", "")), str(job.get("reason") or ""))
+    console.print(table)

@@ -82,10 +82,12 @@ def _url_for(host: str, port: int) -> str:
               help="Address of this host that workers reach its job coordinators at [default: "
                    "127.0.0.1; with Ray, the address the cluster sees for this host].")
 @click.option("--policy", default="fifo", show_default=True,
-              type=click.Choice(["fifo", "fair", "goodput"]),
+              type=click.Choice(["fifo", "fair", "goodput", "fairshare"]),
               help="How running elastic jobs share free slots: fifo (by priority, then first "
-                   "in, first out, each to its max), fair (even shares) or goodput (by each "
-                   "job's measured speed-up, per dollar).")
+                   "in, first out, each to its max), fair (even shares), goodput (by each "
+                   "job's measured speed-up, per dollar) or fairshare (the shares of fair-share "
+                   "queues by weight, slots taken back by shrinking elastic jobs; goodput "
+                   "within a share).")
 @click.option("--replica", is_flag=True,
               help="One of several replicas on one PostgreSQL database (--db): every replica "
                    "answers every API, the one holding the controller's lease runs the "

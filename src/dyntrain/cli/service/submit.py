@@ -70,14 +70,18 @@ MAX_ARRAY_SIZE = 10_000
 @click.option("--cpus", type=float, default=None, help="CPUs per worker.")
 @click.option("--gpus", type=int, default=None, help="GPUs per worker.")
 @click.option("--memory", type=int, default=None, metavar="MiB", help="Memory per worker.")
+@click.option("--share", default=None, metavar="ID",
+              help="The job's share identifier (a queue with a fair-share policy needs one).")
+@click.option("--scheduling-priority", type=int, default=None, metavar="N",
+              help="Orders the jobs of one share, higher first (0-9999).")
 @click.option("--wait", is_flag=True,
               help="Follow status, progress and logs until the job ends; exit 1 if it failed.")
 @conn_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @friendly
 def submit(path, queue, name, definition, workers, launcher, array_size, depends_on, attempts,
-           retries, timeout, params, envs, export, workdir, cpus, gpus, memory, wait, url, token,
-           command):
+           retries, timeout, params, envs, export, workdir, cpus, gpus, memory, share,
+           scheduling_priority, wait, url, token, command):
     """Submit a job: a COMMAND (after --), a job definition, or -f FILE.yaml; prints its id.
 
     The job runs in this directory with this shell's environment (--workdir, --export).
@@ -95,7 +99,8 @@ def submit(path, queue, name, definition, workers, launcher, array_size, depends
                              "launcher": launcher,
                              "array_size": _array_size(array_size),
                              "retry_attempts": attempts_from_flags(attempts, retries),
-                             "timeout_seconds": timeout}
+                             "timeout_seconds": timeout, "share": share,
+                             "scheduling_priority": scheduling_priority}
     body.update({k: v for k, v in flags.items() if v is not None})
     body.setdefault("queue", "default")
     if "command" not in body and "definition" not in body:

@@ -34,7 +34,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.api import compute, definitions, jobs, queues
+from dyntrain.service.api import compute, definitions, jobs, policies, queues
 from dyntrain.service.api.errors import describe_request_errors, errors, one_line, status_for
 from dyntrain.service.operations import Operations
 
@@ -157,6 +157,6 @@ def create_api(ops: Operations, session: BrowserSession | None = None) -> FastAP
         return {"status": "ok", "leader": leader, "epoch": epoch}
 
     secured = [Depends(_bearer)]
-    for module in (compute, queues, definitions, jobs):
+    for module in (compute, queues, policies, definitions, jobs):
         app.include_router(module.router, dependencies=secured, responses=errors(401))
     return app

@@ -38,7 +38,8 @@ def submit(body: JobIn, ops: OperationsDep) -> dict[str, Any]:
         retry_attempts=body.retry_attempts, timeout_seconds=body.timeout_seconds,
         job_id=body.job_id, workdir=body.workdir,
         exported_environment=body.exported_environment,
-        launcher=None if body.launcher is None else body.launcher.value)
+        launcher=None if body.launcher is None else body.launcher.value, share=body.share,
+        scheduling_priority=body.scheduling_priority)
     return views.job(job)
 
 

@@ -18,7 +18,8 @@ router = APIRouter(prefix="/job-queues", tags=["job queues"])
 @router.post("", status_code=201, summary="Create a job queue",
              responses=errors(400, 409, 422))
 def create(body: JobQueueIn, ops: OperationsDep) -> dict[str, Any]:
-    spec = JobQueueSpec(body.name, body.priority, tuple(body.compute_environments), body.state)
+    spec = JobQueueSpec(body.name, body.priority, tuple(body.compute_environments), body.state,
+                        body.scheduling_policy)
     return views.job_queue(ops.queues.create(spec))
 
 
@@ -30,6 +31,19 @@ def list_all(ops: OperationsDep) -> list[dict[str, Any]]:
 @router.get("/{name}", summary="Describe a job queue", responses=errors(404, 422))
 def get(name: str, ops: OperationsDep) -> dict[str, Any]:
     return views.job_queue(ops.queues.get(name))
+
+
+@router.get("/{name}/snapshot", summary="The front of a job queue and the slots each share "
+            "holds", responses=errors(404, 422))
+def snapshot(name: str, ops: OperationsDep) -> dict[str, Any]:
+    snap = ops.queues.snapshot(name)
+    return {"queue": views.job_queue(snap.queue), "at": snap.at,
+            "front": [{"id": job.id, "name": job.name, "share": job.share,
+                       "scheduling_priority": job.scheduling_priority,
+                       "position": None if info is None else info.position,
+                       "reason": None if info is None else info.reason}
+                      for job, info in snap.front],
+            "shares": snap.held}
 
 
 @router.patch("/{name}", summary="Change a job queue's priority, state or environments",

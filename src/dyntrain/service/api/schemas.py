@@ -146,12 +146,43 @@ class JobQueueIn(Body):
     priority: Priority = 1
     compute_environments: EnvironmentNames
     state: State = State.ENABLED
+    scheduling_policy: Name | None = Field(
+        None, description="a fair-share scheduling policy's name; none: first in, first out")
 
 
 class JobQueuePatch(Body):
     priority: Priority | None = None
     state: State | None = None
     compute_environments: EnvironmentNames | None = None
+    scheduling_policy: Name | None = Field(
+        None, description="replaces the queue's fair-share policy (a first in, first out "
+                          "queue cannot be given one)")
+
+
+# ------------------------------------------------------------------------ scheduling policies
+
+ShareId = _rule(r"^[A-Za-z0-9]{1,255}$", "a share identifier is 1-255 letters or digits",
+                min_length=1, max_length=255)
+
+
+class ShareIn(Body):
+    identifier: _rule(r"^[A-Za-z0-9]{1,255}\*?$", "a share identifier is 1-255 letters or "
+                      "digits, optionally followed by * (a prefix)", min_length=1,
+                      max_length=256)
+    weight_factor: Annotated[float, Field(strict=False, ge=0.0001, le=999.9999,
+                                          allow_inf_nan=False)] = 1.0
+
+
+class FairshareIn(Body):
+    """AWS Batch's fairsharePolicy: a lower weight factor gets more slots."""
+
+    share_decay_seconds: _integer(ge=0, le=604800) = 0
+    compute_reservation: _integer(ge=0, le=99) = 0
+    shares: Annotated[list[ShareIn], Field(max_length=500)] = []
+
+
+class SchedulingPolicyIn(FairshareIn):
+    name: Name
 
 
 # ----------------------------------------------------------------------------- job definitions
@@ -253,6 +284,11 @@ class JobIn(Body):
     exported_environment: Environment | None = Field(
         None, description="the submitter's environment variables (`--export`), under "
                           "`environment` and the job definition's")
+    share: ShareId | None = Field(
+        None, description="its share identifier: required by a queue with a fair-share "
+                          "scheduling policy, refused by any other")
+    scheduling_priority: _integer(ge=0, le=9999) | None = Field(
+        None, description="orders the jobs of one share, higher first")
 
     @model_validator(mode="after")
     def _definition_or_command(self) -> JobIn:

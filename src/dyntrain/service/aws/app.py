@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dyntrain.errors import DyntrainError
-from dyntrain.service.aws import batch_jobs, batch_resources, logs, validate
+from dyntrain.service.aws import batch_jobs, batch_policies, batch_resources, logs, validate
 from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import AwsError, client_error, invalid_parameter
 from dyntrain.service.aws.shapes import DEFAULT_REGION, Arns, unknown_operation
@@ -41,7 +41,7 @@ log = logging.getLogger("dyntrain.service.aws")
 LOGS_TARGET = "Logs_20140328."
 BATCH_PREFIX = "/v1/"
 TAGS_PREFIX = "/v1/tags/"
-BATCH = {**batch_resources.OPERATIONS, **batch_jobs.OPERATIONS}
+BATCH = {**batch_resources.OPERATIONS, **batch_jobs.OPERATIONS, **batch_policies.OPERATIONS}
 
 
 @functools.cache
@@ -92,6 +92,8 @@ class AwsRouter:
                 body=body)
             name, handler, params = (_logs_call(headers, body) if is_logs
                                      else _batch_call(scope, body))
+            if name == "CreateComputeEnvironment":
+                batch_resources.check_compute_environment(params)
             validate.check(_model("logs" if is_logs else "batch").operation_model(name)
                            .input_shape, params, bad_request)
             auth = parse_authorization(headers.get("authorization"))

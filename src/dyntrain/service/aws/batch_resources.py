@@ -10,7 +10,7 @@ from dyntrain.service.aws.context import Context, Handler
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of, page, page_offset
 from dyntrain.service.core.records import JobDefinition
-from dyntrain.service.operations.errors import EnvironmentInUse, QueueExists
+from dyntrain.service.operations.errors import EnvironmentInUse, PolicyChange, QueueExists
 
 MAX_RESULTS = 100
 
@@ -23,6 +23,14 @@ def _limit(p: dict, default: int = MAX_RESULTS, most: int = MAX_RESULTS) -> int:
 
 
 # --------------------------------------------------------------------- compute environments
+
+
+def check_compute_environment(p: dict) -> None:
+    """What AWS says before it checks the request's shape: a compute environment of no known
+    type needs a service role first."""
+    if p.get("type") not in ("MANAGED", "UNMANAGED") and not p.get("serviceRole"):
+        raise client_error(f"Error executing request, Exception : ServiceRole is required., "
+                           f"type {p.get('type')} must be one of MANAGED | UNMANAGED")
 
 
 def create_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
@@ -61,8 +69,16 @@ def delete_compute_environment(ctx: Context, p: dict) -> dict[str, Any]:
 # -------------------------------------------------------------------------------- job queues
 
 
+def _known_environments(ctx: Context, names: tuple[str, ...]) -> None:
+    """AWS's answer to an order naming an environment that does not exist."""
+    known = {ce.name for ce in ctx.ops.environments.list()}
+    if any(name not in known for name in names):
+        raise client_error("computeEnvironmentOrder is malformed")
+
+
 def create_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     spec, aws = mapping.job_queue(p)
+    _known_environments(ctx, spec.compute_environments)
     try:
         ctx.ops.queues.create(spec, tags=p.get("tags"), aws=aws)
     except QueueExists:
@@ -75,9 +91,16 @@ def update_job_queue(ctx: Context, p: dict) -> dict[str, Any]:
     envs, aws = None, None
     if p.get("computeEnvironmentOrder"):
         envs, orders = mapping.job_queue_order(p)
+        _known_environments(ctx, envs)
         aws = {"orders": orders}
-    ctx.ops.queues.update(name, priority=p.get("priority"), state=p.get("state"),
-                          compute_environments=envs, aws=aws)
+    policy = p.get("schedulingPolicyArn")
+    try:
+        ctx.ops.queues.update(name, priority=p.get("priority"), state=p.get("state"),
+                              compute_environments=envs, aws=aws,
+                              scheduling_policy=None if policy is None
+                              else name_of(policy, "scheduling-policy"))
+    except PolicyChange as e:
+        raise client_error(str(e)) from None
     return {"jobQueueName": name, "jobQueueArn": ctx.arns.job_queue(name)}
 
 
@@ -143,9 +166,9 @@ def deregister_job_definition(ctx: Context, p: dict) -> dict[str, Any]:
 def _resource(arn: str) -> tuple[str, str]:
     parsed = shapes.parse_arn(arn)
     if parsed is None or parsed[0] not in ("compute-environment", "job-queue", "job-definition",
-                                            "job"):
+                                            "job", "scheduling-policy"):
         raise client_error(f"{arn!r} is not the ARN of a compute environment, job queue, job "
-                           "definition or job of this service")
+                           "definition, job or scheduling policy of this service")
     return parsed
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from dyntrain.service.aws.errors import client_error
 from dyntrain.service.aws.shapes import name_of
+from dyntrain.service.core.fairshare import check_priority
 from dyntrain.service.core.model import (
     CapacityType,
     ComputeEnvironmentSpec,
@@ -116,9 +117,10 @@ def job_queue_order(p: dict) -> tuple[tuple[str, ...], list[int]]:
 
 def job_queue(p: dict) -> tuple[JobQueueSpec, dict[str, Any]]:
     envs, orders = job_queue_order(p)
-    spec = JobQueueSpec(p["jobQueueName"], p["priority"], envs, p.get("state", "ENABLED"))
-    aws = {"orders": orders, "schedulingPolicyArn": p.get("schedulingPolicyArn")}
-    return spec, {k: v for k, v in aws.items() if v is not None}
+    policy = p.get("schedulingPolicyArn")
+    spec = JobQueueSpec(p["jobQueueName"], p["priority"], envs, p.get("state", "ENABLED"),
+                        None if policy is None else name_of(policy, "scheduling-policy"))
+    return spec, {"orders": orders}
 
 
 # ------------------------------------------------------------------------ job definitions
@@ -187,7 +189,7 @@ def job_definition(p: dict) -> tuple[JobDefinitionSpec, dict[str, Any]]:
     kind, tags = p["type"], p.get("tags") or {}
     aws: dict[str, Any] = {"type": kind, "propagateTags": p.get("propagateTags"),
                            "platformCapabilities": p.get("platformCapabilities"),
-                           "schedulingPriority": p.get("schedulingPriority")}
+                           "schedulingPriority": _priority(p, "schedulingPriority")}
     elastic = None
     if kind == "multinode":
         nodes = p.get("nodeProperties")
@@ -236,6 +238,15 @@ def _dependency(d: dict) -> Dependency:
     return Dependency(d.get("jobId", ""), kind)
 
 
+def _priority(p: dict, key: str) -> int | None:
+    if p.get(key) is None:
+        return None
+    try:
+        return check_priority(p[key], key)
+    except ValidationError as exc:
+        raise client_error(str(exc)) from None
+
+
 def submission(p: dict, d: JobDefinition) -> dict[str, Any]:
     """``Store.jobs.submit`` arguments (but the queue and the client token) from SubmitJob's
     request for definition ``d``."""
@@ -259,8 +270,8 @@ def submission(p: dict, d: JobDefinition) -> dict[str, Any]:
     depends = [_dependency(x) for x in p.get("dependsOn") or ()]
     aws = {"container": container, "nodeProperties": d.aws.get("nodeProperties"),
            "propagateTags": p.get("propagateTags", d.aws.get("propagateTags")),
-           "platformCapabilities": d.aws.get("platformCapabilities"),
-           "shareIdentifier": p.get("shareIdentifier")}
+           "platformCapabilities": d.aws.get("platformCapabilities")}
+    priority = _priority(p, "schedulingPriorityOverride")
     return {
         "definition": d.ref, "name": p["jobName"], "command": overrides.get("command"),
         "environment": _environment(overrides.get("environment")),
@@ -271,4 +282,6 @@ def submission(p: dict, d: JobDefinition) -> dict[str, Any]:
         "num_nodes": num_nodes, "workers": workers, "tags": tags,
         "launcher": None if workers is None else elastic.launcher.value,
         "aws": {k: v for k, v in aws.items() if v is not None},
+        "share": p.get("shareIdentifier"),
+        "scheduling_priority": d.aws.get("schedulingPriority") if priority is None else priority,
     }

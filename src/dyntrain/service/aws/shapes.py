@@ -67,6 +67,9 @@ class Arns:
     def job(self, job_id: str) -> str:
         return self._batch("job", job_id)
 
+    def scheduling_policy(self, name: str) -> str:
+        return self._batch("scheduling-policy", name)
+
     def log_group(self) -> str:
         return f"arn:aws:logs:{self.region}:{ACCOUNT}:log-group:{LOG_GROUP}"
 
@@ -148,7 +151,8 @@ def job_queue(q: JobQueue, arns: Arns) -> dict[str, Any]:
         "computeEnvironmentOrder": [
             {"order": order, "computeEnvironment": arns.compute_environment(ce)}
             for order, ce in zip(orders, q.spec.compute_environments, strict=False)],
-        "schedulingPolicyArn": q.aws.get("schedulingPolicyArn"),
+        "schedulingPolicyArn": (arns.scheduling_policy(q.spec.scheduling_policy)
+                                if q.spec.scheduling_policy else None),
     })
 
 
@@ -248,6 +252,11 @@ def _definition_arn(job: Job, arns: Arns) -> str:
     return arns.job_definition(job.definition_name or "inline", job.definition_revision or 0)
 
 
+def _reason(job: Job) -> str | None:
+    """A job's ``statusReason``: none once it SUCCEEDED (as AWS describes such a job)."""
+    return None if job.status is JobStatus.SUCCEEDED else job.status_reason
+
+
 def job_detail(job: Job, attempts: list[AttemptRecord], arns: Arns,
                children: list[JobStatus] | None = None) -> dict[str, Any]:
     """DescribeJobs' entry; ``children`` are an array parent's child statuses."""
@@ -255,7 +264,7 @@ def job_detail(job: Job, attempts: list[AttemptRecord], arns: Arns,
     out: dict[str, Any] = {
         "jobArn": arns.job(job.id), "jobName": job.name, "jobId": job.id,
         "jobQueue": arns.job_queue(job.queue), "status": job.status.value,
-        "statusReason": job.status_reason, "createdAt": ms(job.created_at),
+        "statusReason": _reason(job), "createdAt": ms(job.created_at),
         "startedAt": ms(job.started_at), "stoppedAt": ms(job.stopped_at),
         "jobDefinition": _definition_arn(job, arns), "parameters": dict(job.parameters),
         "retryStrategy": retry_strategy(job.retry_strategy), "tags": job.tags,
@@ -265,7 +274,8 @@ def job_detail(job: Job, attempts: list[AttemptRecord], arns: Arns,
                     else {"attemptDurationSeconds": int(job.timeout_seconds)}),
         "propagateTags": aws.get("propagateTags"),
         "platformCapabilities": aws.get("platformCapabilities"),
-        "attempts": [],
+        "attempts": [], "shareIdentifier": job.share,
+        "schedulingPriority": job.scheduling_priority if job.share is not None else None,
     }
     if job.is_array_parent:
         counts = Counter(s.value for s in children or ())
@@ -303,7 +313,7 @@ def job_summary(job: Job, arns: Arns) -> dict[str, Any]:
     out: dict[str, Any] = {
         "jobArn": arns.job(job.id), "jobId": job.id, "jobName": job.name,
         "createdAt": ms(job.created_at), "status": job.status.value,
-        "statusReason": job.status_reason, "startedAt": ms(job.started_at),
+        "statusReason": _reason(job), "startedAt": ms(job.started_at),
         "stoppedAt": ms(job.stopped_at), "jobDefinition": _definition_arn(job, arns),
     }
     if job.status.is_terminal() and job.exit_code is not None:

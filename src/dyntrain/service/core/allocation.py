@@ -25,7 +25,7 @@ for a waiter frees a slot the waiter's reservation keeps for it: it starts in th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dyntrain.service.core.model import State, ValidationError
@@ -67,6 +67,7 @@ class Pool:
     free: Mapping[str, int]  # environment -> free slots
     slots: Mapping[str, int]  # environment -> slots that exist now
     prices: Mapping[str, float]  # environment -> price per slot-hour
+    weights: Mapping[str, float] = field(default_factory=dict)  # share -> weight (default 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +100,12 @@ FIFO = AllocationPolicy()
 
 
 def policy_by_name(name: str) -> AllocationPolicy:
-    """``fifo``, ``fair`` or ``goodput`` (each with its default settings)."""
+    """``fifo``, ``fair``, ``goodput`` or ``fairshare`` (each with its default settings)."""
+    from dyntrain.service.core.fairshare_alloc import ShareGoodput
     from dyntrain.service.core.goodput import FairShare, Goodput
 
-    policies = {"fifo": AllocationPolicy, "fair": FairShare, "goodput": Goodput}
+    policies = {"fifo": AllocationPolicy, "fair": FairShare, "goodput": Goodput,
+                "fairshare": ShareGoodput}
     try:
         return policies[name]()
     except KeyError:
@@ -110,7 +113,7 @@ def policy_by_name(name: str) -> AllocationPolicy:
                               f"{', '.join(policies)}") from None
 
 
-POLICY_NAMES = ("fifo", "fair", "goodput")
+POLICY_NAMES = ("fifo", "fair", "goodput", "fairshare")
 
 
 def reallocate(state) -> bool:
@@ -136,9 +139,14 @@ def reallocate(state) -> bool:
         holdings.append(Holding(job, dict(state.placement[job.id]),
                                 tuple(state.usable(queue, rank, job.resources)), queue.priority))
     holdings.sort(key=lambda h: (-h.priority, h.job.created, h.job.id))
+    weights = {}
+    for job in [h.job for h in holdings] + [w.job for w in state.blocked]:
+        queue = state.queues.get(job.queue)
+        if queue is not None and queue.fairshare is not None and job.share is not None:
+            weights[job.share] = queue.fairshare.weight(job.share)
     pool = Pool(tuple(holdings), tuple(state.blocked), dict(state.free),
                 {name: env.available_slots for name, env in state.envs.items()},
-                {name: env.price_per_slot_hour for name, env in state.envs.items()})
+                {name: env.price_per_slot_hour for name, env in state.envs.items()}, weights)
     moves = state.policy.allocate(pool)
     allowed = {h.job.id: set(h.envs) for h in holdings}
     for move in moves:

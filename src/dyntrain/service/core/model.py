@@ -149,6 +149,7 @@ class JobQueueSpec:
     priority: int = 1
     compute_environments: tuple[str, ...] = ()
     state: State = State.ENABLED
+    scheduling_policy: str | None = None  # a fair-share policy's name; None: first in, first out
 
     def __post_init__(self) -> None:
         check_name("job queue", self.name)

@@ -17,6 +17,7 @@ from itertools import islice
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
+from dyntrain.service.core.fairshare import FairsharePolicy
 from dyntrain.service.core.model import (
     CapacityType,
     JobStatus,
@@ -60,6 +61,7 @@ class QueueView:
     priority: int = 1
     compute_environments: tuple[str, ...] = ()
     state: State = State.ENABLED
+    fairshare: FairsharePolicy | None = None  # None: first in, first out
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_environments", tuple(self.compute_environments))
@@ -80,6 +82,8 @@ class JobView:
     placement: Mapping[str, int] = field(default_factory=dict)  # env -> workers, when active
     preemptible: bool = True  # may be shrunk (never below min) for a higher-priority job
     profile: JobProfile | None = None  # its measured speed-up, for an allocation policy
+    share: str | None = None  # its share identifier, in a fair-share queue
+    scheduling_priority: int = 0  # orders the jobs of one share (higher first)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", JobStatus(self.status))
@@ -101,7 +105,8 @@ class Snapshot:
     in first in, first out order by ``(created, id)``), which is how a caller that keeps its
     queues sorted spares the pass from partitioning and sorting the whole queue. ``held``:
     RUNNABLE jobs whose placement the executor refused, with why (``core/placement.py``): they
-    wait, whatever the slots say.
+    wait, whatever the slots say. ``share_usage``: each share's slots averaged over its
+    fair-share window (``core/fairshare.ShareUsage``).
     """
 
     envs: tuple[EnvView, ...] = ()
@@ -109,6 +114,7 @@ class Snapshot:
     jobs: tuple[JobView, ...] = ()
     queued: Mapping[str, Sequence[JobView]] = field(default_factory=dict)
     held: Mapping[str, str] = field(default_factory=dict)
+    share_usage: Mapping[str, float] = field(default_factory=dict)  # share -> decayed slots
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "envs", tuple(self.envs))

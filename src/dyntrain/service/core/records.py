@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dyntrain.service.core.fairshare import FairsharePolicy
 from dyntrain.service.core.model import (
     CapacityType,
     CEStatus,
@@ -57,6 +58,17 @@ class JobQueue(_NamedBySpec):
     updated_at: float
     tags: dict[str, str] = _dict()
     aws: dict[str, Any] = _dict()
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """A named fair-share scheduling policy (AWS Batch's), which job queues refer to."""
+
+    name: str
+    fairshare: FairsharePolicy
+    created_at: float
+    updated_at: float
+    tags: dict[str, str] = _dict()
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,8 @@ class Job(_Workers):
     tags: dict[str, str] = _dict()
     aws: dict[str, Any] = _dict()
     launcher: str | None = None  # an elastic job's Launcher (None: dyntrain's)
+    share: str | None = None  # its share identifier, in a fair-share queue
+    scheduling_priority: int = 0  # orders the jobs of one share, higher first
 
     @property
     def elastic(self) -> ElasticSettings | None:
@@ -158,6 +172,8 @@ class JobEntry(_Workers):
     array_size: int | None
     depends_on: tuple[Dependency, ...] = ()
     num_nodes: int | None = None
+    share: str | None = None
+    scheduling_priority: int = 0
 
     @property
     def is_array_parent(self) -> bool:

@@ -21,11 +21,15 @@ One pass applies these rules, in this order:
    and not a failure) until shrinking the rest frees enough. No job is taken below its min, so a
    non-elastic job on lost capacity is suspended.
 2. Admission. Queues by priority, higher first (equal priorities by queue name); within a queue
-   strictly first in, first out by ``(created, id)``. A job starts only if its ``min_workers`` fit
-   at once in the free slots of its queue's environments (ENABLED, slots big enough); it takes as
-   many as fit up to ``max_workers``, filling the environments in the queue's order (the first,
-   then spilling to the next, as AWS Batch does). A job whose resources fit no slot of any of its
-   queue's environments can never run: it waits with that reason and blocks nobody.
+   strictly first in, first out by ``(created, id)``, or, in a queue with a fair-share policy
+   (``QueueView.fairshare``), the next job from the share of least load, by scheduling priority
+   within a share (``core/fairshare.py``); there a job of an active share does not start in
+   the slots ``computeReservation`` keeps for shares not active yet. A job starts only if its
+   ``min_workers`` fit at once in the free slots of its queue's environments (ENABLED, slots
+   big enough); it takes as many as fit up to ``max_workers``, filling the environments in the
+   queue's order (the first, then spilling to the next, as AWS Batch does). A job whose
+   resources fit no slot of any of its queue's environments can never run: it waits with that
+   reason and blocks nobody.
 3. Preemption for priority. When a queue's first waiting job cannot start, preemptible jobs of
    strictly lower priority that run above their min are shrunk (never below it) on environments
    that job can use: lowest priority first, newest first, only the missing slots, and only if that
@@ -67,6 +71,7 @@ from operator import attrgetter
 
 from dyntrain.service.core.allocation import FIFO as FIFO_POLICY
 from dyntrain.service.core.allocation import AllocationPolicy, Waiter, reallocate
+from dyntrain.service.core.fairshare import fair_order
 from dyntrain.service.core.model import JobStatus, Resources, State
 from dyntrain.service.core.plan import (
     FIFO,
@@ -93,7 +98,11 @@ def schedule(snapshot: Snapshot, policy: AllocationPolicy = FIFO_POLICY) -> Plan
     state = _Pass(snapshot, policy)
     _shed_lost_capacity(state)
     for queue_name, jobs in state.queued_in_order():
-        if queue_name in state.unsorted:
+        queue = state.queues.get(queue_name)
+        if queue is not None and queue.fairshare is not None:
+            jobs = fair_order(jobs, queue.fairshare, state.held_by_share(queue_name),
+                              state.share_usage)
+        elif queue_name in state.unsorted:
             _fifo(jobs)
         _admit(state, queue_name, jobs)
     _grow(state)
@@ -112,6 +121,7 @@ class _Pass:
         self.rank = {queue.name: i for i, queue in enumerate(order)}
         self.queued, self.running = _partition(snapshot.jobs)
         self.held = snapshot.held
+        self.share_usage = snapshot.share_usage
         self.unsorted = set(self.queued)  # queues whose jobs came unsorted in snapshot.jobs
         for name, jobs in snapshot.queued.items():
             if not jobs:
@@ -132,6 +142,7 @@ class _Pass:
         self.first_victim = 0  # victims before it have nothing left to give
         self.reserved: dict[str, tuple[int, str]] = {}  # env -> (rank, queue) of a blocked job
         self.starts: list[Start] = []
+        self.started: dict[str, JobView] = {}
         self.grows: list[Grow] = []
         self.shrinks: list[Shrink] = []
         self.suspends: dict[str, Suspend] = {}
@@ -148,6 +159,19 @@ class _Pass:
 
     def workers(self, job: JobView) -> int:
         return sum(self.placement[job.id].values())
+
+    def held_by_share(self, queue: str) -> dict[str, int]:
+        """Slots the running jobs of ``queue`` hold now, and those started this pass, by
+        share."""
+        out: dict[str, int] = {}
+        for job in self.running:
+            if job.queue == queue and job.id not in self.suspends:
+                out[job.share or ""] = out.get(job.share or "", 0) + self.workers(job)
+        for start in self.starts:
+            job = self.started.get(start.job)
+            if job is not None and job.queue == queue:
+                out[job.share or ""] = out.get(job.share or "", 0) + start.workers
+        return out
 
     def spare(self, job: JobView) -> int:
         """Workers the job can give up without going below its min (0 once suspended)."""
@@ -167,6 +191,7 @@ class _Pass:
         for env, n in placement.items():
             self.free[env] -= n
         self.starts.append(Start(job.id, placement))
+        self.started[job.id] = job
 
     def grow(self, job: JobView, env: str, n: int) -> None:
         self.free[env] -= n
@@ -252,10 +277,16 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
     rank = state.rank[queue.name]
     usable_by_size: dict[Resources, list[str]] = {}
     ahead = 0  # jobs of this queue before this one that did not start
+    by_share = state.held_by_share(queue.name) if queue.fairshare is not None else {}
     for i, job in enumerate(jobs):
         never = fit.never_reason(job.resources)
         if never:
             state.single[job.id] = WaitInfo(never, ahead + 1)
+            ahead += 1
+            continue
+        reserved = _reservation(state, queue, job, by_share)
+        if reserved:
+            state.single[job.id] = WaitInfo(reserved, ahead + 1)
             ahead += 1
             continue
         held = state.held.get(job.id)
@@ -272,6 +303,24 @@ def _admit(state: _Pass, queue_name: str, jobs: Sequence[JobView]) -> None:
             _block(state, queue, rank, jobs, i, ahead, fit)
             return
         state.start(job, placement)
+        if queue.fairshare is not None:
+            by_share[job.share or ""] = by_share.get(job.share or "", 0) + sum(placement.values())
+
+
+def _reservation(state: _Pass, queue: QueueView, job: JobView, held: dict[str, int]) -> str:
+    """Why ``job`` may not start in a fair-share queue's slots that ``computeReservation``
+    keeps for shares not active yet ('' when it may; a job of an inactive share always may)."""
+    policy = queue.fairshare
+    active = sum(1 for n in held.values() if n > 0)
+    if policy is None or not held.get(job.share or "", 0) or not policy.compute_reservation:
+        return ""
+    slots = sum(state.envs[e].available_slots for e in queue.compute_environments
+                if e in state.envs and state.envs[e].state is State.ENABLED)
+    allowed = math.floor(slots * (1.0 - policy.reserved_fraction(active)) + 1e-9)
+    if sum(held.values()) + job.min_workers <= allowed:
+        return ""
+    return (f"share {job.share} waits: computeReservation {policy.compute_reservation} keeps "
+            f"{slots - allowed} of {queue.name}'s {slots} slots for shares not active yet")
 
 
 def _fill(free: Mapping[str, int], usable: list[str], lo: int, hi: int) -> dict[str, int] | None:
@@ -335,8 +384,12 @@ def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i
         if env is not None and env.state is State.ENABLED and head.resources.fits_in(env.slot):
             state.reserved[name] = min(state.reserved.get(name, (rank, queue.name)),
                                        (rank, queue.name))
-    state.tails.append(WaitingTail(jobs, i + 1, ahead + 2,
-                                   f"queued behind {head.id}, which is {reason}", fit))
+    behind = f"queued behind {head.id}, which is {reason}"
+    if queue.fairshare is None:
+        state.tails.append(WaitingTail(jobs, i + 1, ahead + 2, behind, fit))
+        return
+    for k, job in enumerate(jobs[i + 1:]):  # not in (created, id) order: one entry each
+        state.single[job.id] = WaitInfo(fit.never_reason(job.resources) or behind, ahead + 2 + k)
 
 
 def _env_detail(state: _Pass, name: str, resources: Resources, rank: int) -> str:

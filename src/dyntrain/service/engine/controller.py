@@ -42,6 +42,7 @@ from pathlib import Path
 from dyntrain.elastic.runs.storage import RunStore
 from dyntrain.service.core.capacity import parse_trace
 from dyntrain.service.core.executor import Executor, ExecutorError, WorkerExit
+from dyntrain.service.core.fairshare import ShareUsage
 from dyntrain.service.core.lifecycle import Ending, EndKind
 from dyntrain.service.core.model import JobStatus, WorkerState
 from dyntrain.service.core.placement import still_held
@@ -77,6 +78,7 @@ class Controller:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.folders = RunFolders(config.state_dir)
         self.attempts = AttemptTable()
+        self.share_usage = ShareUsage()  # fair-share queues' shares, decayed slot use
         self.index = JobIndex(store)
         self.logs = LogPump(store)
         hosts = ElasticHosts(store, self.folders, executor, config)
@@ -252,8 +254,12 @@ class Controller:
         envs = tuple(
             EnvView(ce.name, ce.spec.capacity_type, ce.spec.price_per_slot_hour, ce.spec.slot,
                     usable(ce.name), ce.spec.state) for ce in ces)
+        job_queues = self.store.environments.list_job_queues()
+        policies = ({p.name: p.fairshare for p in self.store.policies.list()}
+                    if any(q.spec.scheduling_policy for q in job_queues) else {})
         queues = tuple(QueueView(q.name, q.spec.priority, q.spec.compute_environments,
-                                 q.spec.state) for q in self.store.environments.list_job_queues())
+                                 q.spec.state, policies.get(q.spec.scheduling_policy or ""))
+                       for q in job_queues)
         active = []
         for attempt in self.attempts.values():
             job = attempt.job
@@ -267,9 +273,23 @@ class Controller:
                        and self.config.policy.reallocates else None)
             active.append(JobView(job.id, job.queue, job.created_at, job.resources, lo, hi,
                                   status, dict(running.get(job.id, {})),
-                                  preemptible=job.elastic is not None, profile=profile))
+                                  preemptible=job.elastic is not None, profile=profile,
+                                  share=job.share, scheduling_priority=job.scheduling_priority))
         held = {job: r.reason for job, r in self.launcher.refusals.items()}
-        return Snapshot(envs, queues, tuple(active), self.index.queues(), held)
+        usage = self._share_usage(now, queues, active) if policies else {}
+        return Snapshot(envs, queues, tuple(active), self.index.queues(), held, usage)
+
+    def _share_usage(self, now: float, queues: Sequence[QueueView],
+                     active: Sequence[JobView]) -> dict[str, float]:
+        """Advance each fair-share queue's shares' decayed slot use to ``now``."""
+        windows = {q.name: q.fairshare.window_s for q in queues if q.fairshare is not None}
+        held: dict[str, int] = defaultdict(int)
+        window: dict[str, float] = {}
+        for job in active:
+            if job.share is not None and job.queue in windows:
+                held[job.share] += sum(job.placement.values())
+                window[job.share] = windows[job.queue]
+        return self.share_usage.update(now, held, window)
 
     def _apply(self, plan: Plan, envs: dict[str, ComputeEnvironment]) -> None:
         """Carry out a pass's decisions; ``envs``: the compute environments it saw, by name."""
@@ -292,7 +312,10 @@ class Controller:
         for grow in plan.grows:
             attempt = self.attempts.get(grow.job)
             if (attempt is not None and attempt.stop_reason is None and grow.job not in restarted
-                    and grow.job not in self.launcher.refusals):
+                    and grow.job not in self.launcher.refusals
+                    and all(w.handle is not None for w in attempt.workers.values())):
+                # (a start still unanswered: the grow waits for a later pass, or the pending
+                # worker would be started a second time)
                 try:
                     self.launcher.grow(attempt, {grow.env: grow.count}, envs)
                 except ExecutorError as exc:  # the job goes on with the workers it has

@@ -33,7 +33,8 @@ def job_view(e: JobEntry | Job) -> JobView:
     """The scheduler's view of a RUNNABLE job; array children keep their index order."""
     lo, hi = e.workers_range
     return JobView(e.id, e.queue, _created(e), e.resources,
-                   lo, hi, JobStatus.RUNNABLE, {}, preemptible=e.min_workers is not None)
+                   lo, hi, JobStatus.RUNNABLE, {}, preemptible=e.min_workers is not None,
+                   share=e.share, scheduling_priority=e.scheduling_priority)
 
 
 def _created(e: JobEntry | Job) -> float:

@@ -54,7 +54,8 @@ def compute_environment(ce: ComputeEnvironment, available: dict[str, int],
 def job_queue(q: JobQueue) -> dict[str, Any]:
     return {"name": q.name, "priority": q.spec.priority,
             "compute_environments": list(q.spec.compute_environments),
-            "state": q.spec.state.value, "created_at": q.created_at, "updated_at": q.updated_at}
+            "state": q.spec.state.value, "scheduling_policy": q.spec.scheduling_policy,
+            "created_at": q.created_at, "updated_at": q.updated_at}
 
 
 def job_definition(d: JobDefinition) -> dict[str, Any]:
@@ -92,6 +93,7 @@ def job(j: Job, waiting: WaitInfo | None = None) -> dict[str, Any]:
         "waiting": (None if waiting is None or j.status is not JobStatus.RUNNABLE
                     else {"reason": waiting.reason, "position": waiting.position}),
         "workdir": j.workdir, "progress": j.progress, "result": j.result,
+        "share": j.share, "scheduling_priority": j.scheduling_priority,
         "created_at": j.created_at, "updated_at": j.updated_at, "started_at": j.started_at,
         "stopped_at": j.stopped_at,
     }

@@ -29,6 +29,7 @@ from dyntrain.service.operations.definitions import Definitions
 from dyntrain.service.operations.environments import Environments, Queues
 from dyntrain.service.operations.jobs import Jobs
 from dyntrain.service.operations.logs import Logs
+from dyntrain.service.operations.policies import SchedulingPolicies
 from dyntrain.service.operations.tags import Tags
 from dyntrain.service.store.leases import Lease, Replica
 
@@ -48,6 +49,7 @@ class Operations:
         self.jobs = Jobs(service)
         self.logs = Logs(service)
         self.tags = Tags(service)
+        self.policies = SchedulingPolicies(service)
 
     @property
     def token(self) -> str | None:

@@ -12,13 +12,16 @@ from dyntrain.service.core.fit import slot_refusal
 from dyntrain.service.core.model import (
     ComputeEnvironmentSpec,
     JobQueueSpec,
+    JobStatus,
     Resources,
     State,
     ValidationError,
 )
-from dyntrain.service.core.records import ComputeEnvironment, JobQueue
+from dyntrain.service.core.plan import WaitInfo
+from dyntrain.service.core.records import ComputeEnvironment, Job, JobQueue
+from dyntrain.service.engine.jobindex import wait_info
 from dyntrain.service.engine.service import Service
-from dyntrain.service.operations.errors import EnvironmentInUse, QueueExists, found
+from dyntrain.service.operations.errors import EnvironmentInUse, PolicyChange, QueueExists, found
 
 
 class Environments:
@@ -119,6 +122,17 @@ class Capacity:
     machine: Resources | None
 
 
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """A queue's front (its RUNNABLE jobs, each with why it waits, in the order they would
+    start), the slots each share holds (share -> slots; ``""``: jobs without one) and when."""
+
+    queue: JobQueue
+    front: list[tuple[Job, WaitInfo | None]]
+    held: dict[str, int]
+    at: float
+
+
 class Queues:
     """Job queues: a priority over an ordered list of compute environments."""
 
@@ -144,14 +158,45 @@ class Queues:
     def update(self, name: str, *, priority: int | None = None,
                state: State | str | None = None,
                compute_environments: Sequence[str] | None = None,
-               aws: dict[str, Any] | None = None) -> JobQueue:
-        """Change the given fields; ``aws`` is merged into the AWS fields kept with it."""
+               aws: dict[str, Any] | None = None,
+               scheduling_policy: str | None = None) -> JobQueue:
+        """Change the given fields; ``aws`` is merged into the AWS fields kept with it. A
+        queue's fair-share policy may be replaced, not added to a first in, first out queue
+        (``PolicyChange``), as on AWS Batch."""
         store = self._service.store
         with self._service.lock:
             queue = found(store.environments.get_job_queue, name)
+            if scheduling_policy is not None and queue.spec.scheduling_policy is None:
+                raise PolicyChange(f"job queue {name} is first in, first out: a fair share "
+                                   "scheduling policy can only be given when it is created")
             return store.environments.update_job_queue(
                 name, priority=priority, state=state, compute_environments=compute_environments,
-                aws=None if aws is None else {**queue.aws, **aws})
+                aws=None if aws is None else {**queue.aws, **aws},
+                scheduling_policy=scheduling_policy)
+
+    def snapshot(self, name: str, most: int = 100) -> QueueSnapshot:
+        """The front of a queue: its RUNNABLE jobs in the order the scheduler's last pass
+        would start them (``most`` at most), and the slots each share holds now."""
+        store = self._service.store
+        queue = found(store.environments.get_job_queue, name)
+        waiting = self._service.controller.waiting
+        runnable = store.jobs.list_jobs(name, JobStatus.RUNNABLE, limit=10 * most)
+        infos = [(job, wait_info(waiting, job)) for job in runnable]
+        infos.sort(key=lambda ji: (ji[1].position if ji[1] else 1 << 30, ji[0].created_at))
+        return QueueSnapshot(queue, infos[:most], self.shares(name), store.clock())
+
+    def shares(self, name: str) -> dict[str, int]:
+        """The slots the active workers of queue ``name``'s jobs hold, by share (``""``: jobs
+        without one)."""
+        store = self._service.store
+        held: Counter = Counter()
+        workers = store.workers.list_workers(active=True)
+        jobs = store.scheduling.get_jobs(sorted({w.job_id for w in workers}))
+        for w in workers:
+            job = jobs.get(w.job_id)
+            if job is not None and job.queue == name:
+                held[job.share or ""] += 1
+        return dict(held)
 
     def delete(self, name: str) -> None:
         store = self._service.store

@@ -62,3 +62,16 @@ class JobFinished(Refused):
     def __init__(self, job_id: str, status: JobStatus) -> None:
         super().__init__(f"job {job_id} already finished: {status.value}")
         self.job_id, self.status = job_id, status
+
+
+class PolicyInUse(Refused):
+    """A scheduling policy that a job queue uses cannot be deleted."""
+
+    def __init__(self, name: str, queues: list[str]) -> None:
+        super().__init__(f"scheduling policy {name!r} is used by job queue(s) "
+                         f"{', '.join(queues)}; delete them or give them another first")
+        self.name, self.queues = name, queues
+
+
+class PolicyChange(Refused):
+    """A first in, first out queue cannot be given a fair-share policy after it is created."""

@@ -43,7 +43,8 @@ class Jobs:
                workdir: str | None = None, exported_environment: dict[str, str] | None = None,
                retry_strategy: RetryStrategy | None = None, num_nodes: int | None = None,
                tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
-               client_token: str | None = None, launcher: str | None = None) -> Job:
+               client_token: str | None = None, launcher: str | None = None,
+               share: str | None = None, scheduling_priority: int | None = None) -> Job:
         """Create a job (and an array job's children) as SUBMITTED, checked against the
         executor's kernel levels; the arguments are ``Store.jobs.submit``'s.
 
@@ -57,7 +58,8 @@ class Jobs:
             retry_attempts=retry_attempts, timeout_seconds=timeout_seconds, job_id=job_id,
             workdir=workdir, exported_environment=exported_environment,
             retry_strategy=retry_strategy, num_nodes=num_nodes, tags=tags, aws=aws,
-            client_token=client_token, launcher=launcher,
+            client_token=client_token, launcher=launcher, share=share,
+            scheduling_priority=scheduling_priority,
             kernel_levels=self._service.executor.kernel_levels())
 
     def cancel(self, job_id: str, reason: str | None = None) -> Job:

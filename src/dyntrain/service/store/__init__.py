@@ -19,7 +19,8 @@ columns and back; the records themselves are ``dyntrain.service.core.records``),
 (jobs, attempts), ``dependencies`` (a job's, checked and read), ``scheduling`` (the
 controller's bulk reads and writes), ``workers`` (workers, usage), ``logs`` (log lines, events),
 ``summaries`` (counts and searches for the dashboard and /metrics), ``tags``, ``leases``
-(which replica leads, fencing); ``Store`` holds
+(which replica leads, fencing), ``policies``
+(fair-share scheduling policies); ``Store`` holds
 one of each, as ``store.environments``, ``store.jobs``, ..., over one engine (``base.Database``).
 """
 
@@ -31,6 +32,7 @@ from dyntrain.service.store.environments import EnvironmentStore
 from dyntrain.service.store.jobs import JobStore
 from dyntrain.service.store.leases import LeaseStore
 from dyntrain.service.store.logs import LogStore
+from dyntrain.service.store.policies import PolicyStore
 from dyntrain.service.store.scheduling import SchedulingStore
 from dyntrain.service.store.schema import metadata
 from dyntrain.service.store.summaries import SummaryStore
@@ -53,6 +55,7 @@ class Store(Database):
         self.summaries = SummaryStore(self)
         self.tags = TagStore(self)
         self.leases = LeaseStore(self)
+        self.policies = PolicyStore(self)
 
 
 __all__ = ["Store", "metadata"]

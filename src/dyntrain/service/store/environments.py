@@ -26,6 +26,7 @@ from dyntrain.service.store.schema import (
     job_queues,
     jobs,
     queue_environments,
+    scheduling_policies,
 )
 
 
@@ -102,9 +103,11 @@ class EnvironmentStore(Part):
             if _exists(conn, job_queues, name=spec.name):
                 raise ValidationError(f"job queue {spec.name!r} already exists")
             _check_envs(conn, spec)
+            _check_policy(conn, spec)
             conn.execute(job_queues.insert().values(
                 name=spec.name, priority=spec.priority, state=spec.state.value,
-                created_at=now, updated_at=now, tags=tags or None, aws=aws or None))
+                created_at=now, updated_at=now, tags=tags or None, aws=aws or None,
+                scheduling_policy=spec.scheduling_policy))
             _write_queue_envs(conn, spec)
         return JobQueue(spec, now, now, dict(tags or {}), dict(aws or {}))
 
@@ -128,21 +131,26 @@ class EnvironmentStore(Part):
     def update_job_queue(self, name: str, *, priority: int | None = None,
                          state: State | str | None = None,
                          compute_environments: Sequence[str] | None = None,
-                         aws: dict[str, Any] | None = None) -> JobQueue:
+                         aws: dict[str, Any] | None = None,
+                         scheduling_policy: str | None = None) -> JobQueue:
         """Change the given fields; ``aws`` replaces the AWS fields kept with it."""
         with self._tx() as conn:
             old = self._queue(conn, _one(conn, job_queues, "job queue", name=name,
                                          for_update=True))
             changes: dict[str, Any] = {k: v for k, v in (("priority", priority),
-                                                         ("state", state)) if v is not None}
+                                                         ("state", state),
+                                                         ("scheduling_policy", scheduling_policy))
+                                          if v is not None}
             if compute_environments is not None:
                 changes["compute_environments"] = tuple(compute_environments)
             spec = dataclasses.replace(old.spec, **changes)
+            if spec.scheduling_policy != old.spec.scheduling_policy:
+                _check_policy(conn, spec)
             kept = old.aws if aws is None else aws
             now = self.clock()
             conn.execute(job_queues.update().where(job_queues.c.name == name).values(
                 priority=spec.priority, state=spec.state.value, updated_at=now,
-                aws=kept or None))
+                aws=kept or None, scheduling_policy=spec.scheduling_policy))
             if spec.compute_environments != old.spec.compute_environments:
                 _check_envs(conn, spec)
                 conn.execute(queue_environments.delete()
@@ -212,7 +220,8 @@ def _ce_from_row(r: sa.Row) -> ComputeEnvironment:
 
 
 def _queue_from_row(r: sa.Row, envs: Sequence[str]) -> JobQueue:
-    return JobQueue(JobQueueSpec(r.name, r.priority, tuple(envs), State(r.state)),
+    return JobQueue(JobQueueSpec(r.name, r.priority, tuple(envs), State(r.state),
+                                 r.scheduling_policy),
                     r.created_at, r.updated_at, dict(r.tags or {}), dict(r.aws or {}))
 
 
@@ -223,6 +232,13 @@ def _check_envs(conn: Connection, spec: JobQueueSpec) -> None:
     if missing:
         raise ValidationError(f"job queue {spec.name}: unknown compute environment(s) "
                               f"{', '.join(missing)}")
+
+
+def _check_policy(conn: Connection, spec: JobQueueSpec) -> None:
+    if spec.scheduling_policy is not None and not _exists(conn, scheduling_policies,
+                                                          name=spec.scheduling_policy):
+        raise ValidationError(f"job queue {spec.name}: unknown scheduling policy "
+                              f"{spec.scheduling_policy}")
 
 
 def _write_queue_envs(conn: Connection, spec: JobQueueSpec) -> None:

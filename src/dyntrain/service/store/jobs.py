@@ -15,6 +15,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from dyntrain.elastic.numerics import KernelLevel
+from dyntrain.service.core.fairshare import check_share
 from dyntrain.service.core.model import (
     Dependency,
     DependencyType,
@@ -77,7 +78,8 @@ by ``dependencies``."""
                retry_strategy: RetryStrategy | None = None, num_nodes: int | None = None,
                tags: dict[str, str] | None = None, aws: dict[str, Any] | None = None,
                client_token: str | None = None, launcher: str | None = None,
-               kernel_levels: Sequence[KernelLevel] | None = None) -> Job:
+               kernel_levels: Sequence[KernelLevel] | None = None, share: str | None = None,
+               scheduling_priority: int | None = None) -> Job:
         """Create a job (and, for an array job, its ``array_size`` children) as SUBMITTED.
 
         ``definition`` is ``name`` (latest active revision) or ``name:revision``; ``command``
@@ -95,6 +97,8 @@ by ``dependencies``."""
         ``launcher`` (``Launcher``'s values) says how an elastic job's workers run; it needs
         ``workers`` here or in the definition. ``kernel_levels``: the CPU kernel levels the
         service's hosts run (``Executor.kernel_levels``); a job pinned to another is refused.
+        ``share``: its share identifier, which a queue with a fair-share scheduling policy
+        requires and any other refuses; ``scheduling_priority`` (0-9999) orders a share's jobs.
         """
         array_size = check_array_size(array_size)
         if definition is None and command is None:
@@ -132,6 +136,7 @@ by ``dependencies``."""
                 if qrow.state != State.ENABLED.value:
                     raise ValidationError(f"job queue {queue!r} is {qrow.state} and takes no "
                                           "jobs")
+                check_share(queue, qrow.scheduling_policy, share, scheduling_priority)
                 spec, ref = _definition(conn, definition)
                 base_cmd = tuple(command) if command is not None else spec.command
                 if not base_cmd or not all(isinstance(a, str) and a for a in base_cmd):
@@ -175,6 +180,7 @@ by ``dependencies``."""
                     "stopped_at": None, "workdir": workdir, "exported_environment": exports,
                     "progress": None, "result": None, "num_nodes": num_nodes, "tags": tags or None,
                     "aws": aws or None, "client_token": client_token,
+                    "share_identifier": share, "scheduling_priority": scheduling_priority,
                 }
                 never = never_fits(queue, res, _queue_slots(conn, queue))
                 if never:
@@ -416,7 +422,8 @@ def _job_from_row(r: Any, deps: Iterable[Dependency]) -> Job:
         workdir=r["workdir"], exported_environment=r["exported_environment"],
         progress=r["progress"], result=r.get("result"), num_nodes=r.get("num_nodes"),
         tags=dict(r.get("tags") or {}), aws=dict(r.get("aws") or {}),
-        launcher=r.get("launcher"))
+        launcher=r.get("launcher"), share=r.get("share_identifier"),
+        scheduling_priority=r.get("scheduling_priority") or 0)
 
 
 def _with_launcher(elastic: ElasticSettings | None,

@@ -27,7 +27,8 @@ CHUNK = 500  # ids per IN (...) list
 
 _ENTRY_COLUMNS = [jobs.c[n] for n in (
     "id", "queue", "status", "status_reason", "created_at", "cpus", "gpus", "memory_mib",
-    "min_workers", "max_workers", "array_parent_id", "array_index", "array_size", "num_nodes")]
+    "min_workers", "max_workers", "array_parent_id", "array_index", "array_size", "num_nodes",
+    "share_identifier", "scheduling_priority")]
 
 
 def _chunks(ids: Sequence[str]) -> Iterable[Sequence[str]]:
@@ -88,7 +89,7 @@ class SchedulingStore(Part):
         return [JobEntry(r.id, r.queue, JobStatus(r.status), r.status_reason, r.created_at,
                          Resources(r.cpus, r.gpus, r.memory_mib), r.min_workers, r.max_workers,
                          r.array_parent_id, r.array_index, r.array_size, deps.get(r.id, ()),
-                         r.num_nodes)
+                         r.num_nodes, r.share_identifier, r.scheduling_priority or 0)
                 for r in rows]
 
     def get_jobs(self, ids: Sequence[str]) -> dict[str, Job]:

@@ -46,6 +46,17 @@ job_queues = sa.Table(
     sa.Column("state", sa.String(16), nullable=False),
     *_times("created_at", "updated_at"),
     *_aws(),
+    sa.Column("scheduling_policy", _Name),  # its fair-share policy; None: first in, first out
+)
+
+scheduling_policies = sa.Table(  # AWS Batch's fair-share scheduling policies
+    "scheduling_policies", metadata,
+    sa.Column("name", _Name, primary_key=True),
+    sa.Column("share_decay_seconds", sa.Integer, nullable=False),
+    sa.Column("compute_reservation", sa.Integer, nullable=False),
+    sa.Column("share_distribution", sa.JSON, nullable=False),  # [[identifier, weight], ...]
+    *_times("created_at", "updated_at"),
+    *_aws(),
 )
 
 queue_environments = sa.Table(
@@ -116,6 +127,8 @@ jobs = sa.Table(
     sa.Column("launcher", sa.String(16)),  # an elastic job's Launcher; None: dyntrain
     # who submitted it (AWS: the SDK's invocation id): a retried submit finds the job it made
     sa.Column("client_token", sa.String(128)),
+    sa.Column("share_identifier", sa.String(255)),  # its share in a fair-share queue
+    sa.Column("scheduling_priority", sa.Integer),  # orders a share's jobs (higher first)
     sa.Index("ix_jobs_created", "created_at", "id"),
     sa.Index("ix_jobs_client_token", "client_token", unique=True),
     sa.Index("ix_jobs_queue_status", "queue", "status", "created_at"),

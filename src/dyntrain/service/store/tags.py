@@ -10,7 +10,13 @@ from sqlalchemy.engine import Connection
 
 from dyntrain.service.core.model import ValidationError
 from dyntrain.service.store.base import Part, _one
-from dyntrain.service.store.schema import compute_environments, job_definitions, job_queues, jobs
+from dyntrain.service.store.schema import (
+    compute_environments,
+    job_definitions,
+    job_queues,
+    jobs,
+    scheduling_policies,
+)
 
 # kind -> (table, how to read its key, what the store calls it)
 _KINDS: dict[str, tuple[sa.Table, str]] = {
@@ -18,6 +24,7 @@ _KINDS: dict[str, tuple[sa.Table, str]] = {
     "job-queue": (job_queues, "job queue"),
     "job-definition": (job_definitions, "job definition"),
     "job": (jobs, "job"),
+    "scheduling-policy": (scheduling_policies, "scheduling policy"),
 }
 
 

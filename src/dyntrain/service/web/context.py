@@ -65,8 +65,21 @@ def queues(ops: Operations, counts: dict[tuple[str, JobStatus], int]) -> list[di
         view["waiting"] = sum(counts.get((q.name, s), 0) for s in WAITING_STATES)
         view["runnable"] = counts.get((q.name, JobStatus.RUNNABLE), 0)
         view["running"] = sum(counts.get((q.name, s), 0) for s in ACTIVE_STATES)
+        if q.spec.scheduling_policy is not None:
+            view["fairshare"] = fair_shares(ops, q.name, q.spec.scheduling_policy)
         out.append(view)
     return sorted(out, key=lambda q: (-q["priority"], q["name"]))
+
+
+def fair_shares(ops: Operations, queue: str, policy_name: str) -> dict[str, Any]:
+    """A fair-share queue's policy and, for each share holding slots or named by the policy,
+    its weight factor and the slots it holds now."""
+    policy = ops.policies.get(policy_name).fairshare
+    held = ops.queues.shares(queue)
+    names = sorted({a.identifier for a in policy.shares} | set(held))
+    return {"policy": policy_name, "shares": [
+        {"share": name or "-", "weight_factor": policy.weight_factor(name.rstrip("*")),
+         "slots": held.get(name, 0)} for name in names]}
 
 
 def _array_counts(ops: Operations, parents: list[Job]) -> dict[str, dict[str, int]]:
