@@ -39,6 +39,14 @@ BASE = {"PATH": os.environ.get("PATH", ""), "HOME": "/root"}
     ([PY, "job.py"], {"OMP_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "avx2"}, True),
     ([PY, "job.py"], {"PYTHONPATH": "/x"}, False),  # read at interpreter start-up
     ([PY, "job.py"], {"PYTHONHASHSEED": "0"}, False),  # read at interpreter start-up
+    ([PY, "job.py"], {"HOME": "/home/u"}, False),  # the user's site directory, at start-up
+    ([PY, "job.py"], {"LC_ALL": "C"}, False),  # the interpreter's encodings, at start-up
+    ([PY, "job.py"], {"LD_PRELOAD": "/x.so"}, False),  # the dynamic loader
+    ([PY, "job.py"], {"OPENBLAS_NUM_THREADS": "3"}, False),  # a math library, as imported
+    ([PY, "job.py"], {"TORCH_LOGS": "+dynamo"}, False),  # torch, as it is imported
+    # a submitter's shell: what no one read before the worker set its environment may differ
+    ([PY, "job.py"], {"PWD": "/tmp", "SHLVL": "2", "_": "/usr/bin/dyntrain", "TERM": "xterm",
+                      "PATH": f"/opt/bin:{BASE['PATH']}", "MY_SETTING": "1"}, True),
 ])
 def test_which_commands_may_run_in_a_warm_worker(tmp_path, argv, extra, expected):
     (tmp_path / "job.py").write_text("")

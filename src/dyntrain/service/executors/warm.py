@@ -23,13 +23,17 @@ it starts.
 
 Which workers may take one (``eligible``): the command runs this very interpreter (the same
 path, not merely the same binary: a virtual environment is its path) as ``python [-u] SCRIPT
-...`` or ``python [-u] -m MODULE ...``, and its environment equals the one the warm process
-started with except for per-worker variables (``PER_WORKER``): whatever a fresh interpreter
-reads at start-up (``PYTHONHASHSEED``, ``PYTHONPATH``, ...) must be what it would have seen.
-The numerics a worker asks for (its thread count and CPU kernel level: ``LIBRARY_ENV``) are read
-by torch's libraries when they first compute, which the zygote never does: a warm worker sets
-them itself (``become``), so a worker that names them may differ there. Every other worker
-starts cold, as before.
+...`` or ``python [-u] -m MODULE ...``, and every variable of its environment that was read
+before it became that worker equals the warm process's (``read_before_assignment``): what the
+interpreter reads when it starts (``PYTHON*``, ``HOME`` for the user's site directory, the
+locale), the dynamic loader (``LD_*``), and what the libraries of ``WARM_IMPORTS`` read when
+imported (``TORCH*``, ``PYTORCH_*``, ``OMP_*``, ``MKL_*``, ``OPENBLAS_*``, ``KMP_*``, ...).
+A worker sets its whole environment before its script runs (``become``), so every other
+variable (``PWD``, ``SHLVL``, a user's own) may differ: a job submitted with its submitter's
+shell environment still starts warm. The numerics a worker asks for (its thread count and CPU
+kernel level: ``LIBRARY_ENV``) are read by torch's libraries when they first compute, which
+the zygote never does: a warm worker sets them itself, so a worker that names them may differ
+there. Every other worker starts cold, as before.
 """
 
 from __future__ import annotations
@@ -54,6 +58,18 @@ WARM_IMPORTS = ("torch", "torch.optim", "torch._dynamo", "torch.distributed", "n
 # are torchrun's variables (read by the script and init_process_group)
 PER_WORKER_PREFIXES = ("DYNTRAIN_", "AWS_BATCH_")
 PER_WORKER = frozenset({"CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED", *ENV_NAMES})
+# read before a warm process becomes its worker: by the interpreter as it starts, the dynamic
+# loader, the C library, and torch, numpy and their math libraries as they are imported
+READ_BEFORE_PREFIXES = ("PYTHON", "LD_", "LC_", "MALLOC_", "GLIBC_", "TORCH", "PYTORCH_",
+                        "CUDA", "NUMPY_", "OMP_", "GOMP_", "KMP_", "MKL", "OPENBLAS_", "GOTO",
+                        "DNNL_", "ONEDNN_", "KINETO_", "NVIDIA_")
+READ_BEFORE_NAMES = frozenset({"HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP",
+                               "ATEN_CPU_CAPABILITY"})
+
+
+def read_before_assignment(name: str) -> bool:
+    """Whether a warm process may have read the variable before it took its assignment."""
+    return name in READ_BEFORE_NAMES or name.startswith(READ_BEFORE_PREFIXES)
 
 
 def eligible(argv: list[str], env: dict[str, str], cwd: str | None, base_env: dict[str, str],
@@ -67,7 +83,8 @@ def eligible(argv: list[str], env: dict[str, str], cwd: str | None, base_env: di
             os.path.join(cwd or os.getcwd(), entry[1]))):
         return False  # (a missing script: the cold start says so in Python's own words)
     keys = (set(env) | set(base_env)) - PER_WORKER - {k for k in LIBRARY_ENV if k in env}
-    return all(env.get(k) == base_env.get(k) for k in keys if not k.startswith(PER_WORKER_PREFIXES))
+    return all(env.get(k) == base_env.get(k) for k in keys
+               if read_before_assignment(k) and not k.startswith(PER_WORKER_PREFIXES))
 
 
 def _entry(args: list[str]) -> tuple[str, str, list[str]] | None:
