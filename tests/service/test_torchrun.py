@@ -214,15 +214,17 @@ def assert_warm(env: dict) -> None:
 def test_a_warm_gang_trains_the_model_a_cold_gang_trains(service, tmp_path, monkeypatch):
     """The same job, pinned to 2 threads (and naming deterministic algorithms, which only the
     exact mode applies), twice at once: from warm processes, and from cold ones
-    (a variable of its own that a warm process did not start with keeps a worker off them,
-    as before warm gangs). The same variables and the same final model, bit for bit."""
+    (a variable the interpreter reads at start-up that a warm process did not start with keeps
+    a worker off them, as before warm gangs; a variable of the submitter's shell, read by no one
+    before the script, does not). The same variables and the same final model, bit for bit."""
     same_environment(monkeypatch)
     store, c = service.store, service.c
     wait_until(service.zygote_ready, "the zygote's imports")
     jobs = {kind: store.jobs.submit(queue="q", command=[
         sys.executable, PLAIN_DDP, "--epochs", "3", "--checkpoint-dir", str(tmp_path / kind)],
         environment={"DYNTRAIN_THREADS": "2", "DYNTRAIN_DETERMINISTIC": "1",
-                     **({"COLD": "1"} if kind == "cold" else {})},
+                     **({"PYTHONWARNINGS": "default"} if kind == "cold"
+                        else {"SUBMITTERS_OWN": "1"})},
         resources=SMALL, workers=(2, 2), launcher="torchrun") for kind in ("cold", "warm")}
     store.environments.update_compute_environment("spot", desired_slots=4)
     try:
