@@ -173,11 +173,14 @@ class Replicas:
         self.procs: list[subprocess.Popen] = []
         self.urls: list[str] = []
         for i in range(3):
-            proc, url = start_server(self.state, tmp / f"replica-{i}.log", "--replica", "--db",
-                                     db, "--lease-ttl-seconds", "3",
-                                     "--lease-renew-seconds", "0.5", "--warm-workers", "0")
+            proc, url = self.start(i)
             self.procs.append(proc)
             self.urls.append(url)
+
+    def start(self, i: int) -> tuple[subprocess.Popen, str]:
+        return start_server(self.state, self.tmp / f"replica-{i}.log", "--replica", "--db",
+                            self.db, "--lease-ttl-seconds", "3", "--lease-renew-seconds", "0.5",
+                            "--warm-workers", "0")
 
     def live(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p.poll() is None]
@@ -345,3 +348,27 @@ def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_
     for i in dead:  # the one SIGKILLed before
         row = page.split(f'data-replica="{replicas.urls[i].removeprefix("http://")}"')[1]
         assert "not answering" in row.split("</tr>")[0]
+
+
+@pytest.mark.slow
+def test_ha_the_others_lost_then_the_leader_restarted_loses_nothing(replicas, tmp_path):
+    lead = replicas.wait_leader()
+    starts, release = tmp_path / "starts", tmp_path / "release"
+    with Client(replicas.urls[lead]) as client:
+        job = client.submit(queue="ha", command=[PY, "-c", PLAIN, str(starts), str(release)],
+                            resources=SMALL)["id"]
+        wait_until(starts.exists, "the job to start", 60)
+    for i in replicas.live():  # the others first, then the leader itself
+        if i != lead:
+            replicas.procs[i].kill()
+            replicas.procs[i].wait()
+    replicas.procs[lead].kill()
+    replicas.procs[lead].wait()
+    replicas.procs[lead], replicas.urls[lead] = replicas.start(lead)
+    assert replicas.wait_leader() == lead
+    release.touch()
+    with Client(replicas.urls[lead]) as client:
+        final = wait_until(lambda: ended(client, job), "the job to end", 120)
+        assert final["status"] == "SUCCEEDED" and final["attempts"] == 1, final["status_reason"]
+        assert {j["id"] for j in client.list_jobs(queue="ha")} >= {job}
+    assert len(starts.read_text().splitlines()) == 1, "the job ran twice"
