@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import boto3
@@ -172,10 +173,10 @@ class Replicas:
         self.tmp, self.db, self.state = tmp, db, tmp / "state"
         self.procs: list[subprocess.Popen] = []
         self.urls: list[str] = []
-        for i in range(3):
-            proc, url = self.start(i)
-            self.procs.append(proc)
-            self.urls.append(url)
+        with ThreadPoolExecutor(3) as pool:  # their start-ups overlap
+            for proc, url in pool.map(self.start, range(3)):
+                self.procs.append(proc)
+                self.urls.append(url)
 
     def start(self, i: int) -> tuple[subprocess.Popen, str]:
         return start_server(self.state, self.tmp / f"replica-{i}.log", "--replica", "--db",
