@@ -174,9 +174,16 @@ class Replicas:
         self.procs: list[subprocess.Popen] = []
         self.urls: list[str] = []
         with ThreadPoolExecutor(3) as pool:  # their start-ups overlap
-            for proc, url in pool.map(self.start, range(3)):
+            started = [pool.submit(self.start, i) for i in range(3)]
+        failed = [f.exception() for f in started if f.exception() is not None]
+        for f in started:
+            if f.exception() is None:
+                proc, url = f.result()
                 self.procs.append(proc)
                 self.urls.append(url)
+        if failed:
+            self.stop()
+            raise failed[0]
 
     def start(self, i: int) -> tuple[subprocess.Popen, str]:
         return start_server(self.state, self.tmp / f"replica-{i}.log", "--replica", "--db",
