@@ -151,6 +151,34 @@ def test_ha_a_leader_frozen_inside_a_transaction_does_not_block_the_takeover(pg_
         new.close()
 
 
+def test_ha_the_leaders_own_writes_never_hold_up_its_renewal(pg_db):
+    store = Store(pg_db)
+    store.create_all()
+    inside, done = threading.Event(), threading.Event()
+
+    def leader_step() -> None:
+        with fence(store, "lead", 1), store.batch():
+            store.logs.add_event(None, "step", {})
+            inside.set()
+            done.wait(60)  # a long step: its transaction holds the lease row's share lock
+
+    step = threading.Thread(target=leader_step)
+    try:
+        store.leases.claim("lead", None, ttl=60.0, epoch=None)
+        step.start()
+        assert inside.wait(30)
+        renewed = []
+        renew = threading.Thread(target=lambda: renewed.append(
+            store.leases.claim("lead", None, ttl=60.0, epoch=1)))
+        renew.start()
+        renew.join(30)
+        assert renewed and renewed[0].epoch == 1, "the renewal waited for the leader's own step"
+    finally:
+        done.set()
+        step.join(30)
+        store.close()
+
+
 def test_ha_replicas_on_sqlite_are_refused_in_one_line(tmp_path):
     proc = cli("server", "--replica", "--port", "0", "--state-dir", tmp_path / "state")
     assert_one_line_error(proc, "several replicas need PostgreSQL")
