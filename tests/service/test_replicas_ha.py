@@ -215,8 +215,7 @@ class Replicas:
 
     def start(self, i: int) -> tuple[subprocess.Popen, str]:
         return start_server(self.state, self.tmp / f"replica-{i}.log", "--replica", "--db",
-                            self.db, "--lease-ttl-seconds", "3", "--lease-renew-seconds", "0.5",
-                            "--warm-workers", "0")
+                            self.db, "--warm-workers", "0")  # the default lease: ttl 5 s
 
     def live(self) -> list[int]:
         return [i for i, p in enumerate(self.procs) if p.poll() is None]
@@ -365,9 +364,10 @@ def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_
             wait_until(starts.exists, "the new leader to start the job", 60)
     finally:
         replicas.procs[lead].send_signal(signal.SIGCONT)  # the partition heals
-    assert replicas.health(new)["epoch"] == epoch + 1
+    now = replicas.health(new)["epoch"]
+    assert now > epoch
     wait_until(lambda: replicas.log(lead).count("stops acting"), "the old leader to stop", 30)
-    assert replicas.health(lead) == {"status": "ok", "leader": False, "epoch": epoch + 1}
+    assert replicas.health(lead)["leader"] is False and replicas.health(lead)["epoch"] >= now
     with Client(replicas.urls[lead]) as client:  # it still answers, from the database
         client.terminate(job)  # handed to the leader, whose worker it is
         final = wait_until(lambda: ended(client, job), "the job to end", 120)
@@ -380,7 +380,7 @@ def test_ha_a_frozen_leader_finds_its_lease_gone_and_stops_acting(replicas, tmp_
     assert shown.returncode == 0 and "FAILED" in shown.stdout, (shown.stdout, shown.stderr)
     name = replicas.urls[new].removeprefix("http://")
     page = httpx.get(f"{replicas.urls[lead]}/", timeout=10).text  # the dashboard of any replica
-    assert f"<strong>{name}</strong> leads (epoch {epoch + 1})" in page
+    assert f"<strong>{name}</strong> leads (epoch {now})" in page
     for i in dead:  # the one SIGKILLed before
         row = page.split(f'data-replica="{replicas.urls[i].removeprefix("http://")}"')[1]
         assert "not answering" in row.split("</tr>")[0]
