@@ -7,13 +7,14 @@ row names its holder and its ``epoch``, which grows by one each time another rep
 same one, after it lost it) takes it over; the leader renews it before ``expires_at``.
 
 Fencing: ``check`` is the statement a leader's write transaction starts with (``Database.fenced``
-runs it): it reads the lease row ``FOR SHARE`` and refuses (``Fenced``) unless this replica
-still holds it at this epoch and it has not lapsed. The share lock keeps a takeover (an update
-of that row) waiting until the write commits, so a write either lands before the lease moved or
-not at all. A replica frozen inside such a transaction would keep every other one from taking
-the lease over: replicas open their sessions with PostgreSQL's
-``idle_in_transaction_session_timeout`` set to the lease's ttl, so the server ends a frozen
-transaction (nothing of it is committed) and its lock goes with it.
+runs it): it reads the lease row ``FOR KEY SHARE`` and refuses (``Fenced``) unless this replica
+still holds it at this epoch and it has not lapsed. A takeover locks the row ``FOR UPDATE``,
+which waits until every such write has committed, so a write either lands before the lease
+moved or not at all; a renewal locks it ``FOR NO KEY UPDATE``, which those writes do not hold
+up, so the leader's own work never delays its renewal. A replica frozen inside such a
+transaction would keep every other one from taking the lease over: replicas open their
+sessions with PostgreSQL's ``idle_in_transaction_session_timeout`` set to the lease's ttl, so
+the server ends a frozen transaction (nothing of it is committed) and its lock goes with it.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ class LeaseStore(Part):
         try:
             with self._tx() as conn:
                 now = db_now(conn)
-                row = conn.execute(sa.select(leases).where(leases.c.name == CONTROLLER)
-                                   .with_for_update()).first()
+                query = sa.select(leases).where(leases.c.name == CONTROLLER)
+                row = conn.execute(query.with_for_update(key_share=True)).first()
                 if row is None:
                     conn.execute(leases.insert().values(
                         name=CONTROLLER, holder=holder, url=url, epoch=1, acquired_at=now,
@@ -97,6 +98,9 @@ class LeaseStore(Part):
                     return Lease(holder, url, row.epoch, row.acquired_at, ttl)
                 if row.expires_at > now:
                     return None  # another holds it, or this one's term ended
+                # a takeover: wait until the old leader's fenced writes under way are done
+                row = conn.execute(query.with_for_update()).first()
+                now = db_now(conn)
                 new = row.epoch + 1
                 conn.execute(leases.update().where(leases.c.name == CONTROLLER).values(
                     holder=holder, url=url, epoch=new, acquired_at=now, expires_at=now + ttl))
@@ -131,7 +135,7 @@ class LeaseStore(Part):
             sa.select(leases.c.epoch).where(
                 leases.c.name == CONTROLLER, leases.c.holder == holder,
                 leases.c.epoch == epoch, leases.c.expires_at > now)
-            .with_for_update(read=True)).first()
+            .with_for_update(read=True, key_share=True)).first()
         if held is None:
             raise Fenced(f"replica {holder} no longer holds the controller's lease at epoch "
                          f"{epoch}: its write was refused")
