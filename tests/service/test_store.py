@@ -836,6 +836,6 @@ def test_the_store_is_composed_of_its_parts(store):
 
     assert Store.__mro__ == (Store, Database, object)
     parts = {name: part for name, part in vars(store).items() if isinstance(part, Part)}
-    assert sorted(parts) == ["definitions", "environments", "jobs", "logs", "scheduling",
-                             "summaries", "tags", "workers"]
+    assert sorted(parts) == ["definitions", "environments", "jobs", "logs", "policies",
+                             "scheduling", "summaries", "tags", "workers"]
     assert all(part.db is store for part in parts.values())
