@@ -83,6 +83,8 @@ def test_tags_and_aws_fields_on_every_resource(store):
     with pytest.raises(ValidationError, match="unknown job queue 'nope'"):
         store.tags.tag_resource("job-queue", "nope", {"a": "b"})
     with pytest.raises(ValidationError, match="unknown resource kind"):
+        store.tags.resource_tags("compute-cluster", "p")
+    with pytest.raises(ValidationError, match="unknown scheduling policy 'p'"):
         store.tags.resource_tags("scheduling-policy", "p")
 
 

@@ -11,9 +11,10 @@
   job up to its max).
 
 ``AllocationPolicy`` itself is today's rule: a starting job takes up to its max, and growth is
-rule 5. It is the service's default. ``FairShare`` and ``Goodput`` (``core/goodput.py``)
-start jobs at their min and allocate everything themselves. Policies are pure: a ``Pool`` in,
-moves out; the same pool always gives the same moves.
+rule 5. It is the service's default. ``FairShare`` and ``Goodput`` (``core/goodput.py``) and
+``ShareGoodput`` (``fairshare``, ``core/fairshare_alloc.py``: the shares of fair-share queues by
+weight, ``Pool.weights``) start jobs at their min and allocate everything themselves.
+Policies are pure: a ``Pool`` in, moves out; the same pool always gives the same moves.
 
 A ``Pool`` sees only what rules 1-4 left: every running job's placement after shrinks and
 suspensions, the environments it may still take workers in (its queue's, in order, without the
