@@ -252,11 +252,13 @@ def test_standby_workers_take_a_lost_members_place_and_are_kept_ready(tmp_path):
     killed member's place in the same re-formation (the world stays 2), its join counted from
     the kill, and the launcher starts another to wait."""
     hold = tmp_path / "hold"
-    hold.touch()  # slow chunks until the standby is there: the kill must find it waiting
+    # no step until the standby is there, so the kill at step 4 finds it waiting (a slowdown
+    # alone let a loaded machine reach step 4 before the standby said hello)
+    hold.touch()
     launcher = subprocess.Popen(
         [*DYNTRAIN, "run", "--workers", "1:2", "--nproc", "2", "--standby", "1", "--events",
          "step=4:kill=rank:1", "--out", str(tmp_path / "run"), str(SCRIPTS / "ledger_train.py"),
-         "--epochs", "4", "--slow-while", str(hold)],
+         "--epochs", "4", "--hold-while", str(hold)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     lines = OutputLines(launcher)
     try:

@@ -41,6 +41,10 @@ def main():
                          "the last tenth of the steps, so that a held job outlasts a test's "
                          "waits however slowly its workers start (tests hold the job in a phase "
                          "until they saw what they wait for, then let it finish)")
+    ap.add_argument("--hold-while", default=None, metavar="FILE",
+                    help="each chunk but the first call (the canary, computed before the "
+                         "worker says hello) waits while FILE exists: no step is trained until "
+                         "a test saw what must come first (every worker said hello)")
     ap.add_argument("--slow-only-held", action="store_true",
                     help="the --slow-in factor applies only while the --slow-while FILE exists")
     ap.add_argument("--checkpoint-every", type=int, default=10)
@@ -89,6 +93,8 @@ def main():
         if args.raise_in and args.raise_in in ("all", os.environ.get("DYNTRAIN_WORKER_ID")) \
                 and calls[0] > args.raise_after:
             raise RuntimeError("simulated device failure")
+        while args.hold_while and calls[0] > 1 and os.path.exists(args.hold_while):
+            time.sleep(0.02)
         held = bool(args.slow_while) and os.path.exists(args.slow_while)
         if args.step_delay:
             slow = args.slow_in is not None and \

@@ -322,7 +322,11 @@ def test_restart_adopts_plain_workers_and_reads_the_exits_it_missed(tmp_path):
         path = Path(base[name] + ".marks")
         return path.read_text() if path.exists() else ""
 
-    drive(c, lambda: all(marks(n) == "start\n" for n in jobs))
+    def handles_recorded() -> bool:  # a worker may run before the step that records its handle
+        return all(w.handle is not None for j in jobs.values()
+                   for w in store.workers.list_workers(j.id))
+
+    drive(c, lambda: all(marks(n) == "start\n" for n in jobs) and handles_recorded())
     killed_pid = int(store.workers.list_workers(jobs["killed"].id)[0].handle["ref"].split(":")[0])
     store2, c2 = restarted(tmp_path, c, store)
     # while no service runs: one worker dies of a signal, one exits 3
@@ -552,18 +556,28 @@ def test_a_job_the_executor_can_place_only_in_part_waits_with_one_attempt_record
     """A multi-node job of two nodes on an executor with room for one: its first node starts,
     the second is refused; the first is stopped and the job waits RUNNABLE with the reason,
     neither an attempt nor a preemption, and is not started in part again and again (its own
-    node's exit frees no more than it was refused with)."""
+    node's exit frees no more than it was refused with).
+
+    The controller's clock advances 0.1 s per step (a pass each): its refusal is also offered
+    again ``RETRY_SECONDS`` after it whatever is free (a refusal for another reason than room),
+    which 60 passes on a loaded machine could reach by the wall clock."""
     setup_env(store, slots=4)
     executor = LocalExecutor(tmp_path / "executor", cpus=0.25, memory_mib=16_384)
+    now = [time.time()]
+
+    def tick() -> None:
+        now[0] += 0.1  # > schedule_every, which 0.05 may miss by rounding
+
     c = Controller(store, executor, ControllerConfig(tmp_path / "runs", schedule_every=0.05,
-                                                     grace_seconds=5.0))
+                                                     grace_seconds=5.0), clock=lambda: now[0])
     job = store.jobs.submit(queue="q", command=[PY, "-c", "import time; time.sleep(60)"],
                        resources=SMALL, num_nodes=2)
     drive(c, lambda: (store.jobs.get_job(job.id).status is JobStatus.RUNNABLE
-                      and not store.workers.list_workers(job.id)))
+                      and not store.workers.list_workers(job.id)), on_step=tick)
     passes: list[float] = []
     c.pass_observers.append(passes.append)
-    drive(c, lambda: len(passes) >= 60)
+    drive(c, lambda: len(passes) >= 60, on_step=tick)
+    assert job.id in c.launcher.refusals  # held: nothing freed, its refusal not expired
     job = store.jobs.get_job(job.id)
     assert (job.status, job.attempts, job.preemptions) == (JobStatus.RUNNABLE, 0, 0)
     assert job.status_reason.startswith("waiting for room on the executor: worker ")

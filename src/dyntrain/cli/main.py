@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import sys
+from typing import NoReturn
 
 import click
 
@@ -21,6 +22,7 @@ from dyntrain.cli.service import COMMANDS as SERVICE_COMMANDS
 from dyntrain.cli.sim import sim
 from dyntrain.errors import EXIT_USAGE, DyntrainError
 from dyntrain.extras import missing_extra
+from dyntrain.mainexit import run_as_main
 
 # words people type for a command that has another name here
 SYNONYMS = {"list": "jobs", "ls": "jobs", "ps": "jobs", "job": "status", "show": "status",
@@ -110,5 +112,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
 
 
+def entry() -> NoReturn:
+    """The ``dyntrain`` command (and ``python -m dyntrain.cli.main``): ``main`` with the exit
+    status Python would give, then the process ends without the interpreter's teardown of every
+    module and object, which takes seconds of CPU once torch is imported
+    (``dyntrain.mainexit``)."""
+    run_as_main(main)
+
+
 if __name__ == "__main__":
-    main()
+    entry()

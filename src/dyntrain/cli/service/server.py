@@ -12,6 +12,7 @@ import click
 
 from dyntrain.cli.service.common import one_line
 from dyntrain.errors import DyntrainError
+from dyntrain.mainexit import end_process
 from dyntrain.service.core.model import DEFAULT_PORT
 
 
@@ -186,6 +187,8 @@ def server(state_dir, db_url, host, port, token, grace_seconds, reattach_seconds
     finally:
         sock.close()
     click.echo("dyntrain service stopped")
+    if threading.current_thread() is threading.main_thread():  # not a server run in a thread
+        end_process(0)  # without the interpreter's teardown (dyntrain.mainexit)
 
 
 def _serve(userver, sock: socket.socket) -> None:
