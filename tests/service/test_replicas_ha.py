@@ -1,11 +1,15 @@
 """Several `dyntrain server` replicas on one PostgreSQL: one leads, another takes over.
 
-The lease and its fencing are tested on the store of a real PostgreSQL (two replicas' election
-rounds with clocks an hour apart, a write of a stale epoch); the takeover with three real
+The lease and its fencing are tested on the store of a real PostgreSQL: two replicas' election
+rounds with clocks two hours apart, a write of a stale epoch, a leader frozen inside a
+transaction (the database ends it, the takeover goes on, nothing of it is committed) and a
+renewal that its own leader's writes never hold up. The takeover is tested with three real
 server processes sharing one state directory and one database: the leader SIGKILLed while an
-elastic and a plain job run and another is submitted meanwhile, then the new leader frozen
-(SIGSTOP) until a third replica leads and let go on (SIGCONT): it finds its lease gone and
-stops acting.
+elastic and a plain job run and another is submitted meanwhile (bitwise the static run, nothing
+run twice, boto3 against a replica that does not lead); the new leader frozen (SIGSTOP) until
+another leads and let go on (SIGCONT): it finds its lease gone and stops acting, a terminate
+sent to it reaches the leader, the CLI asks the next URL, the dashboard shows who leads; and
+the other replicas lost, then the leader restarted: nothing lost.
 """
 
 from __future__ import annotations
