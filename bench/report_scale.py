@@ -97,16 +97,19 @@ without N machines.
     reading="""
 **Real workers.** On two cores, every worker beyond the second waits for a core, so the figures
 above N = 2 measure the machine as much as the runtime. Up to N = 16 a leave or a kill reaches
-the first step in the new world within 0.8 s and a join within 3.1 s (a wave of 8 joins
-included). From N = 32 the time after the new generation is published dominates (7-18 s at
-N = 32-64): every member connects its new gloo group to every other (N (N - 1) / 2 connections)
-and computes the first step, all on the same two cores, where a plain gloo all-reduce of the same
-26 thousand parameters already takes 0.16-0.54 s. The goal of a change at N = 64 within twice
-its N = 4 time does not hold on this machine (19 s against 0.15 s); with one core per worker
-(several machines) it has not been measured. At N = 64 the launcher's memory check let no wave
-run (it counts every join as if no worker had left before). The launcher's CPU stays flat
-(0.05-0.08 CPU-seconds per second), and a worker's memory falls with N (PSS: the fork server's
-pages are shared by more workers).
+the first step in the new world within 0.6 s and a join within 0.7 s; a wave of 8 joins at
+N = 16 took 6.3 s, 5.0 s of it connecting the new group. From N = 32 the time after the new
+generation is published dominates (6-19 s at N = 32-64), and the group connect is 5-11 s of it:
+every member connects its new gloo group to every other (N (N - 1) / 2 connections), then
+computes the first step, all on the same two cores, where a plain gloo all-reduce of the same
+26 thousand parameters already takes 0.14-0.35 s. The goal of a change at N = 64 within twice
+its N = 4 time does not hold on this machine (a kill 14.0 s against 0.08 s, a leave 21.5 s
+against 0.09 s, a join 23.2 s against 0.25 s); with one core per worker (several machines) it
+has not been measured. At N = 64 a wave of 32 kills reaches the first step in 6.8 s and a wave
+of 32 joins in 24.6 s (the launcher counts the workers alive at once, and a forked worker by
+what it adds to the fork server). The launcher's CPU stays flat (0.05-0.12 CPU-seconds per
+second), and a worker's memory falls with N (PSS 122 MiB at N = 1, 23 MiB at N = 64: the fork
+server's pages are shared by more workers).
 
 **Simulated members.** The coordinator's cost per tick grows about linearly with the members
 (one `multi_get` of every member's counters per tick); a silent member is declared lost within
