@@ -15,6 +15,7 @@ from dyntrain.service.core.fairshare import (
     entitlements,
     fair_order,
 )
+from dyntrain.service.core.fairshare_alloc import shed_by_share
 from dyntrain.service.core.model import ValidationError
 from dyntrain.service.core.plan import EnvView, JobView, QueueView, Snapshot
 from dyntrain.service.core.scheduler import schedule
@@ -133,3 +134,33 @@ def test_plain_jobs_are_not_shrunk_and_free_slots_go_to_the_share_of_least_use()
     assert [(g.job, g.count) for g in plan.grows] == [("b", 3)]
     assert [(s.job, s.count) for s in plan.shrinks] == [("a", 2)]
     assert all(s.job != "p" for s in plan.shrinks)
+
+
+def test_capacity_loss_sheds_the_share_most_over_its_entitlement_first():
+    envs = (EnvView("e", available_slots=6),)  # 8 workers held: 2 must go
+    jobs = (running("a", "red1", 5), running("b", "blue", 3, created=2.0))
+    fifo = schedule(Snapshot(envs, (queue(),), jobs))
+    assert [(s.job, s.count) for s in fifo.shrinks] == [("b", 2)]  # newest first
+    fair = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
+    # red (entitled to 2 of 6) gives both; blue (entitled to 4) keeps its 3 (and then
+    # takes one more from red, as the allocation's take-back does)
+    assert (fair.shrinks[0].job, fair.shrinks[0].count) == ("a", 2)
+    assert "most over its entitlement" in fair.shrinks[0].reason
+    assert all(s.job == "a" for s in fair.shrinks) and not fair.suspends
+
+
+def test_shedding_by_share_alternates_as_the_shares_even_out():
+    jobs = [running("a", "x", 4), running("b", "y", 4, created=2.0),
+            running("c", "y", 2, lo=2, created=3.0)]
+    spare = [(jobs[0], 3), (jobs[1], 3), (jobs[2], 0)]
+    # y holds 6 of 3 entitled, x 4 of 3: y gives until it is as far over as x, then both
+    assert shed_by_share(4, spare, {"x": 4, "y": 6}, {"x": 3.0, "y": 3.0}) == {"b": 3, "a": 1}
+    assert shed_by_share(7, spare, {"x": 4, "y": 6}, {"x": 3.0, "y": 3.0}) is None
+
+
+def test_when_shrinking_is_not_enough_the_capacity_loss_rule_suspends_newest_first():
+    envs = (EnvView("e", available_slots=1),)  # 4 workers held, 2 could shrink
+    jobs = (running("a", "red1", 2), running("b", "blue", 2, created=2.0))
+    plan = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
+    assert [s.job for s in plan.suspends] == ["b"]
+    assert [(s.job, s.count) for s in plan.shrinks] == [("a", 1)]

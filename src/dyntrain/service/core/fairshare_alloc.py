@@ -26,14 +26,21 @@ Hysteresis: a worker moves from share ``o`` to share ``u`` only when
 exactly 2, so the reverse move is never justified right after, and shares settle within one
 slot of their entitlements instead of trading a worker back and forth. A job whose workers
 are still starting neither grows nor gives a worker until they run.
+
+Capacity loss (``shed_by_share``, the scheduler's rule 1 under this policy): when an
+environment loses slots and shrinking its jobs to their min frees enough, the workers leave
+one at a time from the share most over its entitlement (of the slots left), its job with the
+most spare workers there first, so no share pays for another's surplus; when shrinking is not
+enough, the scheduler's own rule (suspend lowest priority, newest first) applies.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from dyntrain.service.core.allocation import AllocationPolicy, Holding, Move, Pool
 from dyntrain.service.core.model import JobStatus
+from dyntrain.service.core.plan import JobView
 from dyntrain.service.core.speedup import SpeedupModel
 
 PERFECT = SpeedupModel()
@@ -48,6 +55,36 @@ def starting(h: Holding) -> bool:
     """A job whose workers are still starting: it neither grows nor gives a worker until they
     run (its placement is not known yet)."""
     return h.job.status is JobStatus.STARTING
+
+
+def entitled_slots(held: Mapping[str, int], weights: Mapping[str, float], slots: int
+                   ) -> dict[str, float]:
+    """Each share of ``held`` (the active shares) entitled to ``slots * weight / total weight``
+    (weight 1 when ``weights`` does not name it)."""
+    weight = {s: weights.get(s, 1.0) for s in held}
+    total = sum(weight.values()) or 1.0
+    return {s: slots * w / total for s, w in weight.items()}
+
+
+def shed_by_share(over: int, spare: Sequence[tuple[JobView, int]], held: Mapping[str, int],
+                  entitled: Mapping[str, float]) -> dict[str, int] | None:
+    """Workers each job gives up when ``over`` workers must leave an environment (module doc):
+    ``spare`` the jobs there with the workers each can give up without going below its min,
+    ``held`` each share's slots now, ``entitled`` its entitlement. None when shrinking every
+    job to its min there is not enough. Ties: most spare workers, then the newest job."""
+    if sum(n for _, n in spare) < over:
+        return None
+    left = {job.id: n for job, n in spare}
+    held = dict(held)
+    taken: dict[str, int] = {}
+    for _ in range(over):
+        job = min((job for job, _ in spare if left[job.id] > 0),
+                  key=lambda j: (-(held[j.share or ""] - entitled.get(j.share or "", 0.0)),
+                                 -left[j.id], -j.created, j.id))
+        left[job.id] -= 1
+        held[job.share or ""] -= 1
+        taken[job.id] = taken.get(job.id, 0) + 1
+    return taken
 
 
 class _Shares:
@@ -124,6 +161,7 @@ class ShareGoodput(AllocationPolicy):
 
     name = "fairshare"
     reallocates = True
+    sheds_by_share = True
 
     def __init__(self, max_moves: int = 8) -> None:
         self.max_moves = max_moves

@@ -19,7 +19,9 @@ One pass applies these rules, in this order:
    they are shrunk in that order (``Shrink``: a graceful notice to that many workers there).
    Otherwise jobs are suspended in that order (``Suspend``: checkpoint and re-queue, a preemption
    and not a failure) until shrinking the rest frees enough. No job is taken below its min, so a
-   non-elastic job on lost capacity is suspended.
+   non-elastic job on lost capacity is suspended. Under a policy that ``sheds_by_share``
+   (``fairshare``), when shrinking is enough the workers leave from the share most over its
+   entitlement first (``fairshare_alloc.shed_by_share``).
 2. Admission. Queues by priority, higher first (equal priorities by queue name); within a queue
    strictly first in, first out by ``(created, id)``, or, in a queue with a fair-share policy
    (``QueueView.fairshare``), the next job from the share of least load, by scheduling priority
@@ -72,6 +74,7 @@ from operator import attrgetter
 from dyntrain.service.core.allocation import FIFO as FIFO_POLICY
 from dyntrain.service.core.allocation import AllocationPolicy, Waiter, reallocate
 from dyntrain.service.core.fairshare import fair_order
+from dyntrain.service.core.fairshare_alloc import entitled_slots, shed_by_share
 from dyntrain.service.core.model import JobStatus, Resources, State
 from dyntrain.service.core.plan import (
     FIFO,
@@ -173,6 +176,20 @@ class _Pass:
                 out[job.share or ""] = out.get(job.share or "", 0) + start.workers
         return out
 
+    def held_and_weights(self) -> tuple[dict[str, int], dict[str, float]]:
+        """Slots the running jobs hold by share (all queues) and each share's weight."""
+        held: dict[str, int] = {}
+        weights: dict[str, float] = {}
+        for job in self.running:
+            if job.id in self.suspends:
+                continue
+            share = job.share or ""
+            held[share] = held.get(share, 0) + self.workers(job)
+            queue = self.queues.get(job.queue)
+            if queue is not None and queue.fairshare is not None and job.share is not None:
+                weights[share] = queue.fairshare.weight(job.share)
+        return held, weights
+
     def spare(self, job: JobView) -> int:
         """Workers the job can give up without going below its min (0 once suspended)."""
         return max(0, self.workers(job) - job.min_workers)
@@ -250,6 +267,17 @@ def _shed_lost_capacity(state: _Pass) -> None:
         what = f"capacity lost on {env}: {slots} slots left for {slots + over} workers"
         on_env = [job for job in state.lowest_first if state.placement[job.id].get(env, 0) > 0]
         spare = {job.id: min(state.placement[job.id][env], state.spare(job)) for job in on_env}
+        if state.policy.sheds_by_share:
+            held, weights = state.held_and_weights()
+            taken = shed_by_share(over, [(job, spare[job.id]) for job in on_env], held,
+                                  entitled_slots(held, weights, sum(
+                                      e.available_slots for e in state.envs.values())))
+            if taken is not None:
+                for job in on_env:
+                    if taken.get(job.id):
+                        state.shrink(job, env, taken[job.id], f"{what}; the share most over "
+                                                              f"its entitlement gives first")
+                continue
         can_shrink = sum(spare.values())
         for job in on_env:
             if can_shrink >= over:
