@@ -9,7 +9,8 @@ more). Each team submits three elastic jobs (1-16 workers, ResNet-50-like scalin
 of one GPU each), ``alpha`` first, ``beta`` two hours later, ``gamma`` two hours after that.
 
 Measured under ``fairshare``, over every interval where capacity exists: each active team's
-share of the slots against its entitlement (its weight over the active teams' weights), the
+share of the slots against its entitlement (its weight over the active teams' weights, but
+never more than its unfinished jobs can hold: the rest goes to the others by weight), the
 time each newly active team takes to get within 10 points of its entitlement, and the share of
 time every active team is within 10 points once it has been active 5 minutes; the same jobs
 without fair share under ``goodput`` (one first in, first out queue) give the JCT that fairness
@@ -75,6 +76,27 @@ def job_trace() -> JobTrace:
     return JobTrace(tuple(jobs), (QueueSpec("teams", 1, policy),), "three teams")
 
 
+def entitled_shares(weights: dict[str, float], demand: dict[str, int], total: int
+                    ) -> dict[str, float]:
+    """Each active team's entitlement as a fraction of ``total`` slots: its weight over the
+    active teams' weights, except that a team is never entitled to more slots than its
+    unfinished jobs can hold (their max workers together); what it cannot use is divided
+    between the others by weight (water-filling)."""
+    out: dict[str, float] = {}
+    left, open_ = float(total), dict(weights)
+    while open_:
+        weight = sum(open_.values())
+        capped = {t: demand[t] for t, w in open_.items() if demand[t] < left * w / weight}
+        if not capped:
+            out.update({t: left * w / weight / total for t, w in open_.items()})
+            break
+        for t, d in capped.items():
+            out[t] = d / total
+            left -= d
+            del open_[t]
+    return out
+
+
 def shares(result, trace: JobTrace, envs: list[EnvSpec]) -> dict:
     """Per team: time-weighted share of the slots against its entitlement, time to reach it."""
     policy = trace.queues[0].fairshare
@@ -82,6 +104,8 @@ def shares(result, trace: JobTrace, envs: list[EnvSpec]) -> dict:
     arrived = {team: min(j.arrival_s for j in trace.jobs if j.share == team) for team in TEAMS}
     finished = {team: max(r.finished_s or float("inf") for r in result.jobs
                           if team_of[r.id] == team) for team in TEAMS}
+    end = {r.id: r.finished_s or float("inf") for r in result.jobs}
+    spans = [(j.share, j.arrival_s, end[j.id], j.max_workers) for j in trace.jobs]
     out = {team: {"weight": policy.weight(team), "seconds": 0.0, "share_x_s": 0.0,
                   "entitled_x_s": 0.0, "within_s": 0.0, "settled_s": 0.0, "reached_after_s": None,
                   "abs_error_x_s": 0.0} for team in TEAMS}
@@ -93,7 +117,12 @@ def shares(result, trace: JobTrace, envs: list[EnvSpec]) -> dict:
         active = [team for team in TEAMS if arrived[team] <= t < finished[team]]
         if total <= 0 or dt <= 0 or not active:
             continue
-        weights = sum(policy.weight(team) for team in active)
+        demand = dict.fromkeys(active, 0)
+        for team, start, end, most in spans:
+            if team in demand and start <= t < end:
+                demand[team] += most
+        entitled_of = entitled_shares({team: policy.weight(team) for team in active}, demand,
+                                      total)
         by_team = dict.fromkeys(TEAMS, 0)
         for job_id, n in held.items():
             by_team[team_of[job_id]] += n
@@ -103,7 +132,7 @@ def shares(result, trace: JobTrace, envs: list[EnvSpec]) -> dict:
         point["slots"] += total * dt
         for team in active:
             share = by_team[team] / total
-            entitled = policy.weight(team) / weights
+            entitled = entitled_of[team]
             o = out[team]
             o["seconds"] += dt
             o["share_x_s"] += share * dt

@@ -164,3 +164,14 @@ def test_when_shrinking_is_not_enough_the_capacity_loss_rule_suspends_newest_fir
     plan = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
     assert [s.job for s in plan.suspends] == ["b"]
     assert [(s.job, s.count) for s in plan.shrinks] == [("a", 1)]
+
+
+def test_a_waiting_job_of_an_over_entitled_share_does_not_freeze_the_take_back():
+    envs = (EnvView("e", available_slots=6),)
+    jobs = (running("a", "red1", 5), running("b", "blue", 1, created=2.0),
+            queued("r2", "red1", 3.0, lo=2))
+    plan = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
+    # red holds 5 of its 2: r2 waits without reserving the environment, and blue grows
+    assert [(s.job, s.count) for s in plan.shrinks] == [("a", 3)]
+    assert [(g.job, g.count) for g in plan.grows] == [("b", 3)]
+    assert "r2" in plan.waiting and not plan.starts

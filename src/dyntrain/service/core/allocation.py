@@ -87,7 +87,7 @@ class AllocationPolicy:
 
     name = "fifo"
     reallocates = False  # True: ``allocate`` replaces the scheduler's rule 5
-    sheds_by_share = False  # True: capacity loss shrinks by share (``fairshare_alloc``)
+    share_aware = False  # True: capacity loss and head of line by share (``fairshare_alloc``)
 
     def start_workers(self, job: JobView) -> int:
         """How many workers at most ``job`` takes when it starts (>= its min)."""

@@ -161,7 +161,7 @@ class ShareGoodput(AllocationPolicy):
 
     name = "fairshare"
     reallocates = True
-    sheds_by_share = True
+    share_aware = True
 
     def __init__(self, max_moves: int = 8) -> None:
         self.max_moves = max_moves
