@@ -251,8 +251,7 @@ their slots back meanwhile; without that rule the same run keeps a team short fo
 a drop and its average JCT is 7.55 h. Under goodput alone, which knows nothing of teams, the
 first team keeps most slots and the last team gets far less than its weight. Fairness costs no
 average JCT here (the jobs scale nearly linearly, so who holds a slot matters little to the
-total; the last team's jobs, the largest share of the work, start sooner), at the price of a
-few more re-formations.
+total), at the price of a few more re-formations.
 """,
 )
 
