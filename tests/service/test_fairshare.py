@@ -175,3 +175,35 @@ def test_a_waiting_job_of_an_over_entitled_share_does_not_freeze_the_take_back()
     assert [(s.job, s.count) for s in plan.shrinks] == [("a", 3)]
     assert [(g.job, g.count) for g in plan.grows] == [("b", 3)]
     assert "r2" in plan.waiting and not plan.starts
+
+
+def plain(job_id: str, share: str, created: float) -> JobView:
+    return JobView(job_id, "q", created, status="RUNNING", placement={"e": 1}, share=share,
+                   preemptible=False)
+
+
+def test_a_plain_job_is_preempted_only_where_its_queue_allows_it():
+    envs = (EnvView("e", available_slots=4),)
+    jobs = tuple(plain(f"p{i}", "red1", float(i)) for i in range(1, 5)) + (
+        queued("b", "blue", 9.0, lo=1),)
+    fairshare = policy_by_name("fairshare")
+    strict = schedule(Snapshot(envs, (queue(),), jobs), fairshare)
+    assert not strict.suspends and "b" in strict.waiting
+    allows = QueueView("q", 1, ("e",), fairshare=POLICY, preempt_plain_jobs=True)
+    plan = schedule(Snapshot(envs, (allows,), jobs), fairshare)
+    # red holds 4 of its 1.3 slots, blue 0 of 2.7: the newest plain job of red goes back
+    assert [s.job for s in plan.suspends] == ["p4"]
+    assert "preempted (its queue allows it) for b" in plan.suspends[0].reason
+    assert not plan.shrinks and not plan.grows
+    # once b runs no blue job waits: nothing more is preempted (a plain job is never shrunk)
+    after = jobs[:3] + (running("b", "blue", 1, lo=1, hi=1, created=9.0),)
+    assert not schedule(Snapshot(envs, (allows,), after), fairshare).suspends
+
+
+def test_an_elastic_job_shrinks_before_any_plain_job_is_preempted():
+    envs = (EnvView("e", available_slots=4),)
+    allows = QueueView("q", 1, ("e",), fairshare=POLICY, preempt_plain_jobs=True)
+    jobs = (plain("p1", "red1", 1.0), running("a", "red1", 3, created=2.0),
+            queued("b", "blue", 9.0))
+    plan = schedule(Snapshot(envs, (allows,), jobs), policy_by_name("fairshare"))
+    assert not plan.suspends and [(s.job, s.count) for s in plan.shrinks] == [("a", 1)]
