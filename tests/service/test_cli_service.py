@@ -112,7 +112,8 @@ def test_ce_queue_from_yaml_and_flags_and_trace(service, tmp_path):
     (tmp_path / "t.csv").write_text("offset_s,slots,price\n0,1,0.3\n30,2,0.4\n")
     created_qy, created_qf, updated, traced = parallel(
         ("queue", "create", "-f", tmp_path / "q.yaml"),
-        ("queue", "create", "qf", "--priority", "5", "--ce", "flagged,spotty"),
+        ("queue", "create", "qf", "--priority", "5", "--ce", "flagged,spotty",
+         "--preempt-plain-jobs"),
         ("ce", "update", "flagged", "--desired", "2", "--price", "0.5"),
         ("ce", "trace", "spotty", tmp_path / "t.csv", "--loop"),
         url=service)
@@ -121,7 +122,10 @@ def test_ce_queue_from_yaml_and_flags_and_trace(service, tmp_path):
     assert "2 rows" in ok(traced) and "looping" in traced.stdout
     with Client(service) as client:
         trace = client.get_compute_environment("spotty")["trace"]
+        queues = {name: client.get_job_queue(name) for name in ("qf", "qy")}
     assert trace["loop"] is True and trace["csv"].startswith("offset_s,slots,price")
+    assert queues["qf"]["preempt_plain_jobs"] is True  # dyntrain's own queue setting
+    assert queues["qy"]["preempt_plain_jobs"] is False
 
     ce_list, queue_list = parallel(("ce", "list"), ("queue", "list"), url=service)
     out = ok(ce_list)

@@ -15,6 +15,7 @@ from dyntrain.service.core.fairshare import (
     entitlements,
     fair_order,
 )
+from dyntrain.service.core.fairshare_alloc import shed_by_share
 from dyntrain.service.core.model import ValidationError
 from dyntrain.service.core.plan import EnvView, JobView, QueueView, Snapshot
 from dyntrain.service.core.scheduler import schedule
@@ -133,3 +134,76 @@ def test_plain_jobs_are_not_shrunk_and_free_slots_go_to_the_share_of_least_use()
     assert [(g.job, g.count) for g in plan.grows] == [("b", 3)]
     assert [(s.job, s.count) for s in plan.shrinks] == [("a", 2)]
     assert all(s.job != "p" for s in plan.shrinks)
+
+
+def test_capacity_loss_sheds_the_share_most_over_its_entitlement_first():
+    envs = (EnvView("e", available_slots=6),)  # 8 workers held: 2 must go
+    jobs = (running("a", "red1", 5), running("b", "blue", 3, created=2.0))
+    fifo = schedule(Snapshot(envs, (queue(),), jobs))
+    assert [(s.job, s.count) for s in fifo.shrinks] == [("b", 2)]  # newest first
+    fair = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
+    # red (entitled to 2 of 6) gives both; blue (entitled to 4) keeps its 3 (and then
+    # takes one more from red, as the allocation's take-back does)
+    assert (fair.shrinks[0].job, fair.shrinks[0].count) == ("a", 2)
+    assert "most over its entitlement" in fair.shrinks[0].reason
+    assert all(s.job == "a" for s in fair.shrinks) and not fair.suspends
+
+
+def test_shedding_by_share_alternates_as_the_shares_even_out():
+    jobs = [running("a", "x", 4), running("b", "y", 4, created=2.0),
+            running("c", "y", 2, lo=2, created=3.0)]
+    spare = [(jobs[0], 3), (jobs[1], 3), (jobs[2], 0)]
+    # y holds 6 of 3 entitled, x 4 of 3: y gives until it is as far over as x, then both
+    assert shed_by_share(4, spare, {"x": 4, "y": 6}, {"x": 3.0, "y": 3.0}) == {"b": 3, "a": 1}
+    assert shed_by_share(7, spare, {"x": 4, "y": 6}, {"x": 3.0, "y": 3.0}) is None
+
+
+def test_when_shrinking_is_not_enough_the_capacity_loss_rule_suspends_newest_first():
+    envs = (EnvView("e", available_slots=1),)  # 4 workers held, 2 could shrink
+    jobs = (running("a", "red1", 2), running("b", "blue", 2, created=2.0))
+    plan = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
+    assert [s.job for s in plan.suspends] == ["b"]
+    assert [(s.job, s.count) for s in plan.shrinks] == [("a", 1)]
+
+
+def test_a_waiting_job_of_an_over_entitled_share_does_not_freeze_the_take_back():
+    envs = (EnvView("e", available_slots=6),)
+    jobs = (running("a", "red1", 5), running("b", "blue", 1, created=2.0),
+            queued("r2", "red1", 3.0, lo=2))
+    plan = schedule(Snapshot(envs, (queue(),), jobs), policy_by_name("fairshare"))
+    # red holds 5 of its 2: r2 waits without reserving the environment, and blue grows
+    assert [(s.job, s.count) for s in plan.shrinks] == [("a", 3)]
+    assert [(g.job, g.count) for g in plan.grows] == [("b", 3)]
+    assert "r2" in plan.waiting and not plan.starts
+
+
+def plain(job_id: str, share: str, created: float) -> JobView:
+    return JobView(job_id, "q", created, status="RUNNING", placement={"e": 1}, share=share,
+                   preemptible=False)
+
+
+def test_a_plain_job_is_preempted_only_where_its_queue_allows_it():
+    envs = (EnvView("e", available_slots=4),)
+    jobs = tuple(plain(f"p{i}", "red1", float(i)) for i in range(1, 5)) + (
+        queued("b", "blue", 9.0, lo=1),)
+    fairshare = policy_by_name("fairshare")
+    strict = schedule(Snapshot(envs, (queue(),), jobs), fairshare)
+    assert not strict.suspends and "b" in strict.waiting
+    allows = QueueView("q", 1, ("e",), fairshare=POLICY, preempt_plain_jobs=True)
+    plan = schedule(Snapshot(envs, (allows,), jobs), fairshare)
+    # red holds 4 of its 1.3 slots, blue 0 of 2.7: the newest plain job of red goes back
+    assert [s.job for s in plan.suspends] == ["p4"]
+    assert "preempted (its queue allows it) for b" in plan.suspends[0].reason
+    assert not plan.shrinks and not plan.grows
+    # once b runs no blue job waits: nothing more is preempted (a plain job is never shrunk)
+    after = jobs[:3] + (running("b", "blue", 1, lo=1, hi=1, created=9.0),)
+    assert not schedule(Snapshot(envs, (allows,), after), fairshare).suspends
+
+
+def test_an_elastic_job_shrinks_before_any_plain_job_is_preempted():
+    envs = (EnvView("e", available_slots=4),)
+    allows = QueueView("q", 1, ("e",), fairshare=POLICY, preempt_plain_jobs=True)
+    jobs = (plain("p1", "red1", 1.0), running("a", "red1", 3, created=2.0),
+            queued("b", "blue", 9.0))
+    plan = schedule(Snapshot(envs, (allows,), jobs), policy_by_name("fairshare"))
+    assert not plan.suspends and [(s.job, s.count) for s in plan.shrinks] == [("a", 1)]

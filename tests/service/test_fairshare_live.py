@@ -105,3 +105,54 @@ def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path,
         assert job.status is JobStatus.SUCCEEDED, (job.status_reason, job.attempts)
         assert job.attempts == 1  # a shrink is no failed attempt
         assert max_param_diff(static, controller.run_dir(job_id)) == 0.0
+
+
+def test_a_plain_job_is_preempted_for_a_waiting_share_where_the_queue_allows_it(tmp_path):
+    """Plain jobs on a 2-slot environment, in a queue that allows preempting them: the second
+    team's job arrives while the first team's two jobs hold both slots; the newer of them goes
+    back to RUNNABLE (a preemption, not an attempt), the second team's job starts, and all
+    three succeed."""
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
+    store.environments.create_compute_environment(ComputeEnvironmentSpec(
+        "local", CapacityType.ON_DEMAND, 1.0, SMALL, 0, 2, 2))
+    store.policies.create("teams", FairsharePolicy())
+    store.environments.create_job_queue(JobQueueSpec("q", 1, ("local",), scheduling_policy="teams",
+                                                     preempt_plain_jobs=True))
+    executor = LocalExecutor(tmp_path / "executor", cpus=2, memory_mib=16_384)
+    controller = Controller(store, executor, ControllerConfig(
+        tmp_path / "runs", grace_seconds=30, schedule_every=0.05,
+        policy=policy_by_name("fairshare")))
+    hold = tmp_path / "hold"
+    hold.touch()
+    wait = f"import os, time\nwhile os.path.exists({str(hold)!r}): time.sleep(0.05)"
+
+    def submit(team: str) -> str:  # a plain job that runs while the hold file exists
+        return store.jobs.submit(queue="q", command=[sys.executable, "-c", wait],
+                                 resources=SMALL, share=team).id
+
+    ids: list[str] = []
+    try:
+        ids += [submit("red"), submit("red")]
+        drive(controller, lambda: all(running(store, j) == 1 for j in ids), 60)
+        ids.append(submit("blue"))
+        drive(controller, lambda: running(store, ids[2]) == 1, 60)
+        old, new = store.jobs.get_job(ids[0]), store.jobs.get_job(ids[1])
+        assert old.status is JobStatus.RUNNING and old.preemptions == 0
+        assert new.status is JobStatus.RUNNABLE, new.status_reason
+        assert (new.preemptions, new.attempts) == (1, 0)  # not counted against its retries
+        hold.unlink()
+        drive(controller, lambda: all(store.jobs.get_job(j).status.is_terminal()
+                                      for j in ids), 60)
+    finally:  # nothing outlives a failed test
+        left = [j for j in ids if not store.jobs.get_job(j).status.is_terminal()]
+        for job_id in left:
+            controller.terminate(job_id)
+        if left:
+            drive(controller, lambda: all(store.jobs.get_job(j).status.is_terminal()
+                                          for j in left), 60)
+        executor.shutdown()
+    for job_id in ids:
+        job = store.jobs.get_job(job_id)
+        assert job.status is JobStatus.SUCCEEDED, job.status_reason
+        assert job.attempts == 1, (job_id, job.attempts)

@@ -111,6 +111,12 @@ def test_job_queue_round_trip(store):
                            compute_environments=["spot", "od"])
     low = store.environments.get_job_queue("low")
     assert low.spec == JobQueueSpec("low", 500, ("spot", "od"), State.DISABLED)
+    # dyntrain's own setting: fair share may preempt the queue's plain jobs
+    store.environments.update_job_queue("low", preempt_plain_jobs=True)
+    assert store.environments.get_job_queue("low").spec.preempt_plain_jobs
+    store.environments.update_job_queue("low", priority=500)  # kept when not given
+    assert store.environments.list_job_queues()[0].spec.preempt_plain_jobs
+    store.environments.update_job_queue("low", preempt_plain_jobs=False)
     assert [q.name for q in store.environments.list_job_queues()] == ["low", "high", "q"]
 
     store.environments.delete_job_queue("high")

@@ -39,9 +39,13 @@ def queue(ctx, url, token):
 @click.option("--scheduling-policy", "policy", default=None, metavar="NAME",
               help="A fair-share scheduling policy (`dyntrain policy`); none: first in, first "
                    "out.")
+@click.option("--preempt-plain-jobs/--no-preempt-plain-jobs", "preempt", default=None,
+              help="Under `--policy fairshare`, a plain job of an over-entitled share may be "
+                   "preempted (queued again, the attempt not counted) when no elastic job "
+                   "can shrink.")
 @conn_options
 @friendly
-def queue_create(name, path, priority, envs, state, policy, url, token):
+def queue_create(name, path, priority, envs, state, policy, preempt, url, token):
     """Create job queue NAME from flags or -f FILE.yaml."""
     body = load_body(path, "JobQueueIn") if path else {}
     if name:
@@ -56,6 +60,8 @@ def queue_create(name, path, priority, envs, state, policy, url, token):
         body["state"] = state.upper()
     if policy:
         body["scheduling_policy"] = policy
+    if preempt is not None:
+        body["preempt_plain_jobs"] = preempt
     if not path and "compute_environments" not in body:
         raise click.UsageError("queue create needs --ce A[,B...]")
     client = make_client(url, token)
@@ -87,9 +93,13 @@ def queue_list(url, token):
 @click.option("--state", default=None, type=click.Choice(STATES, case_sensitive=False))
 @click.option("--scheduling-policy", "policy", default=None, metavar="NAME",
               help="Replace the queue's fair-share scheduling policy.")
+@click.option("--preempt-plain-jobs/--no-preempt-plain-jobs", "preempt", default=None,
+              help="Under `--policy fairshare`, a plain job of an over-entitled share may be "
+                   "preempted (queued again, the attempt not counted) when no elastic job "
+                   "can shrink.")
 @conn_options
 @friendly
-def queue_update(name, priority, envs, state, policy, url, token):
+def queue_update(name, priority, envs, state, policy, preempt, url, token):
     """Change job queue NAME's priority, environments or state."""
     fields: dict[str, Any] = {}
     if priority is not None:
@@ -100,9 +110,11 @@ def queue_update(name, priority, envs, state, policy, url, token):
         fields["state"] = state.upper()
     if policy:
         fields["scheduling_policy"] = policy
+    if preempt is not None:
+        fields["preempt_plain_jobs"] = preempt
     if not fields:
         raise click.UsageError("queue update needs at least one of --priority, --ce, --state, "
-                               "--scheduling-policy")
+                               "--scheduling-policy, --preempt-plain-jobs")
     make_client(url, token).update_job_queue(name, **fields)
     click.echo(f"updated job queue {name}")
 

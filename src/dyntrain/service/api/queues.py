@@ -19,7 +19,7 @@ router = APIRouter(prefix="/job-queues", tags=["job queues"])
              responses=errors(400, 409, 422))
 def create(body: JobQueueIn, ops: OperationsDep) -> dict[str, Any]:
     spec = JobQueueSpec(body.name, body.priority, tuple(body.compute_environments), body.state,
-                        body.scheduling_policy)
+                        body.scheduling_policy, body.preempt_plain_jobs)
     return views.job_queue(ops.queues.create(spec))
 
 

@@ -148,6 +148,10 @@ class JobQueueIn(Body):
     state: State = State.ENABLED
     scheduling_policy: Name | None = Field(
         None, description="a fair-share scheduling policy's name; none: first in, first out")
+    preempt_plain_jobs: bool = Field(
+        False, description="under the fairshare policy, a plain job of an over-entitled share "
+                           "may be preempted (queued again, the attempt not counted) for a "
+                           "share below its entitlement when no elastic job can shrink")
 
 
 class JobQueuePatch(Body):
@@ -157,6 +161,7 @@ class JobQueuePatch(Body):
     scheduling_policy: Name | None = Field(
         None, description="replaces the queue's fair-share policy (a first in, first out "
                           "queue cannot be given one)")
+    preempt_plain_jobs: bool | None = None
 
 
 # ------------------------------------------------------------------------ scheduling policies

@@ -43,6 +43,7 @@ class Holding:
     placement: Mapping[str, int]  # environment -> workers, after rules 1-4
     envs: tuple[str, ...]  # where it may take new workers, in its queue's order
     priority: int  # its queue's (higher goes first)
+    may_preempt: bool = False  # its queue lets a policy preempt it whole though it is plain
 
     @property
     def workers(self) -> int:
@@ -73,12 +74,16 @@ class Pool:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """Grow (``count`` > 0) or shrink (``count`` < 0) a running job on one environment."""
+    """Grow (``count`` > 0) or shrink (``count`` < 0) a running job on one environment; or,
+    with ``suspend``, preempt the whole job (it is queued again, the attempt not counted;
+    ``env`` and ``count`` unused): only a plain job whose queue allows it
+    (``Holding.may_preempt``)."""
 
     job: str
     env: str
     count: int
     reason: str = ""
+    suspend: bool = False
 
 
 class AllocationPolicy:
@@ -87,6 +92,7 @@ class AllocationPolicy:
 
     name = "fifo"
     reallocates = False  # True: ``allocate`` replaces the scheduler's rule 5
+    share_aware = False  # True: capacity loss and head of line by share (``fairshare_alloc``)
 
     def start_workers(self, job: JobView) -> int:
         """How many workers at most ``job`` takes when it starts (>= its min)."""
@@ -138,7 +144,8 @@ def reallocate(state) -> bool:
         rank = state.rank[queue.name]
         views[job.id] = job
         holdings.append(Holding(job, dict(state.placement[job.id]),
-                                tuple(state.usable(queue, rank, job.resources)), queue.priority))
+                                tuple(state.usable(queue, rank, job.resources)), queue.priority,
+                                queue.preempt_plain_jobs and not job.preemptible))
     holdings.sort(key=lambda h: (-h.priority, h.job.created, h.job.id))
     weights = {}
     for job in [h.job for h in holdings] + [w.job for w in state.blocked]:
@@ -150,10 +157,17 @@ def reallocate(state) -> bool:
                 {name: env.price_per_slot_hour for name, env in state.envs.items()}, weights)
     moves = state.policy.allocate(pool)
     allowed = {h.job.id: set(h.envs) for h in holdings}
+    may_preempt = {h.job.id for h in holdings if h.may_preempt}
     for move in moves:
         job = views.get(move.job)
         if job is None:
             raise ValidationError(f"policy {state.policy.name}: {move.job} is not a running job")
+        if move.suspend:
+            if job.id not in may_preempt:
+                raise ValidationError(f"policy {state.policy.name}: {job.id}'s queue does not "
+                                      "allow preempting it")
+            state.suspend(job, move.reason or state.policy.name)
+            continue
         have = sum(state.placement[job.id].values())
         if move.count > 0:
             if (move.env not in allowed[job.id] or state.free.get(move.env, 0) < move.count

@@ -150,6 +150,7 @@ class JobQueueSpec:
     compute_environments: tuple[str, ...] = ()
     state: State = State.ENABLED
     scheduling_policy: str | None = None  # a fair-share policy's name; None: first in, first out
+    preempt_plain_jobs: bool = False  # fair share may preempt its plain jobs (dyntrain's own)
 
     def __post_init__(self) -> None:
         check_name("job queue", self.name)

@@ -62,6 +62,7 @@ class QueueView:
     compute_environments: tuple[str, ...] = ()
     state: State = State.ENABLED
     fairshare: FairsharePolicy | None = None  # None: first in, first out
+    preempt_plain_jobs: bool = False  # a share-aware policy may preempt its plain jobs
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compute_environments", tuple(self.compute_environments))

@@ -19,7 +19,9 @@ One pass applies these rules, in this order:
    they are shrunk in that order (``Shrink``: a graceful notice to that many workers there).
    Otherwise jobs are suspended in that order (``Suspend``: checkpoint and re-queue, a preemption
    and not a failure) until shrinking the rest frees enough. No job is taken below its min, so a
-   non-elastic job on lost capacity is suspended.
+   non-elastic job on lost capacity is suspended. Under a policy that ``share_aware``
+   (``fairshare``), when shrinking is enough the workers leave from the share most over its
+   entitlement first (``fairshare_alloc.shed_by_share``).
 2. Admission. Queues by priority, higher first (equal priorities by queue name); within a queue
    strictly first in, first out by ``(created, id)``, or, in a queue with a fair-share policy
    (``QueueView.fairshare``), the next job from the share of least load, by scheduling priority
@@ -38,6 +40,8 @@ One pass applies these rules, in this order:
    starts, so small jobs behind it cannot starve it. It also reserves every environment it could
    use: queues later in the order neither start nor grow jobs there. They backfill only what the
    blocked job cannot use (environments outside its queue, DISABLED, or with slots too small).
+   Under a share-aware policy (``fairshare``) a fair-share queue's head whose share already
+   holds its entitlement reserves nothing, so the other shares still take their slots back.
    A job the executor refused to place (``Snapshot.held``: no room there, whatever the slots
    say) waits with the executor's reason and blocks its queue the same way; no job is shrunk
    for it, since the slots it misses are not the scheduler's to free.
@@ -72,6 +76,7 @@ from operator import attrgetter
 from dyntrain.service.core.allocation import FIFO as FIFO_POLICY
 from dyntrain.service.core.allocation import AllocationPolicy, Waiter, reallocate
 from dyntrain.service.core.fairshare import fair_order
+from dyntrain.service.core.fairshare_alloc import entitled_slots, shed_by_share
 from dyntrain.service.core.model import JobStatus, Resources, State
 from dyntrain.service.core.plan import (
     FIFO,
@@ -173,6 +178,20 @@ class _Pass:
                 out[job.share or ""] = out.get(job.share or "", 0) + start.workers
         return out
 
+    def held_and_weights(self) -> tuple[dict[str, int], dict[str, float]]:
+        """Slots the running jobs hold by share (all queues) and each share's weight."""
+        held: dict[str, int] = {}
+        weights: dict[str, float] = {}
+        for job in self.running:
+            if job.id in self.suspends:
+                continue
+            share = job.share or ""
+            held[share] = held.get(share, 0) + self.workers(job)
+            queue = self.queues.get(job.queue)
+            if queue is not None and queue.fairshare is not None and job.share is not None:
+                weights[share] = queue.fairshare.weight(job.share)
+        return held, weights
+
     def spare(self, job: JobView) -> int:
         """Workers the job can give up without going below its min (0 once suspended)."""
         return max(0, self.workers(job) - job.min_workers)
@@ -250,6 +269,17 @@ def _shed_lost_capacity(state: _Pass) -> None:
         what = f"capacity lost on {env}: {slots} slots left for {slots + over} workers"
         on_env = [job for job in state.lowest_first if state.placement[job.id].get(env, 0) > 0]
         spare = {job.id: min(state.placement[job.id][env], state.spare(job)) for job in on_env}
+        if state.policy.share_aware:
+            held, weights = state.held_and_weights()
+            taken = shed_by_share(over, [(job, spare[job.id]) for job in on_env], held,
+                                  entitled_slots(held, weights, sum(
+                                      e.available_slots for e in state.envs.values())))
+            if taken is not None:
+                for job in on_env:
+                    if taken.get(job.id):
+                        state.shrink(job, env, taken[job.id], f"{what}; the share most over "
+                                                              f"its entitlement gives first")
+                continue
         can_shrink = sum(spare.values())
         for job in on_env:
             if can_shrink >= over:
@@ -379,7 +409,7 @@ def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i
                   f"environments ({details}); it needs {head.min_workers} at once")
         state.blocked.append(Waiter(head, tuple(usable), short, queue.priority))
     state.single[head.id] = WaitInfo(reason, ahead + 1)
-    for name in queue.compute_environments:
+    for name in queue.compute_environments if not _over_entitled(state, queue, head) else ():
         env = state.envs.get(name)
         if env is not None and env.state is State.ENABLED and head.resources.fits_in(env.slot):
             state.reserved[name] = min(state.reserved.get(name, (rank, queue.name)),
@@ -390,6 +420,18 @@ def _block(state: _Pass, queue: QueueView, rank: int, jobs: Sequence[JobView], i
         return
     for k, job in enumerate(jobs[i + 1:]):  # not in (created, id) order: one entry each
         state.single[job.id] = WaitInfo(fit.never_reason(job.resources) or behind, ahead + 2 + k)
+
+
+def _over_entitled(state: _Pass, queue: QueueView, head: JobView) -> bool:
+    """Under a share-aware policy, a fair-share queue's head whose share already holds its
+    entitlement waits without reserving: it would only keep the other shares' jobs from
+    taking their slots back."""
+    if queue.fairshare is None or not state.policy.share_aware:
+        return False
+    held, weights = state.held_and_weights()
+    entitled = entitled_slots({head.share or "": 0, **held}, weights,
+                              sum(e.available_slots for e in state.envs.values()))
+    return held.get(head.share or "", 0) >= entitled[head.share or ""]
 
 
 def _env_detail(state: _Pass, name: str, resources: Resources, rank: int) -> str:

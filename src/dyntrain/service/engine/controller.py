@@ -258,7 +258,8 @@ class Controller:
         policies = ({p.name: p.fairshare for p in self.store.policies.list()}
                     if any(q.spec.scheduling_policy for q in job_queues) else {})
         queues = tuple(QueueView(q.name, q.spec.priority, q.spec.compute_environments,
-                                 q.spec.state, policies.get(q.spec.scheduling_policy or ""))
+                                 q.spec.state, policies.get(q.spec.scheduling_policy or ""),
+                                 q.spec.preempt_plain_jobs)
                        for q in job_queues)
         active = []
         for attempt in self.attempts.values():

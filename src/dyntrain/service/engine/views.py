@@ -55,6 +55,7 @@ def job_queue(q: JobQueue) -> dict[str, Any]:
     return {"name": q.name, "priority": q.spec.priority,
             "compute_environments": list(q.spec.compute_environments),
             "state": q.spec.state.value, "scheduling_policy": q.spec.scheduling_policy,
+            "preempt_plain_jobs": q.spec.preempt_plain_jobs,
             "created_at": q.created_at, "updated_at": q.updated_at}
 
 

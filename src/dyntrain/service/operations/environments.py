@@ -159,7 +159,8 @@ class Queues:
                state: State | str | None = None,
                compute_environments: Sequence[str] | None = None,
                aws: dict[str, Any] | None = None,
-               scheduling_policy: str | None = None) -> JobQueue:
+               scheduling_policy: str | None = None,
+               preempt_plain_jobs: bool | None = None) -> JobQueue:
         """Change the given fields; ``aws`` is merged into the AWS fields kept with it. A
         queue's fair-share policy may be replaced, not added to a first in, first out queue
         (``PolicyChange``), as on AWS Batch."""
@@ -172,7 +173,7 @@ class Queues:
             return store.environments.update_job_queue(
                 name, priority=priority, state=state, compute_environments=compute_environments,
                 aws=None if aws is None else {**queue.aws, **aws},
-                scheduling_policy=scheduling_policy)
+                scheduling_policy=scheduling_policy, preempt_plain_jobs=preempt_plain_jobs)
 
     def snapshot(self, name: str, most: int = 100) -> QueueSnapshot:
         """The front of a queue: its RUNNABLE jobs in the order the scheduler's last pass

@@ -107,7 +107,8 @@ class EnvironmentStore(Part):
             conn.execute(job_queues.insert().values(
                 name=spec.name, priority=spec.priority, state=spec.state.value,
                 created_at=now, updated_at=now, tags=tags or None, aws=aws or None,
-                scheduling_policy=spec.scheduling_policy))
+                scheduling_policy=spec.scheduling_policy,
+                preempt_plain_jobs=spec.preempt_plain_jobs))
             _write_queue_envs(conn, spec)
         return JobQueue(spec, now, now, dict(tags or {}), dict(aws or {}))
 
@@ -132,14 +133,17 @@ class EnvironmentStore(Part):
                          state: State | str | None = None,
                          compute_environments: Sequence[str] | None = None,
                          aws: dict[str, Any] | None = None,
-                         scheduling_policy: str | None = None) -> JobQueue:
+                         scheduling_policy: str | None = None,
+                         preempt_plain_jobs: bool | None = None) -> JobQueue:
         """Change the given fields; ``aws`` replaces the AWS fields kept with it."""
         with self._tx() as conn:
             old = self._queue(conn, _one(conn, job_queues, "job queue", name=name,
                                          for_update=True))
             changes: dict[str, Any] = {k: v for k, v in (("priority", priority),
                                                          ("state", state),
-                                                         ("scheduling_policy", scheduling_policy))
+                                                         ("scheduling_policy", scheduling_policy),
+                                                         ("preempt_plain_jobs",
+                                                          preempt_plain_jobs))
                                           if v is not None}
             if compute_environments is not None:
                 changes["compute_environments"] = tuple(compute_environments)
@@ -150,7 +154,8 @@ class EnvironmentStore(Part):
             now = self.clock()
             conn.execute(job_queues.update().where(job_queues.c.name == name).values(
                 priority=spec.priority, state=spec.state.value, updated_at=now,
-                aws=kept or None, scheduling_policy=spec.scheduling_policy))
+                aws=kept or None, scheduling_policy=spec.scheduling_policy,
+                preempt_plain_jobs=spec.preempt_plain_jobs))
             if spec.compute_environments != old.spec.compute_environments:
                 _check_envs(conn, spec)
                 conn.execute(queue_environments.delete()
@@ -221,7 +226,7 @@ def _ce_from_row(r: sa.Row) -> ComputeEnvironment:
 
 def _queue_from_row(r: sa.Row, envs: Sequence[str]) -> JobQueue:
     return JobQueue(JobQueueSpec(r.name, r.priority, tuple(envs), State(r.state),
-                                 r.scheduling_policy),
+                                 r.scheduling_policy, bool(r.preempt_plain_jobs)),
                     r.created_at, r.updated_at, dict(r.tags or {}), dict(r.aws or {}))
 
 

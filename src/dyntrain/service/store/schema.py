@@ -47,6 +47,7 @@ job_queues = sa.Table(
     *_times("created_at", "updated_at"),
     *_aws(),
     sa.Column("scheduling_policy", _Name),  # its fair-share policy; None: first in, first out
+    sa.Column("preempt_plain_jobs", sa.Boolean),  # fair share may preempt its plain jobs
 )
 
 scheduling_policies = sa.Table(  # AWS Batch's fair-share scheduling policies
