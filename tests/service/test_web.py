@@ -73,7 +73,8 @@ def seeded(tmp_path_factory):
     store.environments.create_job_queue(JobQueueSpec("wait", 5, ("od",)))
     store.policies.create("teams", FairsharePolicy(shares=(ShareAttributes("blue", 0.5),)))
     store.environments.create_job_queue(JobQueueSpec("shared", 1, ("od",),
-                                                     scheduling_policy="teams"))
+                                                     scheduling_policy="teams",
+                                                     preempt_plain_jobs=True))
 
     now = time.time()
     elastic = store.jobs.submit(
@@ -232,6 +233,9 @@ def test_overview_lists_environments_queues_and_jobs_with_why_they_wait(browser,
     assert re.search(r"<b class=\"in-use\">1</b> / <b class=\"available\">2</b>", page)
     shared = re.search(r"<strong>shared</strong>.*?</tr>", page, re.S).group(0)
     assert re.search(r"teams:\s+blue 0 \(×0.5\)", shared), shared  # its policy and shares
+    assert "plain jobs may be preempted" in shared  # the queue lets fair share preempt them
+    assert "plain jobs may be preempted" not in re.search(
+        r"<strong>train</strong>.*?</tr>", page, re.S).group(0)
 
     only_running = browser.get("/?status=RUNNING").text
     assert "elastic-run" in only_running and "waits-for-capacity" not in only_running
