@@ -139,6 +139,8 @@ def test_a_sharded_jobs_copies_live_on_two_hosts_so_losing_one_loses_nothing(hos
     when host 1 vanishes with both of its workers no shard is lost: the survivors go on from
     the state they hold, without a checkpoint, and end bitwise the unsharded static run.
     Without failure domains some tensors' both copies were on host 1 (``test_shardplan``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from test_gpt_workload import SMALL
     from test_sharded import _same_final, _static_run
 
@@ -146,7 +148,16 @@ def test_a_sharded_jobs_copies_live_on_two_hosts_so_losing_one_loses_nothing(hos
     # remote workers have two minutes to start and join on a loaded machine before the job
     # could end (with SMALL's 20 steps it once ended at world 2, under load, before they had)
     args = [*SMALL, "--max-steps", "120"]
-    static = _static_run(tmp_path / "static", args)
+    # the static reference is made while the job waits for the remote workers to start
+    with ThreadPoolExecutor(1) as pool:
+        static = pool.submit(_static_run, tmp_path / "static", args)
+        _lose_a_host_of_a_sharded_job(hosts, args)
+        _same_final(static.result(), hosts.shared / "sharded")
+
+
+def _lose_a_host_of_a_sharded_job(hosts, args) -> None:
+    """The sharded job of ARGS on hosts 0 and 1 (two workers each) until host 1 is lost, then to
+    its end at world 2, in the bed's folder ``sharded``."""
     hold = hosts.shared / "sharded.hold"
     hold.touch()
     job = HostJob(hosts.host(0), hosts.shared / "sharded",
@@ -171,4 +182,3 @@ def test_a_sharded_jobs_copies_live_on_two_hosts_so_losing_one_loses_nothing(hos
     assert len(lost) == 2 and all(w.startswith("host1-") for w in lost), events
     assert "resume" not in [e["event"] for e in events], events  # no checkpoint was read
     assert job.world() == 2
-    _same_final(static, job.out)
