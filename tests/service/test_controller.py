@@ -85,7 +85,10 @@ def drive(controller: Controller, until, timeout: float = 120.0, on_step=None):
         if until():
             return
         controller.executor.wait(controller.config.tick_seconds)  # as the service's loop
-    raise TimeoutError(f"the controller did not get there in {timeout:g} s")
+    jobs = [(j.id[:8], j.status.value, j.status_reason)
+            for j in controller.store.jobs.list_jobs(limit=10)]
+    raise TimeoutError(f"the controller did not get there in {timeout:g} s: {jobs}, "
+                       f"last plan {controller.plan}")
 
 
 def terminal(store: Store, *ids: str):

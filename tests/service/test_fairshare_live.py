@@ -26,6 +26,8 @@ from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
 from test_elastic_e2e import max_param_diff
 
+from .test_controller import drive
+
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")
 SMALL = Resources(0.25, 0, 256)
 
@@ -33,20 +35,6 @@ SMALL = Resources(0.25, 0, 256)
 def running(store: Store, job_id: str) -> int:
     return sum(1 for w in store.workers.list_workers(job_id, active=True)
                if w.state == WorkerState.RUNNING)
-
-
-def drive(controller: Controller, until, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        controller.step()
-        if until():
-            return
-        controller.executor.wait(controller.config.tick_seconds)
-    store = controller.store
-    jobs = [(j.id, j.status.value, j.status_reason, running(store, j.id))
-            for j in store.jobs.list_jobs(limit=10)]
-    raise TimeoutError(f"the controller did not get there in {timeout:g} s: {jobs}, "
-                       f"last plan {controller.plan}")
 
 
 EPOCHS = ("--epochs", "10")  # a short ledger run: 60 steps

@@ -77,11 +77,15 @@ def test_ha_lease_follows_the_databases_clock_not_the_hosts(pg_db):
                    monotonic=Skewed(time.monotonic, -3600.0))
     try:
         assert a.claim() == 1 and b.claim() is None
-        renewed_until = time.monotonic() + 2.5  # more than twice the ttl
-        while time.monotonic() < renewed_until:
+        # renewed every 0.2 s for more than twice the ttl: never taken over meanwhile
+        started = time.monotonic()
+
+        def renewed_long_enough():
             assert a.claim() == 1, "the leader lost a lease it renews"
             assert b.claim() is None, "taken over while renewed"
-            time.sleep(0.2)
+            return time.monotonic() - started >= 2.5
+
+        wait_until(renewed_long_enough, "the lease renewed for 2.5 s", 30, 0.2, 0.2)
         took = wait_until(b.claim, "the lease to lapse and be taken over", 10, 0.1)
         assert took == 2 and a.claim() is None and a.term() is None
         lease = behind.leases.current()
