@@ -26,7 +26,7 @@ from dyntrain.service.executors.local import LocalExecutor
 from dyntrain.service.store import Store
 from test_elastic_e2e import max_param_diff
 
-from .test_controller import drive
+from .test_controller import drive, terminal
 
 LEDGER = str(Path(__file__).resolve().parent.parent / "scripts" / "ledger_train.py")
 SMALL = Resources(0.25, 0, 256)
@@ -35,6 +35,16 @@ SMALL = Resources(0.25, 0, 256)
 def running(store: Store, job_id: str) -> int:
     return sum(1 for w in store.workers.list_workers(job_id, active=True)
                if w.state == WorkerState.RUNNING)
+
+
+def wind_down(controller: Controller, ids) -> None:
+    """Nothing outlives a failed test: the jobs still running terminated, the executor shut."""
+    left = [j for j in ids if not controller.store.jobs.get_job(j).status.is_terminal()]
+    for job_id in left:
+        controller.terminate(job_id)
+    if left:
+        drive(controller, terminal(controller.store, *left), 60)
+    controller.executor.shutdown()
 
 
 EPOCHS = ("--epochs", "10")  # a short ledger run: 60 steps
@@ -80,14 +90,8 @@ def test_a_second_team_gets_its_share_as_the_first_teams_job_shrinks(tmp_path,
             hold.unlink()
         drive(controller, lambda: all(store.jobs.get_job(j).status.is_terminal()
                                       for j in (red, blue)), 240)
-    finally:  # nothing outlives a failed test
-        left = [j for j in ids if not store.jobs.get_job(j).status.is_terminal()]
-        for job_id in left:
-            controller.terminate(job_id)
-        if left:
-            drive(controller, lambda: all(store.jobs.get_job(j).status.is_terminal()
-                                          for j in left), 60)
-        executor.shutdown()
+    finally:
+        wind_down(controller, ids)
     for job_id in (red, blue):
         job = store.jobs.get_job(job_id)
         assert job.status is JobStatus.SUCCEEDED, (job.status_reason, job.attempts)
@@ -132,14 +136,8 @@ def test_a_plain_job_is_preempted_for_a_waiting_share_where_the_queue_allows_it(
         hold.unlink()
         drive(controller, lambda: all(store.jobs.get_job(j).status.is_terminal()
                                       for j in ids), 60)
-    finally:  # nothing outlives a failed test
-        left = [j for j in ids if not store.jobs.get_job(j).status.is_terminal()]
-        for job_id in left:
-            controller.terminate(job_id)
-        if left:
-            drive(controller, lambda: all(store.jobs.get_job(j).status.is_terminal()
-                                          for j in left), 60)
-        executor.shutdown()
+    finally:
+        wind_down(controller, ids)
     for job_id in ids:
         job = store.jobs.get_job(job_id)
         assert job.status is JobStatus.SUCCEEDED, job.status_reason
