@@ -1,6 +1,9 @@
 """Who hosts a ``dyntrain run --takeover`` job's coordinator when its host is lost: pure."""
 
+import io
+
 from dyntrain.elastic import protocol as p
+from dyntrain.elastic.runs.coordinator_file import read_coordinator_file
 from dyntrain.elastic.runs.storage import open_store
 from dyntrain.elastic.worker.succession import (
     STARTUP_SECONDS,
@@ -13,7 +16,7 @@ from dyntrain.elastic.worker.succession import (
     successor_addresses,
     successors,
 )
-from dyntrain.launch.successor import Superseded, claim
+from dyntrain.launch.successor import Superseded, claim, host
 
 # rank order: w0 (the launcher's local worker, on the coordinator's host 10.0.0.10), a and b on
 # host 11, c on host 12
@@ -71,3 +74,25 @@ def test_a_launcher_learns_from_the_run_folder_that_a_successor_took_its_job(tmp
     assert superseded() is None  # another job's
     claim(store, "10.0.0.11:29400", "run-1", 1, "b")
     assert superseded() == {"address": "10.0.0.11:29400", "job": "run-1", "epoch": 1, "by": "b"}
+
+
+def test_a_successor_that_cannot_read_the_run_folder_says_so_in_one_line_and_goes_on(tmp_path):
+    """The run folder was on the lost host's own disk: the successor's host sees no numerics
+    record there. It says so in one line, still hosts the coordinator (claimed at the next
+    epoch in the same path on its own host), and fails the job only when no worker comes."""
+    out = tmp_path / "run"  # empty: not the job's folder as this host sees it
+    conf = {"min_workers": 1, "max_workers": 2, "settle_seconds": 0.0, "failure_timeout": 0.3,
+            "allow_mixed_numerics": False}
+    spec = {"info": {"out_dir": str(out), "job": "run-1"},
+            "takeover": Takeover(1.0, 5.0, conf).to_json(), "by": "b", "host": "127.0.0.1",
+            "port": 0, "lost_host": "10.0.0.10", "expect": [], "lost": [], "earlier": []}
+    said = io.StringIO()
+    assert host(spec, said) == 1  # no worker comes to it here: every worker is gone
+    lines = said.getvalue().splitlines()
+    cannot = [line for line in lines if "cannot be read from 127.0.0.1" in line]
+    assert len(cannot) == 1 and "10.0.0.10" in cannot[0], lines
+    record = read_coordinator_file(out)
+    assert (record["job"], record["epoch"], record["by"]) == ("run-1", 1, "b"), record
+    assert record["address"].startswith("127.0.0.1:")
+    assert any("hosts the job's coordinator" in line for line in lines), lines
+    assert "every worker is gone" in lines[-1], lines
