@@ -112,20 +112,34 @@ def test_workers_on_unlike_hosts_train_the_static_model_and_a_mismatch_is_refuse
 def test_mixed_numerics_allowed_are_admitted_and_recorded(tmp_path):
     """With --allow-mixed-numerics a worker of another kernel level trains, and the run folder
     and the launcher say from which step the run is no longer bitwise."""
-    out = tmp_path / "run"
+    out, gate = tmp_path / "run", tmp_path / "hold"
+    gate.touch()  # held slow until the other worker trained beside the first, then 30 steps end
+    script = [SCRIPTS / "digits_held.py", gate, *DIGITS[2:], "--max-steps", "30"]
     launcher = Output(subprocess.Popen(
         [*CLI, "run", "--workers", "1:2", "--nproc", "1", "--allow-mixed-numerics", "--out",
-         out, *DIGITS, "--step-delay", "0.01"], env=clean_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True))
-    address = wait_until(lambda: launcher.find(r"--coordinator (\S+)"), "the join command")[1]
-    wait_until(lambda: (out / "numerics.json").exists(), "the job's numerics recorded")
-    # started by hand, not by `dyntrain worker` (which would pin it): another kernel level
-    other = subprocess.run([sys.executable, *DIGITS, "--step-delay", "0.01"],
-                           env=clean_env(ATEN_CPU_CAPABILITY="default",
-                                         DYNTRAIN_COORDINATOR=address),
-                           capture_output=True, text=True, timeout=300)
-    assert other.returncode == 0, other.stdout[-2000:] + other.stderr[-2000:]
-    assert launcher.wait(300) == 0, launcher.text()[-3000:]
+         out, *script], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True))
+    other = None
+    try:
+        address = wait_until(lambda: launcher.find(r"--coordinator (\S+)"), "the join command")[1]
+        wait_until(lambda: (out / "numerics.json").exists(), "the job's numerics recorded")
+        # started by hand, not by `dyntrain worker` (which would pin it): another kernel level
+        other = Output(subprocess.Popen(
+            [sys.executable, *script], env=clean_env(ATEN_CPU_CAPABILITY="default",
+                                                     DYNTRAIN_COORDINATOR=address),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        wait_until(lambda: other.proc.poll() is not None or launcher.proc.poll() is not None
+                   or (out / "metrics.jsonl").exists() and world_sizes(out)[-1:] == [2],
+                   "the other worker training", timeout=240)
+        gate.unlink()
+        assert other.wait(300) == 0, other.text()[-3000:]
+        assert launcher.wait(300) == 0, launcher.text()[-3000:]
+    finally:
+        for proc in (launcher, other):
+            if proc is not None and proc.proc.poll() is None:
+                proc.proc.kill()
+                proc.proc.wait()
+    assert 2 in world_sizes(out), launcher.text()[-3000:]
     record = json.loads((out / "numerics.json").read_text())
     assert record["bitwise_until"] is not None and record["mixed"][0]["differs"]
     assert "not bitwise: " in launcher.text() and "computed other bits from step" in \
