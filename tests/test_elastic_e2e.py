@@ -3,6 +3,7 @@
 import re
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli, static_run
 from dyntrain.cli.compare import state_distance
 from dyntrain.elastic.step.sampler import epoch_permutation
 from dyntrain.testing.jobs import Output
@@ -65,13 +66,15 @@ def assert_exactly_once(out: Path, **kw) -> None:
 
 def test_elastic_run_matches_static_run(tmp_path):
     static, elastic = tmp_path / "static", tmp_path / "elastic"
-    run_cli(["run", "--workers", "1", "--quiet", "--out", static, *DIGITS, "--epochs", "2"],
-            check=True)
-    # 1 -> 3 (two joins) -> 2 (SIGKILL) -> 4 (two joins) -> 3 (graceful leave of rank 0)
+    # 1 -> 3 (two joins) -> 2 (SIGKILL) -> 4 (two joins) -> 3 (graceful leave of rank 0); the
+    # static reference (the same job alone, plain python) trains meanwhile
     events = "step=5:join=2,step=10:kill=1,step=15:join=2,step=20:leave=rank:0"
-    proc = run_cli(["run", "--workers", "1:4", "--nproc", "1", "--out", elastic,
-                    "--events", events, *DIGITS, "--epochs", "2", "--step-delay", "0.004"],
-                   check=True)
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(static_run, static, *DIGITS, "--epochs", "2")
+        proc = run_cli(["run", "--workers", "1:4", "--nproc", "1", "--out", elastic,
+                        "--events", events, *DIGITS, "--epochs", "2", "--step-delay", "0.004"],
+                       check=True)
+        reference.result()
     assert world_sizes(elastic)[:5] == [1, 3, 2, 4, 3], proc.stdout
     if not torch.cuda.is_available():  # no GPU: every worker was forked from the fork server
         assert (elastic / "logs" / "forkserver.log").exists()
@@ -175,53 +178,80 @@ def start_launcher(out: Path, workers: str, *script_args: str) -> tuple[subproce
     return launcher, re.search(r"--coordinator (\S+)", launcher.stdout.readline()).group(1)
 
 
-def join_from_shell(out: Path, *worker_args: str, timeout: float = 240):
-    """Start a 1:2 launcher, run `dyntrain worker` against it to the end, then let the launcher
-    finish; returns (joiner's CompletedProcess, launcher, launcher's output).
+def hello(said: Output, pid: int) -> str | None:
+    """The id of the worker of process ``pid`` once it said hello to the launcher."""
+    m = said.find(rf"worker (\S+) \(\S+ pid {pid}\) wants to join")
+    return m.group(1) if m else None
 
-    The launcher's job is held slow (ledger --slow-while) from before the joiner starts until
-    the joiner took part or was refused, so the job can neither end before the joiner arrives
-    nor be started by it (the joiner starts once the job has applied a step)."""
-    gate = out.parent / f"{out.name}.hold"
+
+def joined_workers(out: Path) -> set[str]:
+    """The workers that joined the job so far (its events.jsonl)."""
+    path = out / "events.jsonl"
+    return {w for e in (read_jsonl(path) if path.exists() else ()) if e["event"] == "join"
+            for w in e["workers"]}
+
+
+@pytest.fixture(scope="module")
+def joined_from_shells(tmp_path_factory):
+    """One 1:2 job that three workers started with `dyntrain worker` from other shells join at
+    once: two with the job's settings (one takes part, the other is beyond MAX and waits on
+    standby until a SIGTERM, a preemption notice, ends it) and one with another global batch
+    (it is refused). Returns the run folder, the member's, the standby's and the refused
+    joiner's CompletedProcess, the launcher and its output.
+
+    The job is held slow (ledger --slow-while) from before the joiners start until it trained
+    at world 2, the refused one ended and the standby ended on its SIGTERM, so the job can
+    neither end before they arrive nor be started by them (they start once the job has applied
+    a step)."""
+    out = tmp_path_factory.mktemp("joins") / "run"
+    gate = out.parent / "hold"
     gate.touch()
     launcher, address = start_launcher(out, "1:2", "--epochs", str(EPOCHS), "--step-delay",
                                        "0.004", "--slow-while", str(gate))
-    said, joiner = Output(launcher), None
+    said, joiners = Output(launcher), []
     try:
         wait_until(lambda: said.find(r"step +1/"), "the job's first step", timeout=240)
-        joiner = subprocess.Popen(
-            [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
-             "--epochs", str(EPOCHS), *worker_args], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-            cwd=ROOT)
-        joined = Output(joiner)
-        wait_until(lambda: joiner.poll() is not None or said.find(r"world 1 -> 2"),
-                   "the joiner taking part or refused", timeout=timeout)
+        for args in (("--step-delay", "0.004"), ("--step-delay", "0.004"),
+                     ("--global-batch", "32")):
+            joiners.append(subprocess.Popen(
+                [*DYNTRAIN, "worker", "--coordinator", address,
+                 str(SCRIPTS / "ledger_train.py"), "--epochs", str(EPOCHS), *args],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+        joined = [Output(joiner) for joiner in joiners]
+        *good, other = joiners
+        wait_until(lambda: other.poll() is not None and all(hello(said, j.pid) for j in good)
+                   and said.find(r"world 1 -> 2") and joined_workers(out) & {
+                       hello(said, j.pid) for j in good},
+                   "a joiner taking part, one on standby and one refused", timeout=240)
+        member, standby = sorted(good, key=lambda j: hello(said, j.pid) not in
+                                 joined_workers(out))
+        standby_id = hello(said, standby.pid)
+        standby.send_signal(signal.SIGTERM)
+        standby.wait(timeout=30)
         gate.unlink()
-        joiner.wait(timeout)
-        err = joiner.stderr.read()
+        member.wait(240)
+        errs = {j: j.stderr.read() for j in joiners}
         launcher.wait(240)
     finally:
         gate.unlink(missing_ok=True)
-        for proc in (launcher, joiner):
-            if proc is not None and proc.poll() is None:
+        for proc in (launcher, *joiners):
+            if proc.poll() is None:
                 proc.kill()
-    done = subprocess.CompletedProcess(joiner.args, joiner.returncode, joined.text(), err)
-    return done, launcher, said.text()
+    done = {j: subprocess.CompletedProcess(j.args, j.returncode, o.text(), errs[j])
+            for j, o in zip(joiners, joined, strict=True)}
+    return out, done[member], (standby_id, done[standby]), done[other], launcher, said.text()
 
 
-def test_worker_joins_from_another_shell(tmp_path):
-    out = tmp_path / "run"
-    joiner, launcher, rest = join_from_shell(out, "--step-delay", "0.004")
+def test_worker_joins_from_another_shell(joined_from_shells):
+    out, joiner, _, _, launcher, rest = joined_from_shells
     assert launcher.returncode == 0, rest
     assert joiner.returncode == 0, joiner.stderr
     assert 2 in world_sizes(out)
     assert_exactly_once(out, epochs=EPOCHS)
 
 
-def test_workers_with_other_settings_are_rejected(tmp_path):
-    out = tmp_path / "run"
-    joiner, launcher, _ = join_from_shell(out, "--global-batch", "32", timeout=120)
+def test_workers_with_other_settings_are_rejected(joined_from_shells):
+    out, _, _, joiner, launcher, _ = joined_from_shells
     assert joiner.returncode != 0
     # refused by the coordinator, or (once the run has a checkpoint) by the run folder first
     assert ("rejected this worker" in joiner.stderr or "holds a run started with other "
@@ -230,40 +260,14 @@ def test_workers_with_other_settings_are_rejected(tmp_path):
     assert_exactly_once(out, epochs=EPOCHS)
 
 
-def test_standby_worker_leaves_on_sigterm_and_job_goes_on(tmp_path):
+def test_standby_worker_leaves_on_sigterm_and_job_goes_on(joined_from_shells):
     """A worker beyond MAX waits on standby; a preemption notice then just ends it."""
-    out = tmp_path / "run"
-    # held slow (0.4 s a step, 72 s in all) until the standby has left: a worker started on a
-    # loaded machine takes many seconds to say hello, and the job must not end before that
-    gate = tmp_path / "hold"
-    gate.touch()
-    launcher, address = start_launcher(out, "1:1", "--epochs", "30", "--step-delay", "0.004",
-                                       "--slow-while", str(gate))
-    try:
-        standby = subprocess.Popen(
-            [*DYNTRAIN, "worker", "--coordinator", address, str(SCRIPTS / "ledger_train.py"),
-             "--epochs", "30", "--step-delay", "0.004"], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-        # the standby's own hello (by its pid: the job's worker may say hello again, should a
-        # loaded machine make it start over), so that its SIGTERM handler is in place
-        seen = []
-        for line in launcher.stdout:
-            seen.append(line)
-            if f"pid {standby.pid}) wants to join" in line:
-                break
-        else:
-            raise AssertionError(f"the standby never said hello: {''.join(seen)[-3000:]}")
-        standby.send_signal(signal.SIGTERM)
-        code = standby.wait(timeout=30)
-        assert code == 0, (code, standby.stdout.read()[-3000:], "".join(seen)[-3000:])
-        gate.unlink()
-        rest = launcher.communicate(timeout=240)[0]
-    finally:
-        launcher.kill()
-        standby.kill()
+    out, _, (standby_id, standby), _, launcher, rest = joined_from_shells
+    assert standby.returncode == 0, (standby.stdout[-3000:], standby.stderr[-3000:])
     assert launcher.returncode == 0, rest
-    assert world_sizes(out) == [1]
-    assert_exactly_once(out, epochs=30)
+    assert standby_id not in joined_workers(out)  # it never took part
+    assert max(world_sizes(out)) == 2
+    assert_exactly_once(out, epochs=EPOCHS)
 
 
 def test_exception_in_one_worker_is_survived(tmp_path):

@@ -172,14 +172,6 @@ def assert_healed_like_static(job: HostJob, cut: list[str], static_ledger) -> No
     assert readmitted(job.events(), cut)
 
 
-def test_partition_and_heal_of_a_workers_host(hosts, static_ledger):
-    job = host_job(hosts, "worker", "--nproc", "1")
-    wait_until(lambda: job.world() == 3, "three workers training", timeout=180)
-    cut = [worker_on(job, hosts.host(2))]
-    partition_and_heal(hosts, job, 2, cut)
-    assert_healed_like_static(job, cut, static_ledger)
-
-
 def test_partition_and_heal_of_a_workers_host_in_a_sharded_job(hosts, static_ledger):
     """ZeRO-2 with r = 2 on three hosts: the cut-off worker's shards have copies elsewhere, so
     the others go on without it and without a checkpoint; healed, its process (alive all the
@@ -194,7 +186,9 @@ def test_partition_and_heal_of_a_workers_host_in_a_sharded_job(hosts, static_led
     assert "lost the optimizer state" not in said, said[-3000:]
 
 
-def test_partition_and_heal_of_the_leaders_host(hosts, static_ledger):
+def test_partition_and_heal_of_the_leaders_host_then_of_a_workers_host(hosts, static_ledger):
+    """The leader's host is cut off and heals; then, in the same job, the other remote worker's
+    host (a worker that is not the leader, or the leader the first heal left it to be)."""
     # a remote worker starts the job (the leader: whichever said hello first); the launcher's
     # own worker joins then
     job = host_job(hosts, "leader", "--nproc", "0", "--events", "t=0:join=1")
@@ -202,7 +196,11 @@ def test_partition_and_heal_of_the_leaders_host(hosts, static_ledger):
     leader = job.events()[0]["workers"][0]
     assert host_of(leader) in (1, 2), leader
     partition_and_heal(hosts, job, host_of(leader), [leader])
-    assert_healed_like_static(job, [leader], static_ledger)
+    wait_until(lambda: job.world() == 3, "three workers training again", timeout=180)
+    other = 3 - host_of(leader)
+    worker = worker_on(job, hosts.host(other))
+    partition_and_heal(hosts, job, other, [worker])
+    assert_healed_like_static(job, [leader, worker], static_ledger)
 
 
 def test_partition_and_heal_of_the_coordinators_host(hosts, static_ledger):

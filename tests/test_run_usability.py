@@ -156,11 +156,21 @@ def test_readme_training_script_alone_shows_progress_writes_outputs_and_repeats(
 
     script = tmp_path / "my_train.py"
     script.write_text(_readme_training_script())
-    finals = []
-    for name in ("a", "b"):
+    finals, procs = [], {}
+    for name in ("a", "b"):  # both at once: neither can see the other's folder
         env = {**os.environ, "DYNTRAIN_OUT": str(tmp_path / name), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                              cwd=tmp_path, env=env, timeout=240)
+        procs[name] = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        said = {name: proc.communicate(timeout=240) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for name, proc in procs.items():
+        stdout, stderr = said[name]
+        proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         assert proc.returncode == 0, proc.stderr
         lines = proc.stdout.splitlines()
         assert re.fullmatch(r"step +160/160 +epoch +9 +world 1 +loss \S+ +\S+ samples/s",
@@ -176,42 +186,49 @@ def test_readme_training_script_alone_shows_progress_writes_outputs_and_repeats(
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
 
 
+@pytest.fixture(scope="module")
+def two_worker_runs(tmp_path_factory):
+    """Two short runs of two local workers (``dyntrain run --workers 2``, the ledger for 12
+    steps, reporting its threads) under a shell whose OMP_NUM_THREADS is 2: one with the
+    default threads, one with ``--threads 2``; their folders and outputs by name."""
+    base = tmp_path_factory.mktemp("two-workers")
+    runs = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "2")  # the shell does not decide the bits
+        for name, threads in (("one", ()), ("two", ("--threads", "2"))):
+            runs[name] = (base / name, run_cli(
+                ["run", "--workers", "2", *threads, "--out", base / name,
+                 SCRIPTS / "ledger_train.py", "--epochs", "2", "--report-threads"], check=True))
+    return runs
+
 
 @pytest.mark.slow
-def test_run_ends_with_the_last_step_then_the_result(tmp_path):
+def test_run_ends_with_the_last_step_then_the_result(two_worker_runs):
     """The last step's progress line, then that the job finished, then the result: never the
     result before the last step's line (the once-a-second rhythm catches up first)."""
-    from conftest import run_cli
-
-    proc = run_cli(["run", "--workers", "2", "--out", tmp_path / "run",
-                    SCRIPTS / "ledger_train.py", "--epochs", "10"], check=True)
-    lines = [line.split("] ", 1)[1] for line in proc.stdout.strip().splitlines()]
-    assert re.fullmatch(r"step +60/60 +epoch +9 +world 2 +loss .*", lines[-3]), proc.stdout
-    assert lines[-2:] == ["job finished at step 60", "result: steps=60"], proc.stdout
+    for _, proc in two_worker_runs.values():
+        lines = [line.split("] ", 1)[1] for line in proc.stdout.strip().splitlines()]
+        assert re.fullmatch(r"step +12/12 +epoch +1 +world 2 +loss .*", lines[-3]), proc.stdout
+        assert lines[-2] == "job finished at step 12", proc.stdout
+        assert re.fullmatch(r"result: steps=12\W+threads=[12]", lines[-1]), proc.stdout
 
 
-def test_local_workers_run_the_jobs_threads_whatever_the_cores_or_the_shell(tmp_path,
-                                                                         monkeypatch):
+def test_local_workers_run_the_jobs_threads_whatever_the_cores_or_the_shell(two_worker_runs):
     """Every local worker runs the job's pinned intra-op threads: 1 by default whatever the
     machine's cores, --workers or the shell's OMP_NUM_THREADS; --threads chooses, is recorded,
     and the launcher says what many threads per core cost (time, not bits)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the shell does not decide the bits
-    proc = run_cli(["run", "--workers", "2", "--out", tmp_path / "one",
-                    SCRIPTS / "ledger_train.py", "--epochs", "2", "--report-threads"],
-                   check=True)
+    one, proc = two_worker_runs["one"]
     assert "numerics of each worker, whatever its host: threads 1," in proc.stdout, proc.stdout
-    assert json.loads((tmp_path / "one" / "result.json").read_text())["threads"] == 1
-    assert json.loads((tmp_path / "one" / "numerics.json").read_text())["pinned"]["threads"] == 1
+    assert json.loads((one / "result.json").read_text())["threads"] == 1
+    assert json.loads((one / "numerics.json").read_text())["pinned"]["threads"] == 1
 
-    proc = run_cli(["run", "--workers", "2", "--threads", "2", "--out", tmp_path / "two",
-                    SCRIPTS / "ledger_train.py", "--epochs", "2", "--report-threads"],
-                   check=True)
+    two, proc = two_worker_runs["two"]
     assert "numerics of each worker, whatever its host: threads 2," in proc.stdout, proc.stdout
     cores = len(os.sched_getaffinity(0))
     shared = f"up to 2 local worker(s) x 2 thread(s) share {cores} core(s): slower, the same bits"
     assert (shared in proc.stdout) == (cores < 4), proc.stdout
-    assert json.loads((tmp_path / "two" / "result.json").read_text())["threads"] == 2
-    assert json.loads((tmp_path / "two" / "numerics.json").read_text())["pinned"]["threads"] == 2
+    assert json.loads((two / "result.json").read_text())["threads"] == 2
+    assert json.loads((two / "numerics.json").read_text())["pinned"]["threads"] == 2
 
 
 @pytest.mark.slow

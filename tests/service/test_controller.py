@@ -121,12 +121,15 @@ def test_plain_jobs_succeed_fail_and_retry(store, tmp_path):
     assert all(w.state == WorkerState.EXITED for w in store.workers.list_workers(active=False))
 
 
-def test_a_plain_job_computes_with_its_numerics_not_the_hosts(store, tmp_path):
+def test_a_plain_job_computes_with_its_numerics_not_the_hosts(tmp_path):
     """A job that is not elastic gets its numerics as torch's libraries read them (threads and
     kernel level: the defaults, or what DYNTRAIN_THREADS & co. say), under the job's own
-    variables: a plain job computes what an elastic job of the same numerics does."""
+    variables: a plain job computes what an elastic job of the same numerics does. (The
+    environment a worker gets does not depend on the store: SQLite only.)"""
     from dyntrain.elastic.numerics import Numerics
 
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.create_all()
     setup_env(store)
     c = make_controller(store, tmp_path)
     code = ("import os, torch; print('numerics', torch.get_num_threads(), "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,15 @@ UPLOAD_SECONDS = 30.0  # how often an object store's event file is uploaded whil
 def available() -> bool:
     """Whether TensorBoard's package is installed (``SummaryWriter`` needs it)."""
     return importlib.util.find_spec("tensorboard") is not None
+
+
+def _load_writer() -> None:
+    """Import ``SummaryWriter``'s module ahead of its first use; a failure is raised by that
+    use, which imports it again."""
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except Exception:  # raised where it is used
+        pass
 
 
 def wanted(setting: bool | None, what: str = "--tensorboard") -> bool:
@@ -70,18 +80,25 @@ class TensorBoardMirror:
     """
 
     def __init__(self, store: RunStore, on_error: Callable[[str], None] | None = None) -> None:
-        from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (missing: fail here)
+        if not available():  # missing: fail here, not at the first row
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
 
         self.store, self.on_error = store, on_error
         self._scratch: Path | None = None
         self._writer = None
         self._uploaded = time.monotonic()
+        # its import takes a second or two: made in the background (while a launcher's
+        # workers start), the first row waits for it
+        self._loading = threading.Thread(target=_load_writer, name="tensorboard-import",
+                                         daemon=True)
+        self._loading.start()
 
     @property
     def writer(self):
         """The event file's writer, made with the first row: a run refused before it trained
         (bad settings, another run's folder) leaves no file behind."""
         if self._writer is None:
+            self._loading.join()
             from torch.utils.tensorboard import SummaryWriter
 
             if self.store.local is not None:
