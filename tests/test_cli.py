@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -71,8 +72,8 @@ def test_bad_events_or_other_settings_leave_an_existing_run_untouched(tmp_path):
 
 
 def test_unreachable_coordinator():
-    proc = run_cli(["worker", "--coordinator", "127.0.0.1:1", "--connect-timeout", "1",
-                    SCRIPTS / "ledger_train.py"], timeout=60)
+    proc = run_main(["worker", "--coordinator", "127.0.0.1:1", "--connect-timeout", "1",
+                     SCRIPTS / "ledger_train.py"])
     assert_one_line_error(proc, "cannot reach the coordinator at 127.0.0.1:1", code=3)
 
 
@@ -82,18 +83,24 @@ def test_malformed_coordinator_address(address):
     assert_one_line_error(proc, "HOST:PORT")
 
 
-@pytest.mark.parametrize("quiet", [[], ["--quiet"]])
-def test_a_bad_train_config_fails_the_job_in_one_line_as_bad_input(tmp_path, quiet):
-    """The script's ConfigError is the job's one line (even with --quiet), exit status 2."""
-    proc = run_cli(["run", *quiet, "--out", tmp_path / "o", SCRIPTS / "bad_config.py"])
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    last = proc.stdout.strip().splitlines()[-1]
-    assert "job failed: no worker could start: global batch 30 is not a multiple of chunk " \
-           "size 8: choose a chunk size that divides it (e.g. 6)" in last, proc.stdout
-    if quiet:
-        assert proc.stdout.strip().count("\n") == 0, proc.stdout
-    log = (tmp_path / "o" / "logs" / "worker-w0.log").read_text()
-    assert "Traceback" not in log and log.strip().startswith("dyntrain: error: global batch"), log
+def test_a_bad_train_config_fails_the_job_in_one_line_as_bad_input(tmp_path):
+    """The script's ConfigError is the job's one line (even with --quiet), exit status 2. The
+    two jobs (without and with --quiet) run at once."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = {quiet: pool.submit(run_cli, ["run", *quiet, "--out", tmp_path / f"o{len(quiet)}",
+                                             SCRIPTS / "bad_config.py"])
+                for quiet in ((), ("--quiet",))}
+    for quiet, started in runs.items():
+        proc = started.result()
+        assert proc.returncode == 2, (quiet, proc.stdout, proc.stderr)
+        last = proc.stdout.strip().splitlines()[-1]
+        assert "job failed: no worker could start: global batch 30 is not a multiple of chunk " \
+               "size 8: choose a chunk size that divides it (e.g. 6)" in last, proc.stdout
+        if quiet:
+            assert proc.stdout.strip().count("\n") == 0, proc.stdout
+        log = (tmp_path / f"o{len(quiet)}" / "logs" / "worker-w0.log").read_text()
+        assert "Traceback" not in log and log.strip().startswith(
+            "dyntrain: error: global batch"), log
 
 
 @pytest.mark.parametrize("kwargs, needle", [
