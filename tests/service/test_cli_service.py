@@ -39,12 +39,19 @@ def service_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def service(service_dir):
+def server(service_dir):
+    """The module's `dyntrain server`: (its process, its URL)."""
     proc, url = start_server(service_dir / "state", service_dir / "server.log")
-    yield url
+    yield proc, url
     rc = stop_server(proc)  # SIGTERM: a clean stop
     log = (service_dir / "server.log").read_text()
     assert rc == 0 and "dyntrain service stopped" in log and "Traceback" not in log, log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def service(server) -> str:
+    """The module's server's URL."""
+    return server[1]
 
 
 @pytest.fixture(autouse=True)
@@ -339,33 +346,35 @@ def test_logs_of_a_retried_array_child_head_each_attempt(service):
     assert lines[3] == "child 1 attempt 2"
 
 
-def test_a_follower_waits_out_a_service_that_does_not_answer(tmp_path):
+def test_a_follower_waits_out_a_service_that_does_not_answer(server, tmp_path):
     """`submit --wait` follows a job while its service stops answering for longer than one
     request may wait (SIGSTOP, as a starved or frozen host would): it says that it asks again,
     and once the service answers it follows the job to its end (exit 0, the whole log). A loaded
     CI run failed here when one slow answer ended the wait."""
-    server, url = start_server(tmp_path / "state", tmp_path / "server.log")
+    proc, url = server
     err = tmp_path / "submit.err"
     job = "print('first', flush=True); import time; time.sleep(3); print('last')"
+    with open(err, "w") as sink:
+        follower = subprocess.Popen(
+            [*DYNTRAIN, "submit", "--url", url, "--wait", "--", PY, "-c", job],
+            stdout=subprocess.PIPE, stderr=sink, text=True, env=_env(), cwd=ROOT)
     try:
-        with open(err, "w") as sink:
-            follower = subprocess.Popen(
-                [*DYNTRAIN, "submit", "--url", url, "--wait", "--", PY, "-c", job],
-                stdout=subprocess.PIPE, stderr=sink, text=True, env=_env(), cwd=ROOT)
         wait_until(lambda: "RUNNING" in err.read_text(), "the job running")
-        os.kill(server.pid, signal.SIGSTOP)
+        os.kill(proc.pid, signal.SIGSTOP)
         try:
             wait_until(lambda: "asking again" in err.read_text(),
                        "the follower saying that it asks again")
         finally:
-            os.kill(server.pid, signal.SIGCONT)
+            os.kill(proc.pid, signal.SIGCONT)
         out, _ = follower.communicate(timeout=240)
-        said = err.read_text()
-        assert follower.returncode == 0, (out, said)
-        assert "did not answer in time" in said and "the service answers again" in said, said
-        assert out.split()[1:] == ["first", "last"], out
     finally:
-        stop_server(server)
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    said = err.read_text()
+    assert follower.returncode == 0, (out, said)
+    assert "did not answer in time" in said and "the service answers again" in said, said
+    assert out.split()[1:] == ["first", "last"], out
 
 
 def test_a_job_the_machine_cannot_hold_now_waits_with_the_reason_everywhere(service,
