@@ -32,7 +32,7 @@ def assert_one_line_error(proc, *needles, code=2):
     ("1:2:3", "MIN:MAX"), ("", "MIN:MAX")])
 def test_invalid_workers(workers, needle, tmp_path):
     proc = run_main(["run", "--workers", workers, "--out", tmp_path / "o",
-                    SCRIPTS / "ledger_train.py"])
+                     SCRIPTS / "ledger_train.py"])
     assert_one_line_error(proc, needle)
     assert not (tmp_path / "o").exists()
 
@@ -54,7 +54,7 @@ def test_bad_events_or_other_settings_leave_an_existing_run_untouched(tmp_path):
 
     before = files()
     proc = run_main(["run", "--out", out, "--events", "step=3:explode=1",
-                    SCRIPTS / "ledger_train.py", "--epochs", "2"])
+                     SCRIPTS / "ledger_train.py", "--epochs", "2"])
     assert_one_line_error(proc, "step=3:explode=1")
     assert files() == before
     # the same folder with another global batch (the ledger's lr follows it) and length: refused
@@ -194,7 +194,7 @@ def test_compare_reports_match_and_difference(tmp_path):
 
 def test_nproc_above_max_is_refused_before_anything_starts(tmp_path):
     proc = run_main(["run", "--workers", "1:2", "--nproc", "500", "--out", tmp_path / "o",
-                    SCRIPTS / "ledger_train.py"])
+                     SCRIPTS / "ledger_train.py"])
     assert_one_line_error(proc, "--nproc 500 is more than --workers MAX 2",
                           "at most 2 workers train at once")
     assert not (tmp_path / "o" / "logs").exists()
@@ -204,7 +204,7 @@ def test_more_local_workers_than_memory_holds_are_refused_saying_how_many_fit(tm
     forked = forkserver.wanted()
     many = 2 * memory_available_mib() // worker_mib(forked)  # twice what fits
     proc = run_main(["run", "--workers", f"1:{many + 1}", "--nproc", str(many - 1), "--standby",
-                    "1", "--out", tmp_path / "o", SCRIPTS / "ledger_train.py"])
+                     "1", "--out", tmp_path / "o", SCRIPTS / "ledger_train.py"])
     assert_one_line_error(proc, f"{many} local workers (--nproc and --standby) need at least "
                           f"{first_workers_mib(many, forked)} MiB", "MiB available: at most")
     assert not (tmp_path / "o" / "logs").exists()
