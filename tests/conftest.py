@@ -1,5 +1,7 @@
 """Helpers for end-to-end tests: run the real CLI in real processes."""
 
+import contextlib
+import io
 import os
 import re
 import shutil
@@ -51,6 +53,22 @@ def run_cli(args, timeout=240, check=False, **kw) -> subprocess.CompletedProcess
         raise AssertionError(
             f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
+
+
+def run_main(args) -> subprocess.CompletedProcess:
+    """``dyntrain ARGS`` through the CLI's entry point in this process (no interpreter to start):
+    its exit status and what it printed, as ``run_cli`` gives them. For commands that start no
+    processes and change nothing in this one (bad input, ``compare``, service commands)."""
+    from dyntrain.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def run_held(log: Path, args, hold: Path, until, what: str,

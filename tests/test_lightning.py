@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_cli
+from conftest import DYNTRAIN, ROOT, SCRIPTS, read_jsonl, run_main
 from dyntrain import TrainConfig
 from dyntrain.testing.jobs import pinned_env
 from dyntrain.testing.wait import wait_until
@@ -25,11 +25,14 @@ sys.path.insert(0, str(SCRIPTS))
 from lightning_train import Blobs, Classifier  # noqa: E402
 
 
-def alone(out, *args):
-    env = pinned_env(DYNTRAIN_OUT=str(out))  # a job's numerics: the static reference
+def alone(out, log, *args) -> subprocess.Popen:
+    """The script trained alone into ``out``, started, its output in ``log`` (a job's
+    numerics: the static reference)."""
+    env = pinned_env(DYNTRAIN_OUT=str(out))
     env.pop("DYNTRAIN_COORDINATOR", None)
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], env=env, timeout=300,
-                          cwd=ROOT, capture_output=True, text=True)
+    with open(log, "w") as sink:
+        return subprocess.Popen([sys.executable, str(SCRIPT), *map(str, args)], env=env,
+                                cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
 
 
 #: 48 steps: the joiner (started after the first) joins with momentum and BatchNorm statistics
@@ -43,8 +46,8 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
     the same final.pt, bit for bit (with BatchNorm, dropout, momentum and an epoch-interval
     StepLR)."""
     static = tmp_path / "static"
-    proc = alone(static, "--epochs", EPOCHS)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    # the reference trains while the elastic run starts and waits for its joiner
+    reference = alone(static, tmp_path / "static.log", "--epochs", EPOCHS)
     out, hold = tmp_path / "elastic", tmp_path / "hold"
     # held slow until the joiner is in: Lightning's import alone can take a worker longer than
     # the rest of the run on a loaded machine (26 s at load 8)
@@ -60,13 +63,15 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
                    or launcher.poll() is not None, "the second worker to join", timeout=300)
         hold.unlink()
         assert launcher.wait(300) == 0, (tmp_path / "launcher.log").read_text()[-3000:]
+        assert reference.wait(300) == 0, (tmp_path / "static.log").read_text()[-3000:]
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
+        for proc in (launcher, reference):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     said = (tmp_path / "launcher.log").read_text()
     assert "world 1 -> 2" in said, said[-3000:]
-    same = run_cli(["compare", out, static])
+    same = run_main(["compare", out, static])
     assert same.returncode == 0 and same.stdout.startswith("match: max |a-b| = 0"), same.stdout
     # the epoch-interval StepLR(step_size=2, gamma=0.5) stepped at each epoch's end
     rows = read_jsonl(out / "metrics.jsonl")
@@ -75,13 +80,21 @@ def test_an_elastic_lightning_run_is_bitwise_its_static_run(tmp_path):
         assert row["lr"] == pytest.approx(0.1 * 0.5 ** (row["epoch"] // 2), rel=1e-5), row
 
 
-def test_a_refused_feature_in_a_script_is_one_line(tmp_path):
-    proc = alone(tmp_path / "run", "--accumulate", "2")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip() == (
+def test_a_refused_feature_in_a_script_is_one_line(monkeypatch, capsys):
+    """``elastic_trainer`` installs dyntrain's excepthook: a script's uncaught refusal is one
+    line and exit status 2 (the hook in a real script: test_cli's bad_config.py)."""
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    with pytest.raises(LightningUnsupported) as err:
+        elastic_trainer(Classifier(), CONFIG, datamodule=Blobs(), accumulate_grad_batches=2)
+    with pytest.raises(SystemExit) as exit_:
+        sys.excepthook(err.type, err.value, err.tb)
+    said = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in said, said
+    assert said.strip() == (
         "dyntrain: error: accumulate_grad_batches=2 is not supported: the global batch is "
         "already the samples per optimizer step; set TrainConfig(global_batch=...) to the "
         "batch size times the accumulation (chunk_size bounds the memory)")
+    assert said.count("\n") == 1
 
 
 CONFIG = TrainConfig(global_batch=32, chunk_size=4, epochs=1)

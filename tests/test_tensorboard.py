@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -66,18 +67,20 @@ def test_a_resumed_run_appends_and_no_tensorboard_writes_none(tmp_path):
     """A script trained alone into a folder, then again with more epochs (it resumes): both
     event files are there and TensorBoard reads them as one run from step 1 to the end;
     ``--no-tensorboard`` (here: ``tensorboard=False`` alone) writes no folder."""
-    out = tmp_path / "run"
-    env = {**os.environ, "DYNTRAIN_OUT": str(out)}
-    env.pop("DYNTRAIN_COORDINATOR", None)
-    for epochs in ("4", "6"):
-        subprocess.run([sys.executable, str(SCRIPTS / "ledger_train.py"), "--epochs", epochs],
-                       env=env, check=True, timeout=240, cwd=ROOT, capture_output=True)
+    out, off = tmp_path / "run", tmp_path / "off"
+    with ThreadPoolExecutor(max_workers=1) as pool:  # the --no-tensorboard run meanwhile
+        unmirrored = pool.submit(run_cli, ["run", "--no-tensorboard", "--out", off,
+                                           SCRIPTS / "ledger_train.py", "--epochs", "2"])
+        env = {**os.environ, "DYNTRAIN_OUT": str(out)}
+        env.pop("DYNTRAIN_COORDINATOR", None)
+        for epochs in ("4", "6"):
+            subprocess.run([sys.executable, str(SCRIPTS / "ledger_train.py"), "--epochs",
+                            epochs], env=env, check=True, timeout=240, cwd=ROOT,
+                           capture_output=True)
+        proc = unmirrored.result()
     assert len(list((out / "tensorboard").iterdir())) == 2
     scalars, _ = read_board(out / "tensorboard")
     assert [s for s, _ in scalars["train/loss"]] == list(range(1, 6 * 6 + 1))
-    off = tmp_path / "off"
-    proc = run_cli(["run", "--no-tensorboard", "--out", off, SCRIPTS / "ledger_train.py",
-                    "--epochs", "2"])
     assert proc.returncode == 0, proc.stdout[-2000:]
     assert (off / "metrics.jsonl").exists() and not (off / "tensorboard").exists()
 

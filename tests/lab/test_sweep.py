@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DYNTRAIN, SCRIPTS, run_cli
+from conftest import DYNTRAIN, SCRIPTS, run_cli, run_main
 from dyntrain.lab.results import LabError, best_steps, read_studies, steps_to_result
 from dyntrain.lab.search import (
     LOG,
@@ -300,8 +300,7 @@ def test_sweep_cli_with_a_process_pool_and_a_plugin_workload(tmp_path):
     (["--batch-sizes", "8", "--service", "http://127.0.0.1:9"], "cannot reach"),
 ])
 def test_sweep_bad_inputs_are_one_line_errors(tmp_path, args, needle):
-    proc = run_cli(["lab", "sweep", "--out", tmp_path / "s", "--trials", "1", *args],
-                   timeout=120)
+    proc = run_main(["lab", "sweep", "--out", tmp_path / "s", "--trials", "1", *args])
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     err = proc.stderr.strip()
     assert "Traceback" not in err and err.count("\n") == 0, err
@@ -354,7 +353,7 @@ def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
         args = ["lab", "sweep", "--workload", TOY,
                 "--batch-sizes", "16,64", "--optimizers", "sgd", "--trials", "2",
                 "--budget-steps", "100", "--lr-range", "0.1:2", "--service", url, "--out", out]
-        first = run_cli(args, timeout=300)
+        first = run_main(args)  # the sweep's client in this process; its trials on the service
         assert first.returncode == 0, first.stderr[-3000:]
         # the embedded default: a `local` environment and a `default` queue
         assert "submitted 4 trials as job" in first.stderr and "queue default" in first.stderr
@@ -367,11 +366,11 @@ def test_sweep_runs_as_an_array_job_on_a_service(tmp_path):
             assert len(jobs) == 1 and jobs[0]["array_size"] == 4
             assert jobs[0]["status"] == "SUCCEEDED"
         # resumable: nothing left to submit
-        again = run_cli(args, timeout=120)
+        again = run_main(args)
         assert again.returncode == 0 and "0 to run" in again.stderr
         assert "submitted" not in again.stderr
         # trials bigger than the queue's slots: refused at once, naming the largest slot
-        big = run_cli([*args[:-1], tmp_path / "big", "--trial-cpus", "2"], timeout=120)
+        big = run_main([*args[:-1], tmp_path / "big", "--trial-cpus", "2"])
         assert big.returncode == 2 and "Traceback" not in big.stderr, big.stderr[-2000:]
         assert "needs cpus=2, gpus=0, memory_mib=1024 per worker, but the largest slot of " \
                "queue default's compute environments is cpus=1" in big.stderr, big.stderr
@@ -438,9 +437,11 @@ def test_a_failing_user_workload_is_a_one_line_error(tmp_path, jobs):
         "        raise RuntimeError('shapes do not match')\n"
         "    w.loss_fn = loss_fn\n"
         "    return w\n")
-    proc = run_cli(["lab", "sweep", "--workload", f"{plugin}:make", "--batch-sizes", "8",
-                    "--optimizers", "sgd", "--trials", "2", "--jobs", jobs, "--service", "none",
-                    "--out", tmp_path / "s", "--quiet"], timeout=120)
+    # one job: the trials run in this process; two: in a process pool (its own command)
+    sweep = run_main if jobs == "1" else run_cli
+    proc = sweep(["lab", "sweep", "--workload", f"{plugin}:make", "--batch-sizes", "8",
+                  "--optimizers", "sgd", "--trials", "2", "--jobs", jobs, "--service", "none",
+                  "--out", tmp_path / "s", "--quiet"])
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
     assert "Traceback" not in err and err.count("\n") == 0, err

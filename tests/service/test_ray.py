@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -43,14 +44,18 @@ from .test_elastic_restart import rows
 def ray_cluster():
     """A throw-away Ray cluster shared by this module's tests: a head without CPUs and two worker
     nodes, each its own `ray start`, standing in for hosts of a spot and an on-demand
-    environment."""
+    environment. The two worker nodes start at once."""
     from dyntrain.testing.raycluster import LocalRayCluster
 
     cluster = LocalRayCluster()
     try:
         cluster.start()
-        cluster.add_node("spot-1", 3, {"dyntrain_ce_spot": 3})
-        cluster.add_node("ondemand-1", 2, {"dyntrain_ce_ondemand": 2})
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            started = [pool.submit(cluster.add_node, "spot-1", 3, {"dyntrain_ce_spot": 3}),
+                       pool.submit(cluster.add_node, "ondemand-1", 2,
+                                   {"dyntrain_ce_ondemand": 2})]
+        for node in started:
+            node.result()
         yield cluster
     finally:
         cluster.close()
