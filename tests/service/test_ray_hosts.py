@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import subprocess
 import sys
 import time
@@ -534,6 +535,8 @@ def replica_set(cluster, tmp_path):
     finally:
         if found is not None:
             found.stop()
+            if (found.state / "runs").exists():  # what the jobs left, for a failure's reader
+                shutil.copytree(found.state / "runs", tmp_path / "runs", dirs_exist_ok=True)
         for i in (1, 2, 3):
             c.bed.heal(i)
         pg.stop()
