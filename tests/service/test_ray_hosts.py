@@ -554,11 +554,11 @@ note("end")
 """
 
 
-@pytest.mark.skip(reason="product gap: the elastic job's workers on the hosts that stay do "
-                  "not re-attach across the first takeover (they end when the cut-off host's "
-                  "connections are reset as its link heals; the job starts afresh from step 0 "
-                  "without a checkpoint), and after the second takeover the job stays RUNNING "
-                  "once its last worker finished")
+@pytest.mark.skip(reason="product gap: when the leader's host, which also runs one of the "
+                  "elastic job's workers, is cut off mid-step, the workers on the other hosts "
+                  "stay in that step's collective and never re-attach to the new leader's "
+                  "coordinator, which starts the job afresh (no checkpoint yet); after the "
+                  "second takeover the job stays RUNNING once its last worker finished")
 def test_replicas_on_three_hosts_survive_a_partition_that_heals_and_a_lost_host(
         replica_set, static_ledger):
     """Three replicas on hosts 1-3 (two of them with clocks hours off), Ray nodes on hosts
