@@ -535,6 +535,14 @@ def replica_set(cluster, tmp_path):
     finally:
         if found is not None:
             found.stop()
+            try:  # the jobs' workers and every event, for a failure's reader
+                store = Store(found.db)
+                rows = [repr(w) for w in store.workers.list_workers(active=False)]
+                rows += [repr(e) for e in store.logs.list_events(None, limit=10**6)]
+                (tmp_path / "db.txt").write_text("\n".join(rows))
+                store.close()
+            except Exception as exc:
+                (tmp_path / "db.txt").write_text(repr(exc))
             if (found.state / "runs").exists():  # what the jobs left, for a failure's reader
                 shutil.copytree(found.state / "runs", tmp_path / "runs", dirs_exist_ok=True)
         for i in (1, 2, 3):
