@@ -90,8 +90,11 @@ def _run_as() -> pwd.struct_passwd | None:
 
 
 def start_postgres(tmpdir: str | os.PathLike | None = None, *, fsync: bool = False,
-                   timeout: float = 60.0) -> TempPostgres:
+                   timeout: float = 60.0, address: str = "127.0.0.1") -> TempPostgres:
     """Start a throw-away server; returns ``(url, stop)``.
+
+    ``address``: where it listens besides 127.0.0.1 (and the URL's host): a host bed's gateway
+    lets the bed's hosts reach it; clients of the networks it is on are trusted.
 
     Raises ``PostgresUnavailable`` when it cannot be tried, ``PostgresStartError`` when it fails.
     """
@@ -138,10 +141,14 @@ def start_postgres(tmpdir: str | os.PathLike | None = None, *, fsync: bool = Fal
             os.chown(sock, user.pw_uid, user.pw_gid)
         run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
              "-E", "UTF8", "--no-sync"])
+        listen = "127.0.0.1" if address == "127.0.0.1" else f"127.0.0.1,{address}"
+        if address != "127.0.0.1":
+            with open(data / "pg_hba.conf", "a") as hba:
+                hba.write("host all all samenet trust\n")
         port = None
         for _ in range(5):  # another process may grab the free port before postgres does
             port = _free_port()
-            opts = (f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 "
+            opts = (f"-p {port} -k {sock} -c listen_addresses={listen} "
                     f"-c fsync={'on' if fsync else 'off'} -c max_connections=200")
             if not fsync:
                 opts += " -c synchronous_commit=off -c full_page_writes=off"
@@ -174,7 +181,7 @@ def start_postgres(tmpdir: str | os.PathLike | None = None, *, fsync: bool = Fal
             atexit.unregister(stop)
 
     atexit.register(stop)  # a safety net; callers should call stop() themselves
-    return TempPostgres(f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", stop)
+    return TempPostgres(f"postgresql+psycopg://postgres@{address}:{port}/postgres", stop)
 
 
 def _admin(server_url: str, sql: str) -> None:

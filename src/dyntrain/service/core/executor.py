@@ -231,3 +231,9 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop watching. Workers keep running, so that a later executor can adopt them."""
+
+    def hand_over(self) -> None:
+        """Stop watching for the executor that this process builds next (a service replica's
+        next term): as ``shutdown``, but what that one can share (a cluster connection) is
+        kept, and nothing here needs the workers' machines to answer."""
+        self.shutdown()

@@ -240,7 +240,7 @@ class Service:
         """This replica leads from now on: a new executor and controller that recover what
         the previous leader left running."""
         with self.lock:
-            self.executor.shutdown()
+            self.executor.hand_over()
             self.executor, self.controller = self._controller()
             notes = self.controller.recover()
         self.store.logs.add_event(None, "service.leader", {
@@ -255,7 +255,7 @@ class Service:
         the APIs."""
         log.warning("replica lost the controller's lease (epoch %d): stops acting", epoch)
         with self.lock:
-            self.executor.shutdown()
+            self.executor.hand_over()
             self.executor, self.controller = self._controller()
             self.controller.leading = False
         gc.collect()  # the dropped coordinators' stores stop listening now

@@ -47,7 +47,7 @@ from dyntrain.service.core.executor import (
 )
 from dyntrain.service.core.model import Resources
 from dyntrain.service.executors.ray_actor import WorkerProcess
-from dyntrain.service.executors.ray_address import coordinator_address, probe_cluster
+from dyntrain.service.executors.ray_address import connect, coordinator_address, probe_cluster
 from dyntrain.service.executors.ray_directory import ActorDirectory
 from dyntrain.service.executors.ray_nodes import (
     actor_name,
@@ -73,6 +73,8 @@ class RayExecutor(Executor):
     """Runs workers on the nodes of a Ray cluster; see the module docstring."""
 
     name = "ray"
+    #: this process's connection was left by an executor that handed over to the next one
+    inherited = False
 
     def __init__(self, state_dir: str | os.PathLike, address: str = "auto",
                  namespace: str | None = None, placement: str = "pack",
@@ -94,16 +96,12 @@ class RayExecutor(Executor):
         self.placement, self.start_timeout = placement, start_timeout
         self._node_log_dir = node_log_dir or os.path.join(
             "/tmp", "dyntrain-ray", self.namespace)
-        self._owns_ray = not ray.is_initialized()
-        if self._owns_ray:
+        self._owns_ray = not ray.is_initialized() or RayExecutor.inherited
+        RayExecutor.inherited = False
+        if not ray.is_initialized():
             probe_cluster(address, connect_timeout)
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            try:
-                ray.init(address=address, namespace=self.namespace, log_to_driver=False,
-                         logging_level=logging.WARNING)
-            except Exception as exc:  # ConnectionError, ValueError, RuntimeError ...
-                raise ExecutorError(f"cannot connect to the Ray cluster at {address}: "
-                                    f"{str(exc).splitlines()[0][:200]}") from None
+            connect(ray, address, self.namespace)
         self.coordinator_host = coordinator_address(ray.util.get_node_ip_address(),
                                                     ray.get_runtime_context().gcs_address)
         self._cls = ray.remote(WorkerProcess)
@@ -460,12 +458,23 @@ class RayExecutor(Executor):
 
     def shutdown(self) -> None:
         """Stop watching; the actors and their workers keep running."""
+        owned = self._owns_ray
+        self.hand_over()
+        if owned:
+            RayExecutor.inherited = False
+            self._ray.shutdown()
+
+    def hand_over(self) -> None:
+        """Stop watching, staying connected: the next executor of this process (a replica's
+        next term) uses the same driver, so a takeover does not wait for a new connection,
+        and a replica that loses its term while cut off from the cluster (a partition) builds
+        its next executor without reaching the cluster; that one disconnects at the end."""
         self._stop.set()
         self._thread.join(timeout=10)
         with self._lock:
             self._workers.clear()
-        if self._owns_ray:
-            self._ray.shutdown()
+        self._owns_ray, owned = False, self._owns_ray
+        RayExecutor.inherited = RayExecutor.inherited or owned
 
     def _check_open(self) -> None:
         if self._stop.is_set():
